@@ -1,0 +1,62 @@
+"""CheckpointConfig: what one job checkpoints and how it is protected (frozen, validated)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ray_ckpt.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """How a job's checkpoints are coded and kept.
+
+    data_shards (k) and parity_shards (m): each rank's payload is split in k shards plus m
+    parity shards on k+m distinct nodes; any m of those nodes may die. Peer memory per step is
+    (k+m)/k of the state.
+    keep_committed: committed steps kept in peer memory (>= 1); older ones are evicted after a
+    newer step commits.
+    failure_domain_label: a node label (e.g. "zone", "rack") whose values name failure
+    domains; shards of one rank are spread over as many domains as possible.
+    commit_timeout_s: how long ``SaveHandle.wait`` waits for every rank to stage a step.
+    """
+
+    data_shards: int = 4
+    parity_shards: int = 2
+    keep_committed: int = 2
+    failure_domain_label: str | None = None
+    commit_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_int("data_shards", self.data_shards, 1)
+        _check_int("parity_shards", self.parity_shards, 0)
+        _check_int("keep_committed", self.keep_committed, 1)
+        if self.data_shards + self.parity_shards > 256:
+            raise ConfigError(
+                f"data_shards + parity_shards = {self.data_shards + self.parity_shards} exceeds "
+                "256, the most a code over GF(2^8) supports"
+            )
+        if self.failure_domain_label is not None and (
+            not isinstance(self.failure_domain_label, str) or not self.failure_domain_label
+        ):
+            raise ConfigError(
+                f"failure_domain_label must be a non-empty str or None, got {self.failure_domain_label!r}"
+            )
+        if not isinstance(self.commit_timeout_s, (int, float)) or self.commit_timeout_s <= 0:
+            raise ConfigError(f"commit_timeout_s must be > 0 seconds, got {self.commit_timeout_s!r}")
+
+    @property
+    def total_shards(self) -> int:
+        return self.data_shards + self.parity_shards
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> CheckpointConfig:
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")

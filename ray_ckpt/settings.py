@@ -1,0 +1,64 @@
+"""Every environment-variable knob of ray_ckpt, its default, and an override for tests.
+
+Each knob is read when used (not at import), so ``override`` and a changed environment take
+effect at once. Knobs tune mechanics; what a job checkpoints is set in ``CheckpointConfig``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_overrides: dict[str, str] = {}
+
+
+def _read(name: str, default: T, parse: Callable[[str], T]) -> T:
+    raw = _overrides.get(name, os.environ.get(name))
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a valid value") from None
+
+
+def namespace() -> str:
+    """RAY_CKPT_NAMESPACE: the Ray namespace holding the store and registry actors."""
+    return _read("RAY_CKPT_NAMESPACE", "ray_ckpt", str)
+
+
+def codec_threads() -> int:
+    """RAY_CKPT_CODEC_THREADS: threads the codec uses for large payloads (default: all cores, up to 4)."""
+    return max(1, _read("RAY_CKPT_CODEC_THREADS", min(4, os.cpu_count() or 1), int))
+
+
+def codec_parallel_min_bytes() -> int:
+    """RAY_CKPT_CODEC_PARALLEL_MIN_BYTES: below this many bytes touched, the codec stays on one thread."""
+    return _read("RAY_CKPT_CODEC_PARALLEL_MIN_BYTES", 8 << 20, int)
+
+
+def peer_timeout_s() -> float:
+    """RAY_CKPT_PEER_TIMEOUT_S: how long one call to a store or the registry may take."""
+    return _read("RAY_CKPT_PEER_TIMEOUT_S", 30.0, float)
+
+
+def store_budget_fraction() -> float:
+    """RAY_CKPT_STORE_BUDGET_FRACTION: share of a node's total memory a store may hold, when
+    ``ray_ckpt.start`` is given no explicit budget."""
+    return _read("RAY_CKPT_STORE_BUDGET_FRACTION", 0.25, float)
+
+
+@contextlib.contextmanager
+def override(**values: object) -> Iterator[None]:
+    """Temporarily set knobs by env-var name, e.g. ``override(RAY_CKPT_CODEC_THREADS=1)``."""
+    saved = dict(_overrides)
+    _overrides.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
