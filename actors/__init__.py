@@ -1,0 +1,1 @@
+"""Ray actor classes of ray_ckpt: thin wrappers around the plain classes in ray_ckpt."""

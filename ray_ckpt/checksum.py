@@ -11,7 +11,7 @@ from ray_ckpt.codec import as_bytes
 
 def checksum(buffer: Any) -> int:
     """The XXH3-64 digest of a C-contiguous buffer's bytes, as an unsigned int."""
-    return int(xxhash.xxh3_64_intdigest(as_bytes(buffer)))
+    return int(xxhash.xxh3_64_intdigest(as_bytes(buffer).data))
 
 
 def matches(buffer: Any, expected: int) -> bool:

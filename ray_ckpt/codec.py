@@ -104,9 +104,7 @@ class ReedSolomon:
         self.threads = threads
         self.parity_matrix = gf256.parity_matrix(data_shards, parity_shards)
         self.parity_matrix.setflags(write=False)
-        self.generator = np.concatenate(
-            [np.eye(data_shards, dtype=np.uint8), self.parity_matrix], axis=0
-        )
+        self.generator = np.concatenate([np.eye(data_shards, dtype=np.uint8), self.parity_matrix], axis=0)
         self.generator.setflags(write=False)
 
     def __repr__(self) -> str:
@@ -143,9 +141,7 @@ class ReedSolomon:
         data = self.split(payload)
         return data + self.encode_parity(data)
 
-    def encode_parity(
-        self, data: Sequence[Any], out: Sequence[Any] | None = None
-    ) -> list[np.ndarray]:
+    def encode_parity(self, data: Sequence[Any], out: Sequence[Any] | None = None) -> list[np.ndarray]:
         """The m parity shards of k equal-length data shards, written into ``out`` (m writable
         buffers of the same length) when given, so a hot path allocates nothing."""
         if len(data) != self.data_shards:
@@ -222,13 +218,17 @@ class ReedSolomon:
             result.update(zip(todo, outputs))
         return result
 
-    def recovery_matrix(self, available: Sequence[int], targets: Sequence[int]) -> tuple[tuple[int, ...], np.ndarray]:
+    def recovery_matrix(
+        self, available: Sequence[int], targets: Sequence[int]
+    ) -> tuple[tuple[int, ...], np.ndarray]:
         """(the k shard indices to read, the len(targets) x k matrix that maps them to the
         target shards). Prefers data shards, whose rows cost nothing to invert."""
         return self._recovery_rows(tuple(sorted(available)), tuple(targets))
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - instances are few and long-lived
-    def _recovery_rows(self, available: tuple[int, ...], targets: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
+    def _recovery_rows(
+        self, available: tuple[int, ...], targets: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], np.ndarray]:
         k = self.data_shards
         if len(available) < k:
             raise InsufficientShardsError(
@@ -274,7 +274,9 @@ class ReedSolomon:
                 raise ValueError(f"out[{i}] is read-only")
         return views
 
-    def _dot(self, matrix: np.ndarray, inputs: list[np.ndarray], outputs: list[np.ndarray], length: int) -> None:
+    def _dot(
+        self, matrix: np.ndarray, inputs: list[np.ndarray], outputs: list[np.ndarray], length: int
+    ) -> None:
         if not outputs or length == 0:
             return
         if _gf256 is None:

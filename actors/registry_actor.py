@@ -1,0 +1,79 @@
+"""RegistryActor: the cluster's one registry of staged and committed checkpoint steps."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from ray_ckpt import naming
+from ray_ckpt.registry import Registry
+from ray_ckpt.shard import ShardMeta
+
+logger = logging.getLogger(__name__)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=64)  # type: ignore[call-overload]
+class RegistryActor:
+    """On (re)start it rebuilds its view from every live store's self-describing shards, so a
+    killed registry comes back with the same committed steps. Threaded: ``wait_committed``
+    blocks one thread while stage calls proceed on others."""
+
+    def __init__(self, namespace: str, rebuild_timeout_s: float = 10.0) -> None:
+        self._namespace = namespace
+        self._registry = Registry()
+        self._rebuild(rebuild_timeout_s)
+
+    def _rebuild(self, timeout_s: float) -> None:
+        stores = naming.store_handles(self._namespace)
+        refs = {node_id: handle.holdings.remote() for node_id, handle in stores.items()}
+        holdings = []
+        for node_id, ref in refs.items():
+            try:
+                found_node, metas, marks = ray.get(ref, timeout=timeout_s)
+            except Exception as error:  # a dead store is simply absent from the rebuilt view
+                logger.warning("registry rebuild: store on node %s did not answer: %s", node_id, error)
+                continue
+            holdings.append((found_node, [ShardMeta.from_dict(m) for m in metas], marks))
+        self._registry.rebuild(holdings)
+
+    def ready(self) -> bool:
+        return True
+
+    def stage(self, metas: list[dict[str, Any]], nodes: dict[int, str], keep_committed: int) -> bool:
+        """Stage one rank's shards; on commit, tells every store to evict superseded steps."""
+        parsed = [ShardMeta.from_dict(m) for m in metas]
+        decision = self._registry.stage(parsed, nodes, keep_committed=keep_committed)
+        if decision.committed:
+            job = parsed[0].job
+            for handle in naming.store_handles(self._namespace).values():
+                handle.mark_committed.remote(job, decision.keep_steps[-1], list(decision.keep_steps))
+        return decision.committed
+
+    def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
+        return self._registry.wait_committed(job, step, timeout_s)
+
+    def latest_committed(self, job: str) -> int | None:
+        return self._registry.latest_committed(job)
+
+    def committed_steps(self, job: str) -> list[int]:
+        return self._registry.committed_steps(job)
+
+    def staged_ranks(self, job: str, step: int) -> list[int]:
+        return self._registry.staged_ranks(job, step)
+
+    def locate(self, job: str, step: int) -> dict[int, dict[str, Any]]:
+        """rank -> {"metas": {index: meta dict}, "nodes": {index: node id}} for a committed step."""
+        return {
+            rank: {"metas": {i: m.to_dict() for i, m in r.metas.items()}, "nodes": dict(r.nodes)}
+            for rank, r in self._registry.locate(job, step).items()
+        }
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        return self._registry.jobs()
+
+    def forget(self, job: str) -> None:
+        self._registry.forget(job)
+        for handle in naming.store_handles(self._namespace).values():
+            handle.drop.remote(job, None)

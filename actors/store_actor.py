@@ -1,0 +1,54 @@
+"""ShardStoreActor: one per node, pinned there, holding that node's shards in its own memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import psutil
+import ray
+
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.store import ShardStore
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)  # type: ignore[call-overload]
+class ShardStoreActor:
+    """Threaded (max_concurrency) so a slow put never blocks a get. ``max_restarts=0``: a
+    restarted store would be empty anyway, and its death is what callers must see."""
+
+    def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float) -> None:
+        if budget_bytes is None:
+            budget_bytes = int(psutil.virtual_memory().total * budget_fraction)
+        self._store = ShardStore(node_id=node_id, budget_bytes=budget_bytes)
+
+    def ready(self) -> str:
+        return self._store.node_id
+
+    def put(self, meta: dict[str, Any], data: np.ndarray) -> None:
+        """Copy one shard into this store (``data`` arrives as a read-only object-store view)."""
+        self._store.put(ShardMeta.from_dict(meta), data)
+
+    def get(self, job: str, step: int, rank: int, index: int) -> tuple[dict[str, Any], np.ndarray] | None:
+        found = self._store.get(job, step, rank, index)
+        return None if found is None else (found[0].to_dict(), found[1])
+
+    def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
+        return self._store.mark_committed(job, step, keep_steps)
+
+    def drop(self, job: str, steps: list[int] | None = None) -> int:
+        return self._store.drop(job, steps)
+
+    def holdings(self) -> tuple[str, list[dict[str, Any]], dict[str, int]]:
+        """(node id, metadata of every shard held, job -> newest committed step heard of)."""
+        return (
+            self._store.node_id,
+            [m.to_dict() for m in self._store.inventory()],
+            self._store.committed_marks(),
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return self._store.stats()
+
+    def set_budget(self, budget_bytes: int) -> None:
+        self._store.budget_bytes = int(budget_bytes)

@@ -1,0 +1,184 @@
+"""Registry: per job, which ranks staged which step, where their shards live, what committed."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from ray_ckpt.errors import ConfigError, NoCheckpointError
+from ray_ckpt.shard import ShardMeta
+
+
+@dataclasses.dataclass
+class RankRecord:
+    """One rank's shards of one step: metadata by shard index and the node holding each."""
+
+    metas: dict[int, ShardMeta]
+    nodes: dict[int, str]
+
+
+@dataclasses.dataclass
+class StepRecord:
+    world_size: int
+    ranks: dict[int, RankRecord] = dataclasses.field(default_factory=dict)
+    committed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitDecision:
+    """What a stage call changed: whether the step committed, and which steps of the job the
+    stores should now evict (superseded commits beyond keep_committed, and torn steps)."""
+
+    committed: bool
+    keep_steps: tuple[int, ...]
+    evict_steps: tuple[int, ...]
+
+
+class Registry:
+    """The two-phase commit of checkpoints: a step commits only when all ``world_size`` ranks
+    staged it; the newest ``keep_committed`` committed steps are kept; a step that was staged
+    but is older than the newest commit is torn and evicted. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._jobs: dict[str, dict[int, StepRecord]] = {}
+
+    def stage(self, metas: list[ShardMeta], nodes: dict[int, str], *, keep_committed: int) -> CommitDecision:
+        """Record that one rank stored all its shards of one step (``nodes``: index -> node id)."""
+        if not metas:
+            raise ConfigError("stage needs the metadata of at least one shard")
+        first = metas[0]
+        job, step, rank, world_size = first.job, first.step, first.rank, first.world_size
+        if any((m.job, m.step, m.rank, m.world_size) != (job, step, rank, world_size) for m in metas):
+            raise ConfigError("all shards staged together must share job, step, rank and world_size")
+        if set(nodes) != {m.index for m in metas}:
+            raise ConfigError("nodes must name the node of every staged shard index, and only those")
+        with self._lock:
+            steps = self._jobs.setdefault(job, {})
+            newest = self._latest_locked(job)
+            if newest is not None and step <= newest:
+                raise ConfigError(
+                    f"job {job!r}: step {step} is not newer than the newest committed step {newest}; "
+                    "a committed step cannot be overwritten: save steps in increasing order",
+                    job=job,
+                    step=step,
+                )
+            record = steps.setdefault(step, StepRecord(world_size=world_size))
+            if record.world_size != world_size:
+                raise ConfigError(
+                    f"job {job!r} step {step}: rank {rank} says world_size={world_size}, but other "
+                    f"ranks staged it with world_size={record.world_size}; every rank must use the same "
+                    "world size",
+                    job=job,
+                    step=step,
+                )
+            record.ranks[rank] = RankRecord({m.index: m for m in metas}, dict(nodes))
+            if len(record.ranks) < world_size:
+                return CommitDecision(False, (), ())
+            record.committed = True
+            self._lock.notify_all()
+            return self._retire_locked(job, keep_committed)
+
+    def _retire_locked(self, job: str, keep_committed: int) -> CommitDecision:
+        steps = self._jobs[job]
+        committed = sorted(s for s, r in steps.items() if r.committed)
+        keep = committed[-keep_committed:]
+        newest = keep[-1]
+        evict = [s for s in steps if s < newest and s not in keep]
+        for s in evict:
+            del steps[s]
+        return CommitDecision(True, tuple(keep), tuple(sorted(evict)))
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def latest_committed(self, job: str) -> int | None:
+        with self._lock:
+            return self._latest_locked(job)
+
+    def committed_steps(self, job: str) -> list[int]:
+        with self._lock:
+            return sorted(s for s, r in self._jobs.get(job, {}).items() if r.committed)
+
+    def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
+        """Block until ``step`` (or a newer step) of ``job`` committed; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._committed_at_least_locked(job, step), timeout=timeout_s)
+
+    def _committed_at_least_locked(self, job: str, step: int) -> bool:
+        latest = self._latest_locked(job)
+        return latest is not None and latest >= step
+
+    def staged_ranks(self, job: str, step: int) -> list[int]:
+        """Ranks that staged ``step`` so far (all of them once it committed)."""
+        with self._lock:
+            record = self._jobs.get(job, {}).get(step)
+            return sorted(record.ranks) if record else []
+
+    def is_committed(self, job: str, step: int) -> bool:
+        with self._lock:
+            record = self._jobs.get(job, {}).get(step)
+            return bool(record and record.committed)
+
+    def locate(self, job: str, step: int) -> dict[int, RankRecord]:
+        """Every rank's shard records of a committed step; NoCheckpointError if not committed."""
+        with self._lock:
+            record = self._jobs.get(job, {}).get(step)
+            if record is None or not record.committed:
+                known = sorted(s for s, r in self._jobs.get(job, {}).items() if r.committed)
+                raise NoCheckpointError(
+                    f"job {job!r} has no committed step {step} (committed: {known})", job=job, step=step
+                )
+            return {rank: dataclasses.replace(r) for rank, r in record.ranks.items()}
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        """Per job: committed steps, staged-only steps with the ranks that staged them."""
+        with self._lock:
+            return {
+                job: {
+                    "committed_steps": sorted(s for s, r in steps.items() if r.committed),
+                    "staged": {s: sorted(r.ranks) for s, r in steps.items() if not r.committed},
+                    "world_size": max((r.world_size for r in steps.values()), default=0),
+                }
+                for job, steps in self._jobs.items()
+            }
+
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    # ---- rebuilding ---------------------------------------------------------------------
+
+    def rebuild(self, holdings: Iterable[tuple[str, list[ShardMeta], dict[str, int]]]) -> None:
+        """Replace the whole view with one rebuilt from the stores' self-describing shards.
+
+        ``holdings``: per store (node id, shard metadata it holds, job -> newest committed step
+        it was told about). A step counts as committed when some store was told so, or when it
+        is not newer than such a step (commits are ordered); steps newer than every commit mark
+        come back as staged by the ranks whose shards are present.
+        """
+        rebuilt: dict[str, dict[int, StepRecord]] = {}
+        marks: dict[str, int] = {}
+        for node_id, metas, committed in holdings:
+            for job, step in committed.items():
+                marks[job] = max(step, marks.get(job, step))
+            for meta in metas:
+                steps = rebuilt.setdefault(meta.job, {})
+                record = steps.setdefault(meta.step, StepRecord(world_size=meta.world_size))
+                rank = record.ranks.setdefault(meta.rank, RankRecord({}, {}))
+                rank.metas[meta.index] = meta
+                rank.nodes[meta.index] = node_id
+        for job, steps in rebuilt.items():
+            mark = marks.get(job)
+            for step, record in steps.items():
+                record.committed = (
+                    mark is not None and step <= mark and len(record.ranks) == record.world_size
+                )
+        with self._lock:
+            self._jobs = rebuilt
+            self._lock.notify_all()
+
+    def _latest_locked(self, job: str) -> int | None:
+        committed = [s for s, r in self._jobs.get(job, {}).items() if r.committed]
+        return max(committed) if committed else None

@@ -1,0 +1,477 @@
+"""The no-pickle snapshot format: a nested training state <-> (msgpack header, one byte payload).
+
+A *state* is a tree of dicts (``dict`` or ``collections.OrderedDict``, keys ``str`` or ``int``),
+lists and tuples whose leaves are torch tensors or plain values (``None``, ``bool``, ``int`` in
+[-2**63, 2**64), ``float``, ``str``, ``bytes``). Exact container and leaf types are required so
+that everything comes back as it went in: a tuple subclass (named tuple), another dict subclass,
+a numpy array or a set is refused with :class:`UnsupportedLeafError` naming its key path.
+
+Key paths are Python subscripts from the root, named ``state``: ``state['optim']['state'][3]
+['exp_avg']`` (dict keys as ``repr``, list and tuple positions as ints).
+
+The header is msgpack (``use_bin_type=True``)::
+
+    {"magic": MAGIC, "version": FORMAT_VERSION, "payload_size": int,
+     "tensors": [[dtype name, shape, offset, nbytes], ...],   # payload order
+     "tree": node}
+
+with each node a ``[tag, body]`` pair: ``["d", [[key, node], ...]]`` (dict, insertion order),
+``["o", ...]`` (OrderedDict), ``["l", [node, ...]]`` (list), ``["t", [node, ...]]`` (tuple),
+``["T", tensor index]`` and ``["v", plain value]``. Tensor bytes lie in the payload at offsets
+that are multiples of :data:`ALIGNMENT`; gaps between them are zero, so the same state always
+gives the same header and payload bytes. A tensor object that appears several times in the state
+is stored once and restored as one shared tensor. Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
+
+MAGIC = "ray_ckpt.snapshot"
+FORMAT_VERSION = 1
+ALIGNMENT = 64  # byte alignment of every tensor inside the payload
+MAX_DEPTH = 100  # containers nested deeper than this are refused (also stops reference cycles)
+MAX_DIMS = 64
+
+_DTYPE_CANDIDATES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex32",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+)
+DTYPES: Mapping[str, torch.dtype] = types.MappingProxyType(
+    {
+        name: getattr(torch, name)
+        for name in _DTYPE_CANDIDATES
+        if isinstance(getattr(torch, name, None), torch.dtype)
+    }
+)
+"""The tensor dtypes a snapshot can hold, by the name written in the header (those of
+``_DTYPE_CANDIDATES`` that this torch build has). Quantized and sub-byte dtypes are refused."""
+
+_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
+_PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_SUPPORTED = (
+    "a snapshot holds dicts (str or int keys), lists, tuples, torch tensors (dtypes: "
+    + ", ".join(DTYPES)
+    + ") and None/bool/int/float/str/bytes values"
+)
+
+State = Any
+_Path = tuple[Any, ...]  # (parent path, key) linked pairs; () is the root
+
+
+@dataclass(frozen=True, eq=False)
+class SnapshotLayout:
+    """The result of :func:`plan`: everything needed to write the payload, nothing copied yet.
+
+    ``tensors[i]`` (detached references to the state's tensors, on any device) go to payload
+    bytes ``offsets[i] : offsets[i] + tensors[i].nbytes``. The payload is ``payload_size``
+    bytes long. Tensors must keep their shape and dtype until :func:`write_payload` ran; their
+    values are read at that time.
+    """
+
+    header: bytes
+    payload_size: int
+    tensors: list[torch.Tensor]
+    offsets: list[int]
+
+
+# ---- state -> header + payload ----------------------------------------------------------------
+
+
+def plan(state: State) -> SnapshotLayout:
+    """Walk ``state``, validate every container, key and leaf, lay the tensors out and build the
+    header. Touches no tensor data (GPU tensors are not synchronised). Raises
+    UnsupportedLeafError (attributes ``key_path``, ``leaf_type``) for anything not supported."""
+    walker = _Planner()
+    tree = walker.encode(state, (), 0)
+    offsets: list[int] = []
+    specs: list[list[Any]] = []
+    cursor = 0
+    for tensor in walker.tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes:
+            offset = -(-cursor // ALIGNMENT) * ALIGNMENT
+            cursor = offset + nbytes
+        else:
+            offset = 0
+        offsets.append(offset)
+        specs.append([_NAMES[tensor.dtype], list(tensor.shape), offset, nbytes])
+    header = msgpack.packb(
+        {
+            "magic": MAGIC,
+            "version": FORMAT_VERSION,
+            "payload_size": cursor,
+            "tensors": specs,
+            "tree": tree,
+        },
+        use_bin_type=True,
+    )
+    return SnapshotLayout(header=header, payload_size=cursor, tensors=walker.tensors, offsets=offsets)
+
+
+def write_payload(layout: SnapshotLayout, out: Any) -> None:
+    """Copy every tensor of ``layout`` into ``out`` at its offset and zero the gaps, so bytes
+    ``[0, layout.payload_size)`` of ``out`` become the payload; bytes past it are left alone.
+
+    ``out``: a writable C-contiguous numpy array, CPU torch tensor or writable buffer of at least
+    ``payload_size`` bytes (any element type; its bytes are used). Non-contiguous and device
+    tensors are copied straight into ``out`` (device -> host) without an intermediate copy.
+    """
+    buf = _writable_bytes(out)
+    if buf.numel() < layout.payload_size:
+        raise ValueError(f"out holds {buf.numel()} bytes, the payload needs {layout.payload_size}")
+    end = 0
+    for tensor, offset in zip(layout.tensors, layout.offsets):
+        nbytes = tensor.numel() * tensor.element_size()
+        if not nbytes:
+            continue
+        if offset > end:
+            buf[end:offset].zero_()
+        buf[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        end = offset + nbytes
+    if layout.payload_size > end:
+        buf[end : layout.payload_size].zero_()
+
+
+def snapshot(state: State) -> tuple[bytes, np.ndarray]:
+    """``(header, payload)`` of ``state``: :func:`plan`, then :func:`write_payload` into a new
+    uint8 array of exactly ``payload_size`` bytes."""
+    layout = plan(state)
+    payload = np.empty(layout.payload_size, dtype=np.uint8)
+    write_payload(layout, payload)
+    return layout.header, payload
+
+
+class _Planner:
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self._index: dict[int, int] = {}
+
+    def encode(self, obj: Any, path: _Path, depth: int) -> list[Any]:
+        kind = type(obj)
+        if kind in _PLAIN_TYPES:
+            _check_plain(obj, path)
+            return ["v", obj]
+        if isinstance(obj, torch.Tensor):
+            return ["T", self._tensor(obj, path)]
+        if depth >= MAX_DEPTH:
+            raise _unsupported(path, obj, f"containers are nested deeper than {MAX_DEPTH} levels (a cycle?)")
+        if kind is dict or kind is collections.OrderedDict:
+            pairs = []
+            for key, value in obj.items():
+                if type(key) is str or type(key) is int:
+                    _check_plain(key, path, "dict key")
+                else:
+                    raise _unsupported(
+                        path, key, f"dict key {key!r} of type {type(key).__name__}: keys must be str or int"
+                    )
+                pairs.append([key, self.encode(value, (path, key), depth + 1)])
+            return ["d" if kind is dict else "o", pairs]
+        if kind is list or kind is tuple:
+            items = [self.encode(value, (path, i), depth + 1) for i, value in enumerate(obj)]
+            return ["l" if kind is list else "t", items]
+        raise _unsupported(path, obj, _hint(obj))
+
+    def _tensor(self, tensor: torch.Tensor, path: _Path) -> int:
+        index = self._index.get(id(tensor))
+        if index is not None:
+            return index
+        if type(tensor) is not torch.Tensor and type(tensor) is not torch.nn.Parameter:
+            raise _unsupported(
+                path, tensor, f"tensor subclass {type(tensor).__name__}: convert it to a plain tensor"
+            )
+        if tensor.layout != torch.strided or tensor.is_nested:
+            raise _unsupported(path, tensor, f"{tensor.layout} tensor: only dense (strided) tensors")
+        if tensor.device.type == "meta":
+            raise _unsupported(path, tensor, "tensor on the meta device has no data")
+        if tensor.dtype not in _NAMES:
+            raise _unsupported(path, tensor, f"tensor dtype {tensor.dtype} is not supported")
+        index = len(self.tensors)
+        self._index[id(tensor)] = index
+        self.tensors.append(tensor.detach())
+        return index
+
+
+def _check_plain(value: Any, path: _Path, what: str = "value") -> None:
+    if type(value) is int and not _INT_MIN <= value <= _INT_MAX:
+        raise _unsupported(path, value, f"{what} {value} is outside the 64-bit int range")
+    if type(value) is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _unsupported(path, value, f"{what} {value!r} is not valid UTF-8") from None
+
+
+def _hint(obj: Any) -> str:
+    name = type(obj).__name__
+    if isinstance(obj, np.ndarray):
+        return "numpy array: convert it with torch.from_numpy"
+    if isinstance(obj, np.generic):
+        return f"numpy scalar {name}: convert it with .item()"
+    if isinstance(obj, (set, frozenset)):
+        return f"{name}: use a list or tuple"
+    if isinstance(obj, tuple):
+        return f"tuple subclass {name}: convert it to a plain tuple or dict"
+    if isinstance(obj, (dict, Mapping)):
+        return f"mapping type {name}: convert it to a dict"
+    if isinstance(obj, list):
+        return f"list subclass {name}: convert it to a list"
+    return f"unsupported type {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _unsupported(path: _Path, obj: Any, reason: str) -> UnsupportedLeafError:
+    key_path = _format_path(path)
+    return UnsupportedLeafError(
+        f"cannot snapshot {key_path}: {reason}; {_SUPPORTED}",
+        key_path=key_path,
+        leaf_type=type(obj).__name__,
+    )
+
+
+def _format_path(path: _Path) -> str:
+    """Render a planner path as ``state['a'][0]['b']``."""
+    keys = []
+    while path:
+        path, key = path
+        keys.append(f"[{key!r}]")
+    return "state" + "".join(reversed(keys))
+
+
+# ---- header + payload -> state ----------------------------------------------------------------
+
+
+def restore(header: bytes, payload: Any, *, copy: bool = True) -> State:
+    """Rebuild the state from ``header`` and ``payload`` (a numpy array, CPU torch tensor or
+    buffer holding at least the header's ``payload_size`` bytes; longer is fine).
+
+    Validates the header fully before touching the payload; anything malformed, truncated or of
+    another format version raises SnapshotFormatError. A ``header`` or ``payload`` that is not a
+    buffer at all raises TypeError.
+
+    Tensors come back as plain CPU tensors (``requires_grad=False``). With ``copy=True`` each
+    owns its memory, so the caller may reuse the payload at once. With ``copy=False`` they are
+    views into ``payload`` (no copy; they change if it changes and keep it alive); the payload
+    must then be writable (else ValueError), C-contiguous, and 64-byte aligned for aligned access.
+    """
+    payload_size, specs, tree = _parse_header(header)
+    data = _readable_bytes(payload)
+    if data.size < payload_size:
+        raise SnapshotFormatError(
+            f"payload holds {data.size} bytes, the header says {payload_size}: truncated payload",
+            payload_size=payload_size,
+            received=data.size,
+        )
+    base: torch.Tensor | None = None
+    if not copy:
+        if not data.flags.writeable:
+            raise ValueError(
+                "restore(copy=False) needs a writable payload; pass copy=True or a writable copy"
+            )
+        base = torch.from_numpy(data)
+    tensors: list[torch.Tensor | None] = [None] * len(specs)
+
+    def tensor(index: int) -> torch.Tensor:
+        made = tensors[index]
+        if made is None:
+            dtype, shape, offset, nbytes = specs[index]
+            if base is not None:
+                raw = base[offset : offset + nbytes]
+            else:
+                raw = torch.empty(nbytes, dtype=torch.uint8)
+                np.copyto(raw.numpy(), data[offset : offset + nbytes])
+            try:
+                made = raw.view(dtype).view(shape)
+            except RuntimeError as exc:  # pragma: no cover - the header checks should prevent it
+                raise SnapshotFormatError(f"tensor {index} cannot be rebuilt: {exc}", tensor=index) from None
+            tensors[index] = made
+        return made
+
+    return _decode(tree, tensor, len(specs), 0, "tree")
+
+
+_Spec = tuple[torch.dtype, tuple[int, ...], int, int]
+
+
+def _parse_header(header: Any) -> tuple[int, list[_Spec], Any]:
+    if not isinstance(header, (bytes, bytearray, memoryview)):
+        raise TypeError(f"header must be bytes, got {type(header).__name__}")
+    try:
+        meta = msgpack.unpackb(header, raw=False, strict_map_key=False, use_list=True)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as exc:
+        raise SnapshotFormatError(f"header is not valid msgpack: {exc}") from None
+    if type(meta) is not dict or meta.get("magic") != MAGIC:
+        raise SnapshotFormatError(f"header is not a ray_ckpt snapshot header (no magic {MAGIC!r})")
+    version = meta.get("version")
+    if type(version) is not int:
+        raise SnapshotFormatError(f"header has no valid format version: {version!r}")
+    if version != FORMAT_VERSION:
+        newer = " (newer than this ray_ckpt; upgrade it)" if version > FORMAT_VERSION else ""
+        raise SnapshotFormatError(
+            f"snapshot format version {version}{newer}; this ray_ckpt reads version {FORMAT_VERSION}",
+            version=version,
+        )
+    payload_size = _count(meta.get("payload_size"), "payload_size")
+    raw_specs = meta.get("tensors")
+    if type(raw_specs) is not list:
+        raise SnapshotFormatError("header field 'tensors' must be a list")
+    specs = [_parse_spec(i, spec, payload_size) for i, spec in enumerate(raw_specs)]
+    if "tree" not in meta:
+        raise SnapshotFormatError("header has no 'tree'")
+    return payload_size, specs, meta["tree"]
+
+
+def _parse_spec(index: int, spec: Any, payload_size: int) -> _Spec:
+    where = f"tensors[{index}]"
+    if type(spec) is not list or len(spec) != 4:
+        raise SnapshotFormatError(f"{where} must be [dtype, shape, offset, nbytes], got {spec!r:.200}")
+    name, shape, offset, nbytes = spec
+    dtype = DTYPES.get(name) if type(name) is str else None
+    if dtype is None:
+        raise SnapshotFormatError(
+            f"{where} has unknown dtype {name!r:.100}; known: {', '.join(DTYPES)}", tensor=index
+        )
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        raise SnapshotFormatError(f"{where} shape must be a list of at most {MAX_DIMS} ints", tensor=index)
+    dims = tuple(_count(d, f"{where} shape") for d in shape)
+    if math.prod(max(d, 1) for d in dims) >= 2**63:
+        raise SnapshotFormatError(f"{where} shape {list(dims)} is too large", tensor=index)
+    offset = _count(offset, f"{where} offset")
+    nbytes = _count(nbytes, f"{where} nbytes")
+    if nbytes != math.prod(dims) * dtype.itemsize:
+        raise SnapshotFormatError(
+            f"{where} nbytes {nbytes} does not match shape {list(dims)} of {name}", tensor=index
+        )
+    if offset % ALIGNMENT:
+        raise SnapshotFormatError(f"{where} offset {offset} is not a multiple of {ALIGNMENT}", tensor=index)
+    if offset + nbytes > payload_size:
+        raise SnapshotFormatError(
+            f"{where} bytes [{offset}, {offset + nbytes}) run past the payload end {payload_size}",
+            tensor=index,
+        )
+    return dtype, dims, offset, nbytes
+
+
+def _count(value: Any, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise SnapshotFormatError(f"header {what} must be a non-negative int, got {value!r:.100}")
+    return value
+
+
+def _decode(node: Any, tensor: Any, count: int, depth: int, where: str) -> Any:
+    if type(node) is not list or len(node) != 2 or type(node[0]) is not str:
+        raise SnapshotFormatError(f"header {where}: malformed node {node!r:.100}")
+    if depth > MAX_DEPTH:
+        raise SnapshotFormatError(f"header {where}: nested deeper than {MAX_DEPTH} levels")
+    tag, body = node
+    if tag == "v":
+        if type(body) not in _PLAIN_TYPES:
+            raise SnapshotFormatError(f"header {where}: value of type {type(body).__name__} is not allowed")
+        return body
+    if tag == "T":
+        if type(body) is not int or not 0 <= body < count:
+            raise SnapshotFormatError(
+                f"header {where}: tensor index {body!r:.100} out of range 0..{count - 1}"
+            )
+        return tensor(body)
+    if type(body) is not list:
+        raise SnapshotFormatError(f"header {where}: node body must be a list")
+    if tag == "l" or tag == "t":
+        items = [_decode(item, tensor, count, depth + 1, f"{where}[{i}]") for i, item in enumerate(body)]
+        return items if tag == "l" else tuple(items)
+    if tag == "d" or tag == "o":
+        result: dict[Any, Any] = {} if tag == "d" else collections.OrderedDict()
+        for pair in body:
+            if (
+                type(pair) is not list
+                or len(pair) != 2
+                or (type(pair[0]) is not str and type(pair[0]) is not int)
+            ):
+                raise SnapshotFormatError(f"header {where}: dict entry must be [str or int key, node]")
+            key, value = pair
+            result[key] = _decode(value, tensor, count, depth + 1, f"{where}[{key!r:.50}]")
+        return result
+    raise SnapshotFormatError(f"header {where}: unknown node tag {tag!r:.20}")
+
+
+# ---- buffers ----------------------------------------------------------------------------------
+
+
+def _writable_bytes(out: Any) -> torch.Tensor:
+    """A flat uint8 CPU tensor over ``out``'s memory with storage offset 0 (so dtype views of
+    64-aligned slices are always allowed)."""
+    if isinstance(out, torch.Tensor):
+        if out.device.type != "cpu":
+            raise ValueError(f"out must be a CPU tensor, got one on {out.device}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+        array = out.detach().reshape(-1).view(torch.uint8).numpy()
+    elif isinstance(out, np.ndarray):
+        if not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous array")
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
+        array = out.reshape(-1).view(np.uint8)
+    else:
+        try:
+            view = memoryview(out)
+        except TypeError:
+            raise TypeError(
+                f"out must be a numpy array, CPU tensor or writable buffer, got {type(out).__name__}"
+            ) from None
+        if view.readonly or not view.c_contiguous:
+            raise ValueError("out must be a writable C-contiguous buffer")
+        array = np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, dtype=np.uint8)
+    return torch.from_numpy(array)
+
+
+def _readable_bytes(payload: Any) -> np.ndarray:
+    """A flat uint8 numpy view (no copy) of ``payload``."""
+    if isinstance(payload, torch.Tensor):
+        if payload.device.type != "cpu" or not payload.is_contiguous():
+            raise ValueError("payload tensor must be a contiguous CPU tensor")
+        return payload.detach().reshape(-1).view(torch.uint8).numpy()
+    if isinstance(payload, np.ndarray):
+        if not payload.flags.c_contiguous:
+            raise ValueError("payload array must be C-contiguous")
+        return payload.reshape(-1).view(np.uint8)
+    try:
+        view = memoryview(payload)
+    except TypeError:
+        raise TypeError(
+            f"payload must be a numpy array, CPU tensor or bytes-like, got {type(payload).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError("payload buffer must be C-contiguous")
+    return np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, dtype=np.uint8)

@@ -1,0 +1,150 @@
+"""ShardStore: one node's budgeted, thread-safe, in-memory shard table (wrapped by a Ray actor)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ray_ckpt.codec import as_bytes
+from ray_ckpt.errors import StoreFullError
+from ray_ckpt.shard import ShardKey, ShardMeta
+
+
+@dataclass
+class _Entry:
+    meta: ShardMeta
+    data: np.ndarray
+    metadata_bytes: int
+
+
+class ShardStore:
+    """Holds shards in memory it owns, keyed by (job, step, rank, index).
+
+    Contracts:
+      * ``put`` copies the bytes (never keeps a reference to a caller-owned buffer) and
+        reserves budget before copying, so concurrent puts can never overshoot the budget.
+      * A put that would exceed the budget raises StoreFullError and changes nothing.
+      * Putting an existing key replaces it (a retried save).
+      * Only ``mark_committed``/``drop`` evict, and only the named job's superseded steps.
+      * All methods are safe to call from many threads at once; copies run outside the lock,
+        so a large put does not block gets.
+    """
+
+    def __init__(self, *, node_id: str, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.node_id = node_id
+        self.budget_bytes = int(budget_bytes)
+        self._lock = threading.Lock()
+        self._entries: dict[ShardKey, _Entry] = {}
+        self._reserved = 0  # bytes of puts in progress
+        self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
+
+    # ---- writes -------------------------------------------------------------------------
+
+    def put(self, meta: ShardMeta, data: Any) -> None:
+        view = as_bytes(data)
+        if view.size != meta.shard_size:
+            raise ValueError(f"shard {meta.key} has {view.size} bytes, its metadata says {meta.shard_size}")
+        metadata_bytes = len(msgpack.packb(meta.to_dict()))
+        need = view.size + metadata_bytes
+        with self._lock:
+            replaced = self._entries.get(meta.key)
+            freed = replaced.data.size + replaced.metadata_bytes if replaced else 0
+            used = self._used_locked()
+            if used + self._reserved + need - freed > self.budget_bytes:
+                raise StoreFullError(
+                    f"store on node {self.node_id} cannot take shard {meta.index} of rank {meta.rank}, "
+                    f"step {meta.step} of job {meta.job!r} ({need} bytes): {used} of "
+                    f"{self.budget_bytes} bytes used ({self._usage_by_job_locked()}), {self._reserved} "
+                    "reserved by puts in flight. Raise the budget (ray_ckpt.start(store_budget_bytes=...) "
+                    "or RAY_CKPT_STORE_BUDGET_FRACTION), lower keep_committed, or add nodes",
+                    node_id=self.node_id,
+                    used_bytes=used,
+                    budget_bytes=self.budget_bytes,
+                    requested_bytes=need,
+                )
+            self._reserved += need
+        try:
+            owned = np.empty(view.size, dtype=np.uint8)
+            np.copyto(owned, view)
+        except BaseException:
+            with self._lock:
+                self._reserved -= need
+            raise
+        with self._lock:
+            self._reserved -= need
+            self._entries[meta.key] = _Entry(meta, owned, metadata_bytes)
+
+    def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
+        """Record that ``step`` of ``job`` committed and evict the job's shards of steps older
+        than it that are not in ``keep_steps``. Returns the bytes freed."""
+        keep = set(keep_steps) | {step}
+        with self._lock:
+            self._committed[job] = max(step, self._committed.get(job, step))
+            doomed = [k for k in self._entries if k[0] == job and k[1] < step and k[1] not in keep]
+            return self._drop_locked(doomed)
+
+    def drop(self, job: str, steps: list[int] | None = None) -> int:
+        """Evict the job's shards of ``steps`` (all steps when None). Returns the bytes freed."""
+        wanted = None if steps is None else set(steps)
+        with self._lock:
+            doomed = [k for k in self._entries if k[0] == job and (wanted is None or k[1] in wanted)]
+            if steps is None:
+                self._committed.pop(job, None)
+            return self._drop_locked(doomed)
+
+    # ---- reads --------------------------------------------------------------------------
+
+    def get(self, job: str, step: int, rank: int, index: int) -> tuple[ShardMeta, np.ndarray] | None:
+        """The shard and its metadata, or None if this store does not hold it."""
+        with self._lock:
+            entry = self._entries.get((job, step, rank, index))
+        return None if entry is None else (entry.meta, entry.data)
+
+    def inventory(self, job: str | None = None) -> list[ShardMeta]:
+        """Metadata of every shard held (of one job when given); for rebuilding the registry."""
+        with self._lock:
+            return [e.meta for k, e in self._entries.items() if job is None or k[0] == job]
+
+    def committed_marks(self) -> dict[str, int]:
+        """job -> the newest committed step this store was told about."""
+        with self._lock:
+            return dict(self._committed)
+
+    def stats(self) -> dict[str, Any]:
+        """Usage for status pages: bytes used (shard data and metadata), budget, shards, jobs."""
+        with self._lock:
+            data = sum(e.data.size for e in self._entries.values())
+            meta = sum(e.metadata_bytes for e in self._entries.values())
+            return {
+                "node_id": self.node_id,
+                "budget_bytes": self.budget_bytes,
+                "used_bytes": data + meta,
+                "data_bytes": data,
+                "metadata_bytes": meta,
+                "shards": len(self._entries),
+                "jobs": self._usage_by_job_locked(),
+            }
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _used_locked(self) -> int:
+        return sum(e.data.size + e.metadata_bytes for e in self._entries.values())
+
+    def _usage_by_job_locked(self) -> dict[str, int]:
+        usage: dict[str, int] = {}
+        for (job, *_), entry in self._entries.items():
+            usage[job] = usage.get(job, 0) + entry.data.size + entry.metadata_bytes
+        return usage
+
+    def _drop_locked(self, keys: list[ShardKey]) -> int:
+        freed = 0
+        for key in keys:
+            entry = self._entries.pop(key)
+            freed += entry.data.size + entry.metadata_bytes
+        return freed

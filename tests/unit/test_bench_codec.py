@@ -1,0 +1,51 @@
+"""scripts/bench_codec.py runs, checks its own decodes and writes rows of the documented schema."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_codec.py"
+CODES = {(4, 1), (4, 2), (8, 2), (6, 3)}
+FIELDS = {"impl", "k", "m", "size_bytes", "encode_gbps", "decode_gbps", "threads"}
+
+
+def test_quick_run_writes_rows(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "out" / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--threads", "2", "--json", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "encode GB/s" in result.stdout
+    rows = json.loads(target.read_text())
+    assert isinstance(rows, list)
+    assert rows
+    for row in rows:
+        assert set(row) == FIELDS
+        assert row["impl"] in {"ray_ckpt", "memcpy", "zfec", "pyeclib"}
+        for key in ("k", "m", "size_bytes", "threads"):
+            assert isinstance(row[key], int)
+        assert row["size_bytes"] == 4 << 20
+        assert row["threads"] >= 1
+        for key in ("encode_gbps", "decode_gbps"):
+            assert isinstance(row[key], float)
+            assert row[key] > 0
+    ray_ckpt = [r for r in rows if r["impl"] == "ray_ckpt"]
+    assert {(r["k"], r["m"]) for r in ray_ckpt if r["threads"] == 1} == CODES
+    assert {(r["k"], r["m"]) for r in ray_ckpt if r["threads"] == 2} == CODES
+    assert sum(r["impl"] == "memcpy" for r in rows) == 1
+
+
+def test_help() -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0
+    assert "--size-mib" in result.stdout
+    assert "--quick" in result.stdout
