@@ -55,9 +55,11 @@ def place(nodes: Sequence[Node], *, shards: int, rank: int, rank_node_id: str | 
     domains = sorted(by_domain)
     offset = (rank * shards) % len(domains)
     domains = domains[offset:] + domains[:offset]
-    for domain in domains:
+    for position, domain in enumerate(domains):
+        # stripe ranks over the (domain, member) grid: rank r's shards take slots r*shards.. of a
+        # sequence that visits every domain before a domain's next member, so ranks fill all nodes
         members = by_domain[domain]
-        turn = rank % len(members)
+        turn = (rank * shards + position) // len(domains) % len(members)
         by_domain[domain] = members[turn:] + members[:turn]
     taken = dict.fromkeys(domains, 0)
     chosen: list[str] = []

@@ -1,0 +1,194 @@
+"""The shard store service on a simulated cluster, with real hard node kills."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+from conftest import SimCluster
+from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
+
+import ray_ckpt
+from ray_ckpt import naming, service
+from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.errors import InsufficientShardsError, StoreFullError
+
+pytestmark = pytest.mark.cluster
+
+CODE = {"data_shards": 4, "parity_shards": 2}
+JOB = "job-a"
+
+
+def save_all(sim: SimCluster, steps: list[int], world_size: int = 4, config: dict | None = None) -> list[str]:
+    """Each rank r saves from worker node r; returns the ranks' node ids."""
+    config = config or CODE
+    return ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim.node_id(rank))).remote(
+                sim.namespace, JOB, rank, world_size, steps, config, 50_000
+            )
+            for rank in range(world_size)
+        ]
+    )
+
+
+def restore_all(sim: SimCluster, world_size: int = 4) -> list[dict]:
+    return ray.get(
+        [restore_rank.remote(sim.namespace, JOB, rank, world_size, CODE) for rank in range(world_size)]
+    )
+
+
+def test_two_nodes_killed_at_once_every_rank_restores_bit_exact(sim_cluster: SimCluster) -> None:
+    """RS(4,2) over 8 stores: after 2 shard-holding nodes die at once, all 4 ranks restore the
+    latest committed step bit-exact from the survivors."""
+    save_all(sim_cluster, [0, 1, 2])
+    placement = shard_nodes(sim_cluster.namespace, JOB, 2)
+    # two nodes that hold data shards of rank 0 (the worst case: a decode is needed)
+    victims = [placement[0][0], placement[0][1]]
+    sim_cluster.kill(victims)
+    results = restore_all(sim_cluster)
+    assert [r["step"] for r in results] == [2, 2, 2, 2]
+    assert all(r["source"] == "peers" for r in results)
+    assert [r["digest"] for r in results] == [digest(make_state(rank, 2)) for rank in range(4)]
+
+
+@pytest.mark.nodes(7)
+def test_three_lost_shards_raise_insufficient_shards_naming_rank_step_and_shards(
+    sim_cluster: SimCluster,
+) -> None:
+    """With 3 of a rank's 6 shards gone and no backup, restore raises InsufficientShardsError
+    naming the rank, the step and the lost shards, and returns no partial state."""
+    save_all(sim_cluster, [0, 1], world_size=2)
+    placement = shard_nodes(sim_cluster.namespace, JOB, 1)
+    victims = [placement[1][i] for i in (0, 2, 5)]
+    sim_cluster.kill(victims)
+    with pytest.raises(InsufficientShardsError) as info:
+        ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 1, 2, CODE))
+    error = info.value
+    assert "rank 1 step 1" in str(error)
+    assert {0, 2, 5} <= set(error.lost)
+    assert (error.rank, error.step) == (1, 1)
+
+
+@pytest.mark.nodes(6)
+def test_a_step_staged_by_only_some_ranks_never_becomes_latest(sim_cluster: SimCluster) -> None:
+    """Rank 2 dies before staging step 2: step 1 stays the latest, and restore returns step 1."""
+    world = 3
+    ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
+                sim_cluster.namespace, JOB, r, world, [0, 1, 2] if r < 2 else [0, 1], CODE, 50_000
+            )
+            for r in range(world)
+        ]
+    )
+    registry = naming.registry_handle(sim_cluster.namespace)
+    assert ray.get(registry.latest_committed.remote(JOB)) == 1
+    assert ray.get(registry.staged_ranks.remote(JOB, 2)) == [0, 1]
+    results = restore_all(sim_cluster, world_size=world)
+    assert [r["step"] for r in results] == [1, 1, 1]
+    assert [r["digest"] for r in results] == [digest(make_state(r, 1)) for r in range(world)]
+
+
+@pytest.mark.nodes(6)
+def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCluster) -> None:
+    """A shard overwritten with flipped bits (metadata intact) fails its checksum and is
+    treated as an erasure: restore still returns the exact state."""
+    save_all(sim_cluster, [0], world_size=1)
+    registry = naming.registry_handle(sim_cluster.namespace)
+    located = ray.get(registry.locate.remote(JOB, 0))[0]
+    stores = naming.store_handles(sim_cluster.namespace)
+    for index in (0, 1):  # corrupt two data shards in place
+        store = stores[located["nodes"][index]]
+        meta, data = ray.get(store.get.remote(JOB, 0, 0, index))
+        forged = np.array(data, copy=True)
+        forged[::997] ^= 0x5A
+        ray.get(store.put.remote(meta, forged))
+    result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, CODE))
+    assert result["step"] == 0
+    assert result["digest"] == digest(make_state(0, 0))
+
+
+@pytest.mark.nodes(6)
+def test_killed_registry_restarts_with_the_same_view(sim_cluster: SimCluster) -> None:
+    """The registry actor killed (and restarted by Ray) rebuilds its view from the stores:
+    same committed steps, same locations, and restores still work."""
+    save_all(sim_cluster, [0, 1, 2], world_size=2)
+    registry = naming.registry_handle(sim_cluster.namespace)
+    before = ray.get(registry.jobs.remote())
+    located_before = ray.get(registry.locate.remote(JOB, 2))
+    ray.kill(registry, no_restart=False)
+    after = None
+    for _ in range(100):
+        try:
+            after = ray.get(naming.registry_handle(sim_cluster.namespace).jobs.remote(), timeout=5)
+            break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            continue
+    assert after == before
+    assert ray.get(naming.registry_handle(sim_cluster.namespace).locate.remote(JOB, 2)) == located_before
+    results = restore_all(sim_cluster, world_size=2)
+    assert [r["digest"] for r in results] == [digest(make_state(r, 2)) for r in range(2)]
+
+
+@pytest.mark.nodes(6)
+def test_a_put_over_budget_fails_cleanly_and_the_store_keeps_serving(sim_cluster: SimCluster) -> None:
+    """A save whose shards exceed a store's budget surfaces StoreFullError (naming the budget
+    and how to raise it); the committed step stays restorable and the store keeps serving."""
+    save_all(sim_cluster, [0], world_size=1)
+    for handle in naming.store_handles(sim_cluster.namespace).values():
+        ray.get(handle.set_budget.remote(60_000))  # holds step 0's shard, not another
+    with pytest.raises(StoreFullError, match="budget"):
+        ray.get(
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(0))).remote(
+                sim_cluster.namespace, JOB, 0, 1, [1], CODE, 50_000
+            )
+        )
+    result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, CODE))
+    assert result["step"] == 0 and result["digest"] == digest(make_state(0, 0))
+
+
+@pytest.mark.nodes(6)
+def test_peer_memory_per_step_is_k_plus_m_over_k_plus_under_one_percent(sim_cluster: SimCluster) -> None:
+    """status(): bytes held for one committed step are (k+m)/k of the payload, with < 1%
+    metadata and padding on top."""
+    size = 1_000_000  # float32 elements: 4 MB of tensors per rank
+    ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
+                sim_cluster.namespace, JOB, r, 2, [0], {**CODE, "keep_committed": 1}, size
+            )
+            for r in range(2)
+        ]
+    )
+    status = service.status(namespace=sim_cluster.namespace)
+    tensor_bytes = sum(
+        sum(t.numel() * t.element_size() for t in _tensors(make_state(r, 0, size))) for r in range(2)
+    )
+    used = sum(node["used_bytes"] for node in status["nodes"].values())
+    ratio = used / tensor_bytes
+    assert 1.5 <= ratio < 1.5 * 1.01, ratio
+    assert status["jobs"][JOB]["protection"] == 2
+
+
+def _tensors(state: object) -> list:
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _tensors(v)]
+    return []
+
+
+@pytest.mark.nodes(1)
+def test_checkpointer_rejects_bad_input_before_touching_the_service(sim_cluster: SimCluster) -> None:
+    """Wrong rank/world size and unsupported leaves fail at the call with clear errors."""
+    with pytest.raises(ray_ckpt.ConfigError, match="rank"):
+        Checkpointer(job=JOB, rank=4, world_size=4, namespace=sim_cluster.namespace)
+    checkpointer = Checkpointer(job=JOB, rank=0, world_size=1, namespace=sim_cluster.namespace)
+    with pytest.raises(ray_ckpt.UnsupportedLeafError, match="opt"):
+        checkpointer.save(0, {"opt": {1, 2}})
+    assert checkpointer.latest_step() is None
+    assert checkpointer.restore() is None
+    checkpointer.close()
