@@ -1,8 +1,10 @@
 """ray_ckpt: erasure-coded checkpoints in the host memory of peer nodes, for Ray Train."""
 
+from ray_ckpt.checkpointer import Checkpointer, Restored, SaveHandle
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import (
+    CommitTimeoutError,
     ConfigError,
     CorruptShardError,
     InsufficientShardsError,
@@ -11,11 +13,15 @@ from ray_ckpt.errors import (
     RayCkptError,
     SnapshotFormatError,
     StoreFullError,
+    StoreUnavailableError,
     UnsupportedLeafError,
 )
+from ray_ckpt.service import shutdown, start, status
 
 __all__ = [
     "CheckpointConfig",
+    "Checkpointer",
+    "CommitTimeoutError",
     "ConfigError",
     "CorruptShardError",
     "InsufficientShardsError",
@@ -23,8 +29,14 @@ __all__ = [
     "PlacementError",
     "RayCkptError",
     "ReedSolomon",
+    "Restored",
+    "SaveHandle",
     "SnapshotFormatError",
     "StoreFullError",
+    "StoreUnavailableError",
     "UnsupportedLeafError",
+    "shutdown",
+    "start",
+    "status",
 ]
 __version__ = "0.1.0"

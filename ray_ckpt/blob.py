@@ -46,12 +46,8 @@ def split(buffer: np.ndarray) -> tuple[bytes, np.ndarray]:
     if magic != MAGIC:
         raise SnapshotFormatError(f"checkpoint blob has magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
-        raise SnapshotFormatError(
-            f"checkpoint blob version {version} is not supported (this build reads {VERSION})"
-        )
+        raise SnapshotFormatError(f"checkpoint blob version {version} is not supported (this build reads {VERSION})")
     offset = payload_offset(header_size)
     if offset > buffer.size:
-        raise SnapshotFormatError(
-            f"checkpoint blob header of {header_size} bytes runs past its {buffer.size} bytes"
-        )
+        raise SnapshotFormatError(f"checkpoint blob header of {header_size} bytes runs past its {buffer.size} bytes")
     return buffer[_PREFIX.size : _PREFIX.size + header_size].tobytes(), buffer[offset:]

@@ -100,8 +100,7 @@ class Checkpointer:
             self._registry = naming.registry_handle(self.namespace)
         except ValueError:
             raise StoreUnavailableError(
-                f"no ray_ckpt registry in namespace {self.namespace!r}: "
-                "call ray_ckpt.start() on the cluster first"
+                f"no ray_ckpt registry in namespace {self.namespace!r}: call ray_ckpt.start() on the cluster first"
             ) from None
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ray_ckpt-save-{rank}")
         self._in_flight: Future[bool] | None = None
@@ -150,9 +149,7 @@ class Checkpointer:
         future.result()  # re-raises a background failure
         return time.perf_counter() - start
 
-    def _encode_scatter_stage(
-        self, step: int, buffer: np.ndarray, size: int, phases: dict[str, float]
-    ) -> bool:
+    def _encode_scatter_stage(self, step: int, buffer: np.ndarray, size: int, phases: dict[str, float]) -> bool:
         t0 = time.perf_counter()
         k, m = self.code.data_shards, self.code.parity_shards
         shard_size = buffer.size // k
@@ -201,9 +198,7 @@ class Checkpointer:
             timeout=timeout_s + settings.peer_timeout_s(),
         ):
             return
-        staged = ray.get(
-            self._registry.staged_ranks.remote(self.job, step), timeout=settings.peer_timeout_s()
-        )
+        staged = ray.get(self._registry.staged_ranks.remote(self.job, step), timeout=settings.peer_timeout_s())
         missing = sorted(set(range(self.world_size)) - set(staged))
         raise CommitTimeoutError(
             f"job {self.job!r} step {step} did not commit within {timeout_s:.1f}s: still waiting for "

@@ -43,9 +43,7 @@ def _thread_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(
-                max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="ray_ckpt-codec"
-            )
+            _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="ray_ckpt-codec")
         return _pool
 
 
@@ -218,9 +216,7 @@ class ReedSolomon:
             result.update(zip(todo, outputs))
         return result
 
-    def recovery_matrix(
-        self, available: Sequence[int], targets: Sequence[int]
-    ) -> tuple[tuple[int, ...], np.ndarray]:
+    def recovery_matrix(self, available: Sequence[int], targets: Sequence[int]) -> tuple[tuple[int, ...], np.ndarray]:
         """(the k shard indices to read, the len(targets) x k matrix that maps them to the
         target shards). Prefers data shards, whose rows cost nothing to invert."""
         return self._recovery_rows(tuple(sorted(available)), tuple(targets))
@@ -274,9 +270,7 @@ class ReedSolomon:
                 raise ValueError(f"out[{i}] is read-only")
         return views
 
-    def _dot(
-        self, matrix: np.ndarray, inputs: list[np.ndarray], outputs: list[np.ndarray], length: int
-    ) -> None:
+    def _dot(self, matrix: np.ndarray, inputs: list[np.ndarray], outputs: list[np.ndarray], length: int) -> None:
         if not outputs or length == 0:
             return
         if _gf256 is None:

@@ -114,9 +114,7 @@ def _word_view(tensor: torch.Tensor) -> bool:
     )
 
 
-def _dot(
-    matrix: np.ndarray, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], length: int
-) -> None:
+def _dot(matrix: np.ndarray, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], length: int) -> None:
     """outputs[r] = XOR_j matrix[r, j] * inputs[j] over GF(2^8), for 1-D uint8 tensors of
     ``length`` bytes on one device.
 

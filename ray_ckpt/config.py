@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ray_ckpt.errors import ConfigError
 
@@ -42,8 +43,15 @@ class CheckpointConfig:
             raise ConfigError(
                 f"failure_domain_label must be a non-empty str or None, got {self.failure_domain_label!r}"
             )
-        if not isinstance(self.commit_timeout_s, (int, float)) or self.commit_timeout_s <= 0:
-            raise ConfigError(f"commit_timeout_s must be > 0 seconds, got {self.commit_timeout_s!r}")
+        timeout = self.commit_timeout_s
+        # bool is an int; nan and inf pass "> 0" but break Future.result(timeout=...) downstream
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigError(f"commit_timeout_s must be a finite number > 0 seconds, got {timeout!r}")
 
     @property
     def total_shards(self) -> int:

@@ -172,9 +172,7 @@ class Registry:
         for job, steps in rebuilt.items():
             mark = marks.get(job)
             for step, record in steps.items():
-                record.committed = (
-                    mark is not None and step <= mark and len(record.ranks) == record.world_size
-                )
+                record.committed = mark is not None and step <= mark and len(record.ranks) == record.world_size
         with self._lock:
             self._jobs = rebuilt
             self._lock.notify_all()

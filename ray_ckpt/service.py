@@ -16,9 +16,7 @@ from ray_ckpt.placement import Node
 
 def _require_ray() -> None:
     if not ray.is_initialized():
-        raise StoreUnavailableError(
-            "Ray is not initialized: call ray.init() (or ray.init(address='auto')) first"
-        )
+        raise StoreUnavailableError("Ray is not initialized: call ray.init() (or ray.init(address='auto')) first")
 
 
 def start(

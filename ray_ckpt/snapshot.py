@@ -73,11 +73,7 @@ _DTYPE_CANDIDATES = (
     "float4_e2m1fn_x2",
 )
 DTYPES: Mapping[str, torch.dtype] = types.MappingProxyType(
-    {
-        name: getattr(torch, name)
-        for name in _DTYPE_CANDIDATES
-        if isinstance(getattr(torch, name, None), torch.dtype)
-    }
+    {name: getattr(torch, name) for name in _DTYPE_CANDIDATES if isinstance(getattr(torch, name, None), torch.dtype)}
 )
 """The tensor dtypes a snapshot can hold, by the name written in the header (those of
 ``_DTYPE_CANDIDATES`` that this torch build has). Quantized and sub-byte dtypes are refused."""
@@ -219,9 +215,7 @@ class _Planner:
         if index is not None:
             return index
         if type(tensor) is not torch.Tensor and type(tensor) is not torch.nn.Parameter:
-            raise _unsupported(
-                path, tensor, f"tensor subclass {type(tensor).__name__}: convert it to a plain tensor"
-            )
+            raise _unsupported(path, tensor, f"tensor subclass {type(tensor).__name__}: convert it to a plain tensor")
         if tensor.layout != torch.strided or tensor.is_nested:
             raise _unsupported(path, tensor, f"{tensor.layout} tensor: only dense (strided) tensors")
         if tensor.device.type == "meta":
@@ -312,9 +306,7 @@ def _restore(header: Any, payload: Any, copy: bool) -> State:
     base: torch.Tensor | None = None
     if not copy:
         if not data.flags.writeable:
-            raise ValueError(
-                "restore(copy=False) needs a writable payload; pass copy=True or a writable copy"
-            )
+            raise ValueError("restore(copy=False) needs a writable payload; pass copy=True or a writable copy")
         base = torch.from_numpy(data)
     return _Restorer(specs, data, base).decode(tree, (), 0)
 

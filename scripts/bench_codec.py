@@ -107,9 +107,7 @@ def bench_ray_ckpt(payload: np.ndarray, k: int, m: int, threads: int, repeats: i
         out = np.empty(k * length, dtype=np.uint8)
         decode = _median_seconds(lambda: code.decode_into(kept, out=out), repeats)
     _check("ray_ckpt", k, m, out, payload)
-    return _row(
-        "ray_ckpt", k, m, payload.size, _gbps(payload.size, encode), _gbps(payload.size, decode), threads
-    )
+    return _row("ray_ckpt", k, m, payload.size, _gbps(payload.size, encode), _gbps(payload.size, decode), threads)
 
 
 def bench_zfec(zfec: Any, payload: np.ndarray, k: int, m: int, repeats: int) -> dict[str, Any]:

@@ -33,12 +33,27 @@ class SimCluster:
     workers: list[Any]  # ray.cluster_utils node handles, one CPU each
     namespace: str
 
+    def worker_holders(self, shards: dict[int, str], count: int, indices: list[int] | None = None) -> list[str]:
+        """``count`` distinct worker nodes holding the given shard indices (default: any), in
+        index order (data shards first); the head node is never a victim."""
+        workers = {str(n.node_id) for n in self.workers}
+        chosen: list[str] = []
+        for index in indices if indices is not None else sorted(shards):
+            node_id = shards[index]
+            if node_id in workers and node_id not in chosen:
+                chosen.append(node_id)
+        if len(chosen) < count:
+            raise ValueError(f"fewer than {count} worker nodes hold shards {indices}: {shards}")
+        return chosen[:count]
+
     def node_id(self, index: int) -> str:
         return str(self.workers[index].node_id)
 
     def kill(self, node_ids: list[str]) -> None:
         """Hard-kill the given nodes at once and wait until Ray declares them dead."""
         doomed = [n for n in self.workers if n.node_id in node_ids]
+        if len(doomed) != len(set(node_ids)):
+            raise ValueError(f"only worker nodes can be killed; {node_ids} includes another node")
         for node in doomed:
             self.cluster.remove_node(node, allow_graceful=False)
             self.workers.remove(node)

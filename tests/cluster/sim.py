@@ -52,9 +52,7 @@ def save_steps(
 
 
 @ray.remote(num_cpus=1, max_retries=0)
-def restore_rank(
-    namespace: str, job: str, rank: int, world_size: int, config: dict[str, Any]
-) -> dict[str, Any]:
+def restore_rank(namespace: str, job: str, rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     """Restore one rank in a fresh process; returns step, source, digest and phases."""
     with Checkpointer(
         job=job,

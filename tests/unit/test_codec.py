@@ -55,9 +55,7 @@ def test_losing_m_plus_one_shards_raises_the_specific_error(k: int, m: int) -> N
     seed=st.integers(0, 2**32 - 1),
     data=st.data(),
 )
-def test_random_codes_sizes_and_erasures_decode(
-    k: int, m: int, size: int, seed: int, data: st.DataObject
-) -> None:
+def test_random_codes_sizes_and_erasures_decode(k: int, m: int, size: int, seed: int, data: st.DataObject) -> None:
     """Property: for drawn (k, m, size, erasure pattern), decode returns the payload."""
     code = ReedSolomon(k, m)
     original = payload(size, seed)

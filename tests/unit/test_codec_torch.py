@@ -16,9 +16,7 @@ from ray_ckpt.errors import InsufficientShardsError, ShardMismatchError
 
 DEVICES = [
     "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-    ),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
 ]
 CODES = [(1, 0), (3, 0), (1, 1), (4, 1), (2, 2), (4, 2), (8, 2), (6, 3), (5, 5), (10, 4)]
 SIZES = [0, 1, 7, 8, 9, 63, 64, 1000, 4099, 100_003]

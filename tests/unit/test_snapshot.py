@@ -44,9 +44,9 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
 
 def assert_same(expected: Any, actual: Any, path: str = "state") -> None:
     """Equal structure, exact types, key order, tensor dtype/shape/bytes and float bits."""
-    assert type(actual) is type(expected) or (
-        type(expected) is torch.nn.Parameter and type(actual) is torch.Tensor
-    ), f"{path}: {type(expected).__name__} came back as {type(actual).__name__}"
+    assert type(actual) is type(expected) or (type(expected) is torch.nn.Parameter and type(actual) is torch.Tensor), (
+        f"{path}: {type(expected).__name__} came back as {type(actual).__name__}"
+    )
     if isinstance(expected, torch.Tensor):
         assert actual.dtype == expected.dtype, path
         assert actual.shape == expected.shape, path
@@ -476,9 +476,7 @@ _MSGPACK_VALUES = st.recursive(
     | st.text(max_size=8)
     | st.sampled_from(["v", "T", "d", "o", "l", "t", "float32", "bool", snap.MAGIC])
     | st.binary(max_size=8),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=3)
-    ),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=3),
     max_leaves=8,
 )
 
@@ -505,9 +503,7 @@ def test_mutated_headers_never_raise_another_exception(data: st.DataObject) -> N
 
 @settings(max_examples=200, deadline=None)
 @given(position=st.integers(0, 10_000), value=st.integers(0, 255), cut=st.integers(0, 10_000))
-def test_flipped_or_cut_header_bytes_never_raise_another_exception(
-    position: int, value: int, cut: int
-) -> None:
+def test_flipped_or_cut_header_bytes_never_raise_another_exception(position: int, value: int, cut: int) -> None:
     """Property: a header with one byte changed, maybe truncated, restores or raises SnapshotFormatError."""
     meta, payload = _valid()
     header = bytearray(_pack(meta))

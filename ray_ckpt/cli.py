@@ -1,0 +1,347 @@
+"""The ``ray-ckpt`` command line: deploy, inspect and remove the ray_ckpt service on a Ray cluster.
+
+Subcommands (each connects to a running Ray cluster: ``--address``, default ``auto``):
+
+- ``start``: one shard store per alive node plus the registry (idempotent: run it again after
+  nodes join; existing stores keep their budget).
+- ``status``: per node, memory used / budget, shards and jobs; per job, committed steps, the
+  latest one and its protection (how many more node failures it survives). ``--json`` prints
+  ``ray_ckpt.service.status()`` as JSON.
+- ``stop``: kill the stores and the registry (every checkpoint they hold is gone).
+
+Errors (no Ray cluster, no ray_ckpt service, a ray_ckpt error) print one line to stderr and
+exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from ray_ckpt import naming, service, settings
+from ray_ckpt.errors import RayCkptError
+
+PROG = "ray-ckpt"
+MIB = 1 << 20
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_STOP_WAIT_S = 30.0
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr (exit status 1)."""
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# ---- parsing ------------------------------------------------------------------------------
+
+
+def parse_bytes(text: str) -> int:
+    """``1073741824``, ``512MiB``, ``1.5GiB``, ``2G`` (binary units) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 1073741824, 512MiB, 2GiB)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit.lower()])
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (host:port of the GCS); default: auto-detect, or RAY_ADDRESS",
+    )
+    common.add_argument(
+        "--namespace",
+        default=None,
+        help="Ray namespace of the ray_ckpt actors (default: RAY_CKPT_NAMESPACE or 'ray_ckpt')",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Erasure-coded in-memory checkpoints on a Ray cluster: manage the ray_ckpt service.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common_options()
+
+    start = commands.add_parser(
+        "start",
+        parents=[common],
+        help="deploy a shard store on every alive node and the registry",
+        description="Deploy one shard store per alive node and the registry (idempotent: run it again "
+        "after nodes join). Existing stores keep their budget; `stop` first to change it.",
+    )
+    budget = start.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--budget-bytes",
+        type=parse_bytes,
+        metavar="N",
+        help="memory each store may hold, in bytes (suffixes KiB/MiB/GiB/TiB accepted)",
+    )
+    budget.add_argument(
+        "--budget-fraction",
+        type=float,
+        metavar="F",
+        help="share of each node's total memory a store may hold, in (0, 0.9] "
+        "(default RAY_CKPT_STORE_BUDGET_FRACTION or 0.25)",
+    )
+    start.set_defaults(handler=_cmd_start)
+
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="show stores (memory, shards, jobs) and jobs (committed steps, protection)",
+        description="Per node: memory used / budget, shards, jobs. Per job: committed steps, the latest "
+        "one and its protection: how many more node failures the latest step survives.",
+    )
+    status.add_argument("--json", action="store_true", help="print ray_ckpt.service.status() as JSON")
+    status.set_defaults(handler=_cmd_status)
+
+    stop = commands.add_parser(
+        "stop",
+        parents=[common],
+        help="kill the stores and the registry (their checkpoints are lost)",
+        description="Kill every store and the registry of the namespace; the checkpoints they hold are gone.",
+    )
+    stop.set_defaults(handler=_cmd_stop)
+    return parser
+
+
+# ---- connecting ---------------------------------------------------------------------------
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return str(args.namespace or settings.namespace())
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a host:port nobody listens on (ray.init would retry for minutes)."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise CliError(f"no Ray cluster at {address} ({reason}); check --address or RAY_ADDRESS") from None
+
+
+def _connect(args: argparse.Namespace) -> bool:
+    """Connect to the cluster unless this process already is; True if it connected here."""
+    if ray.is_initialized():
+        return False
+    address = args.address or "auto"
+    _check_reachable(args.address or os.environ.get("RAY_ADDRESS") or address)
+    ray.init(
+        address=address,
+        namespace=_namespace(args),
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+# ---- commands -----------------------------------------------------------------------------
+
+
+def _service_actors(namespace: str) -> list[str]:
+    """Names of the live ray_ckpt actors (registry, stores) in ``namespace``."""
+    return sorted(
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == namespace
+        and (entry["name"] == naming.REGISTRY_NAME or entry["name"].startswith(naming.STORE_PREFIX))
+    )
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / MIB:.1f}"
+
+
+def _short(node_id: str | None) -> str:
+    return "-" if node_id is None else node_id[:12]
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    namespace = _namespace(args)
+    info = service.start(
+        store_budget_bytes=args.budget_bytes, store_budget_fraction=args.budget_fraction, namespace=namespace
+    )
+    report = service.status(namespace=namespace)
+    budgets = [n["budget_bytes"] for n in report["nodes"].values() if "budget_bytes" in n]
+    line = f"ray_ckpt is running in namespace {namespace!r}: {len(info['stores'])} store(s)"
+    if budgets:
+        low, high = min(budgets), max(budgets)
+        line += f", budget {_mib(low)} MiB" if low == high else f", budget {_mib(low)}-{_mib(high)} MiB"
+        line += f" each ({_mib(sum(budgets))} MiB in all)"
+    print(f"{line}; registry on node {_short(info['registry_node_id'])}")
+    if args.budget_bytes is not None and any(b != args.budget_bytes for b in budgets):
+        kept = sum(b != args.budget_bytes for b in budgets)
+        print(
+            f"note: {kept} existing store(s) kept their budget; run `{PROG} stop` first to change it",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _protection(value: int | None) -> str:
+    if value is None:
+        return "-"
+    if value < 0:
+        return f"{value} (LOST: some rank cannot be rebuilt from memory)"
+    if value == 0:
+        return "0 (one more node failure may lose it)"
+    return str(value)
+
+
+def _steps(steps: Sequence[int]) -> str:
+    if not steps:
+        return "-"
+    shown = [str(s) for s in steps[-4:]]
+    return ("..., " if len(steps) > 4 else "") + ", ".join(shown)
+
+
+def _table(header: Sequence[str], rows: list[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate([header, *rows]):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_status(report: dict[str, Any], nodes_without_store: int = 0) -> str:
+    """``service.status()`` as text tables: nodes, then jobs."""
+    lines = [f"ray_ckpt in namespace {report['namespace']!r} (registry: {report['registry']})", ""]
+    node_rows: list[Sequence[str]] = []
+    for node_id, stats in sorted(report["nodes"].items()):
+        if "error" in stats:
+            node_rows.append((_short(node_id), "-", "-", "-", "-", f"unreachable: {stats['error']}"))
+            continue
+        budget, used = stats["budget_bytes"], stats["used_bytes"]
+        share = f"{100 * used / budget:.0f}%" if budget else "-"
+        jobs = ", ".join(sorted(stats.get("jobs", {}))) or "-"
+        node_rows.append((_short(node_id), _mib(used), _mib(budget), share, str(stats["shards"]), jobs))
+    lines += _table(("NODE", "USED MiB", "BUDGET MiB", "USE", "SHARDS", "JOBS"), node_rows, {1, 2, 3, 4})
+    if nodes_without_store:
+        lines.append(f"({nodes_without_store} alive node(s) have no store: run `{PROG} start` again)")
+    lines.append("")
+    if not report["jobs"]:
+        lines.append("no jobs have checkpoints")
+        return "\n".join(lines)
+    job_rows: list[Sequence[str]] = []
+    for job, info in sorted(report["jobs"].items()):
+        staged = info.get("staged") or {}
+        in_flight = ", ".join(
+            f"{step} ({len(ranks)}/{info['world_size']} ranks)" for step, ranks in sorted(staged.items())
+        )
+        job_rows.append(
+            (
+                job,
+                str(info.get("world_size", "-")),
+                _steps(info["committed_steps"]),
+                str(info["latest_committed"]) if info.get("latest_committed") is not None else "-",
+                _mib(info.get("payload_bytes_per_step")),
+                _protection(info.get("protection")),
+                in_flight or "-",
+            )
+        )
+    header = ("JOB", "RANKS", "COMMITTED", "LATEST", "MiB/STEP", "PROTECTION", "STAGED ONLY")
+    lines += _table(header, job_rows, {1, 3, 4})
+    lines.append("")
+    lines.append("PROTECTION: how many more node failures the latest committed step survives")
+    return "\n".join(lines)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    namespace = _namespace(args)
+    report = service.status(namespace=namespace)
+    if not report["nodes"] and report["registry"] != "alive":
+        raise CliError(
+            f"no ray_ckpt service is running in namespace {namespace!r} on this cluster: run "
+            f"`{PROG} start` (or pass the right --namespace)"
+        )
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
+        print(format_status(report, nodes_without_store=len(alive - set(report["nodes"]))))
+    if report["registry"] != "alive":
+        print(
+            f"warning: the registry is missing; `{PROG} start` recreates it from the stores' shards",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    namespace = _namespace(args)
+    before = _service_actors(namespace)
+    if not before:
+        print(f"no ray_ckpt service is running in namespace {namespace!r}; nothing to stop")
+        return 0
+    service.shutdown(namespace=namespace)
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while (left := _service_actors(namespace)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        raise CliError(f"{len(left)} ray_ckpt actor(s) still alive {_STOP_WAIT_S:.0f}s after stop: {left}")
+    stores = sum(name.startswith(naming.STORE_PREFIX) for name in before)
+    registry = " and the registry" if naming.REGISTRY_NAME in before else ""
+    print(
+        f"stopped ray_ckpt in namespace {namespace!r}: removed {stores} store(s){registry}; "
+        "the checkpoints they held are gone"
+    )
+    return 0
+
+
+# ---- entry point --------------------------------------------------------------------------
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
+        error = error.cause
+    text = error.message if isinstance(error, RayCkptError) else str(error)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if isinstance(error, (CliError, RayCkptError)):
+        return first or type(error).__name__
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``ray-ckpt`` command; returns the exit status (argparse exits 2 on bad usage)."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    connected_here = False
+    try:
+        connected_here = _connect(args)
+        return handler(args)
+    except (CliError, RayCkptError, ConnectionError, TimeoutError, ray.exceptions.RayError) as error:
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 1
+    finally:
+        if connected_here:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The ray-ckpt command line against a real local Ray head (one process, one node)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from ray_ckpt import naming
+from ray_ckpt.cli import main, parse_bytes
+
+BUDGET = 64 << 20
+
+
+@pytest.fixture
+def local_ray(ray_tmpdir: str) -> Iterator[str]:
+    """A one-node Ray head in this process (own RAY_TMPDIR, set by ray_tmpdir before init);
+    yields its GCS address."""
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield str(ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"cli-{uuid.uuid4().hex[:8]}"
+
+
+def service_actors(namespace: str) -> list[str]:
+    return [
+        entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True) if entry["namespace"] == namespace
+    ]
+
+
+def test_start_status_stop(local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--address", local_ray, "--namespace", namespace]
+    assert main(["start", *common, "--budget-bytes", str(BUDGET)]) == 0
+    out = capsys.readouterr().out
+    assert "1 store(s)" in out
+    assert "64.0 MiB" in out
+
+    assert main(["status", "--json", *common]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["namespace"] == namespace
+    assert report["registry"] == "alive"
+    node_id = ray.get_runtime_context().get_node_id()
+    assert set(report["nodes"]) == {node_id}
+    store = report["nodes"][node_id]
+    assert store["budget_bytes"] == BUDGET
+    assert store["used_bytes"] == 0
+    assert store["shards"] == 0
+    assert report["jobs"] == {}
+
+    assert main(["status", *common]) == 0
+    table = capsys.readouterr().out
+    assert node_id[:12] in table
+    assert "64.0" in table
+    assert "no jobs have checkpoints" in table
+
+    # start is idempotent: the store keeps its budget and the user is told so
+    assert main(["start", *common, "--budget-bytes", "128MiB"]) == 0
+    captured = capsys.readouterr()
+    assert "64.0 MiB" in captured.out
+    assert "kept their budget" in captured.err
+
+    assert main(["stop", *common]) == 0
+    assert "removed 1 store(s) and the registry" in capsys.readouterr().out
+    assert service_actors(namespace) == []
+    with pytest.raises(ValueError):
+        naming.registry_handle(namespace)
+
+    # stopping again is harmless
+    assert main(["stop", *common]) == 0
+    assert "nothing to stop" in capsys.readouterr().out
+
+
+def test_status_without_service_fails_with_one_line(
+    local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for extra in ([], ["--json"]):
+        assert main(["status", *extra, "--address", local_ray, "--namespace", namespace]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith("ray-ckpt: error: no ray_ckpt service is running in namespace")
+        assert namespace in lines[0]
+        assert "ray-ckpt start" in lines[0]
+        assert "Traceback" not in captured.err
+
+
+def test_ray_ckpt_error_is_one_line(local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["start", "--address", local_ray, "--namespace", namespace, "--budget-fraction", "2"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "ray-ckpt: error: store_budget_fraction must be in (0, 0.9], got 2.0"
+    assert service_actors(namespace) == []
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_no_cluster_at_address_fails_fast(ray_tmpdir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert not ray.is_initialized()
+    address = f"127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    assert main(["status", "--address", address]) == 1
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert err.startswith(f"ray-ckpt: error: no Ray cluster at {address}")
+    assert len(err.strip().splitlines()) == 1
+    assert not ray.is_initialized()
+
+
+def test_cli_process_connects_by_address(local_ray: str, namespace: str) -> None:
+    """The real entry point, in its own process, connecting through --address."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    common = ["--address", local_ray, "--namespace", namespace]
+    command = [sys.executable, "-m", "ray_ckpt.cli"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *args, *common], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+
+    started = run("start", "--budget-bytes", "32MiB")
+    assert started.returncode == 0, started.stderr
+    status = run("status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert [n["budget_bytes"] for n in report["nodes"].values()] == [32 << 20]
+    stopped = run("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert service_actors(namespace) == []
+
+
+def test_help_lists_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("start", "status", "stop"):
+        assert command in out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1048576", 1 << 20), ("512MiB", 512 << 20), ("1.5GiB", 3 << 29), ("2g", 2 << 30), ("64 KiB", 64 << 10)],
+)
+def test_parse_bytes(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected

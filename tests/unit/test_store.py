@@ -1,0 +1,289 @@
+"""ShardStore: owned copies, a hard memory budget (also under concurrent puts), scoped eviction."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ray_ckpt.errors import StoreFullError
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.store import ShardStore
+
+UNLIMITED = 1 << 40
+
+
+def meta(job: str = "job", step: int = 1, rank: int = 0, index: int = 0, size: int = 64) -> ShardMeta:
+    """Metadata of a ``size``-byte shard (k=1, so the shard is the whole payload)."""
+    return ShardMeta(
+        job=job,
+        step=step,
+        rank=rank,
+        index=index,
+        world_size=8,
+        data_shards=1,
+        parity_shards=3,
+        payload_size=size,
+        shard_size=size,
+        checksum=12345,
+    )
+
+
+def data(size: int, fill: int = 7) -> np.ndarray:
+    return np.full(size, fill, dtype=np.uint8)
+
+
+def cost(m: ShardMeta) -> int:
+    """The bytes a store charges for holding shard ``m`` (data plus its metadata record)."""
+    probe = ShardStore(node_id="probe", budget_bytes=UNLIMITED)
+    probe.put(m, data(m.shard_size))
+    return int(probe.stats()["used_bytes"])
+
+
+def test_put_keeps_its_own_copy() -> None:
+    """Mutating the caller's buffer after put does not change the stored bytes (numpy and bytearray)."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    array = np.arange(64, dtype=np.uint8)
+    raw = bytearray(b"x" * 64)
+    store.put(meta(index=0), array)
+    store.put(meta(index=1), raw)
+    array[:] = 0
+    raw[:] = b"y" * 64
+    got_array = store.get("job", 1, 0, 0)
+    got_raw = store.get("job", 1, 0, 1)
+    assert got_array is not None and got_raw is not None
+    assert np.array_equal(got_array[1], np.arange(64, dtype=np.uint8))
+    assert got_raw[1].tobytes() == b"x" * 64
+    assert not np.shares_memory(got_array[1], array)
+    assert got_array[0] == meta(index=0)
+
+
+def test_get_returns_none_for_absent_shards() -> None:
+    """get answers None for any key component that does not match a held shard."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    store.put(meta(), data(64))
+    assert store.get("job", 1, 0, 0) is not None
+    for key in [("other", 1, 0, 0), ("job", 2, 0, 0), ("job", 1, 1, 0), ("job", 1, 0, 1)]:
+        assert store.get(*key) is None
+
+
+def test_put_with_wrong_size_raises_and_stores_nothing() -> None:
+    """A buffer whose length disagrees with meta.shard_size is refused with ValueError."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    with pytest.raises(ValueError, match="63 bytes"):
+        store.put(meta(size=64), data(63))
+    assert store.stats()["shards"] == 0
+    assert store.get("job", 1, 0, 0) is None
+
+
+def test_negative_budget_is_rejected() -> None:
+    """A store cannot be created with a negative budget."""
+    with pytest.raises(ValueError, match="budget_bytes"):
+        ShardStore(node_id="n1", budget_bytes=-1)
+
+
+def test_put_over_budget_raises_explains_and_changes_nothing() -> None:
+    """StoreFullError names used/budget bytes, the jobs, how to raise the budget; state is unchanged."""
+    a, b = meta(job="alpha", index=0, size=100), meta(job="beta", index=1, size=100)
+    big, small = meta(job="alpha", step=2, size=1000), meta(job="alpha", step=3, size=10)
+    budget = cost(a) + cost(b) + cost(small)
+    store = ShardStore(node_id="n1", budget_bytes=budget)
+    store.put(a, data(100, 1))
+    store.put(b, data(100, 2))
+    before = store.stats()
+    inventory = store.inventory()
+    with pytest.raises(StoreFullError) as caught:
+        store.put(big, data(1000))
+    error = caught.value
+    used = cost(a) + cost(b)
+    message = str(error)
+    assert f"{used} of {budget} bytes used" in message
+    assert "'alpha'" in message and "'beta'" in message
+    assert "store_budget_bytes" in message and "RAY_CKPT_STORE_BUDGET_FRACTION" in message
+    assert (error.used_bytes, error.budget_bytes, error.requested_bytes) == (used, budget, cost(big))
+    assert error.node_id == "n1"
+    assert store.stats() == before
+    assert store.inventory() == inventory
+    assert store.get("alpha", 2, 0, 0) is None
+    # still serving: reads work and a put that fits succeeds, filling the budget exactly
+    held = store.get("beta", 1, 0, 1)
+    assert held is not None and held[1].tobytes() == bytes([2]) * 100
+    store.put(small, data(10))
+    assert store.stats()["used_bytes"] == budget
+
+
+def test_replacing_a_key_adjusts_usage_without_double_counting() -> None:
+    """Re-putting a key replaces it: usage follows the new size, and a full store can still replace."""
+    first = meta(size=100)
+    store = ShardStore(node_id="n1", budget_bytes=cost(first))
+    store.put(first, data(100, 1))
+    store.put(first, data(100, 2))  # the budget only fits one copy: the old one's bytes are freed
+    stats = store.stats()
+    assert (stats["shards"], stats["used_bytes"]) == (1, cost(first))
+    got = store.get("job", 1, 0, 0)
+    assert got is not None and got[1].tobytes() == bytes([2]) * 100
+    smaller = meta(size=40)
+    store.put(smaller, data(40, 3))
+    assert store.stats()["used_bytes"] == cost(smaller)
+    assert store.stats()["shards"] == 1
+    with pytest.raises(StoreFullError):
+        store.put(meta(size=101), data(101))
+    assert store.stats()["used_bytes"] == cost(smaller)
+
+
+def fill(store: ShardStore, job: str, steps: range, size: int = 32) -> None:
+    for step in steps:
+        for index in range(2):
+            store.put(meta(job=job, step=step, index=index, size=size), data(size, step))
+
+
+def held_steps(store: ShardStore, job: str) -> set[int]:
+    return {m.step for m in store.inventory(job)}
+
+
+def test_mark_committed_evicts_only_older_unkept_steps_of_that_job() -> None:
+    """mark_committed frees the job's older, unkept steps; newer steps and other jobs' shards stay."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    fill(store, "a", range(1, 8))
+    fill(store, "b", range(1, 8))
+    other_job = store.stats()["jobs"]["b"]
+    per_step = 2 * cost(meta(job="a", step=1, size=32))
+    freed = store.mark_committed("a", 5, [3, 5])
+    assert freed == 3 * per_step  # steps 1, 2, 4
+    assert held_steps(store, "a") == {3, 5, 6, 7}  # 6 and 7 are in flight: never evicted
+    assert held_steps(store, "b") == set(range(1, 8))
+    assert store.stats()["jobs"]["b"] == other_job
+    assert store.committed_marks() == {"a": 5}
+    # an older, late commit notice neither lowers the mark nor touches newer steps
+    assert store.mark_committed("a", 4, [3, 4]) == 0
+    assert store.committed_marks() == {"a": 5}
+    assert held_steps(store, "a") == {3, 5, 6, 7}
+
+
+def test_mark_committed_keeps_the_committed_step_even_if_not_listed() -> None:
+    """The committed step itself is never evicted by its own commit notice."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    fill(store, "a", range(1, 4))
+    store.mark_committed("a", 2, [])
+    assert held_steps(store, "a") == {2, 3}
+
+
+def test_drop_is_isolated_to_the_named_job_and_steps() -> None:
+    """drop(job, steps) removes only those steps; drop(job) removes the job and its mark, nothing else."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    fill(store, "a", range(1, 4))
+    fill(store, "b", range(1, 4))
+    store.mark_committed("a", 1, [1])
+    store.mark_committed("b", 1, [1])
+    b_before = store.inventory("b")
+    assert store.drop("a", [2]) == 2 * cost(meta(job="a", step=2, size=32))
+    assert held_steps(store, "a") == {1, 3}
+    assert store.drop("a") > 0
+    assert store.inventory("a") == []
+    assert store.committed_marks() == {"b": 1}
+    assert store.inventory("b") == b_before
+    assert store.drop("missing") == 0
+    assert store.stats()["jobs"] == {"b": 3 * 2 * cost(meta(job="b", size=32))}
+
+
+def test_concurrent_puts_never_exceed_the_budget() -> None:
+    """Threads racing puts worth 3x the budget: used <= budget throughout; each rejected put raised once."""
+    size = 256 * 1024
+    one = cost(meta(step=1, size=size))
+    budget = 10 * one + one // 2
+    store = ShardStore(node_id="n1", budget_bytes=budget)
+    puts = 30
+    start = threading.Barrier(puts + 1)
+    errors: list[StoreFullError] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    peak = [0]
+
+    def writer(step: int) -> None:
+        start.wait()
+        try:
+            store.put(meta(step=step, size=size), data(size, step))
+        except StoreFullError as error:
+            with lock:
+                errors.append(error)
+
+    def sampler() -> None:
+        start.wait()
+        while not done.is_set():
+            peak[0] = max(peak[0], store.stats()["used_bytes"])
+
+    threads = [threading.Thread(target=writer, args=(step,)) for step in range(puts)]
+    watcher = threading.Thread(target=sampler)
+    for thread in [*threads, watcher]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    watcher.join()
+    stats = store.stats()
+    stored = [step for step in range(puts) if store.get("job", step, 0, 0) is not None]
+    assert stats["used_bytes"] <= budget
+    assert peak[0] <= budget
+    assert len(stored) == budget // one == 10  # reservations make the outcome exact
+    assert len(errors) == puts - len(stored)
+    assert stats["shards"] == len(stored)
+    for step in stored:
+        got = store.get("job", step, 0, 0)
+        assert got is not None and bool((got[1] == step).all())
+
+
+def test_concurrent_puts_of_mixed_sizes_account_every_rejection() -> None:
+    """Racing puts of varied sizes: final used <= budget and StoreFullError count equals absent shards."""
+    sizes = [1000 + 997 * i for i in range(40)]
+    budget = sum(sizes) // 3
+    store = ShardStore(node_id="n1", budget_bytes=budget)
+    start = threading.Barrier(len(sizes))
+    rejected: list[int] = []
+    lock = threading.Lock()
+
+    def writer(step: int) -> None:
+        start.wait()
+        try:
+            store.put(meta(step=step, size=sizes[step]), data(sizes[step]))
+        except StoreFullError:
+            with lock:
+                rejected.append(step)
+
+    threads = [threading.Thread(target=writer, args=(step,)) for step in range(len(sizes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    absent = [step for step in range(len(sizes)) if store.get("job", step, 0, 0) is None]
+    assert sorted(rejected) == absent
+    assert rejected  # the total was three times the budget
+    assert store.stats()["used_bytes"] <= budget
+    assert store.stats()["shards"] == len(sizes) - len(rejected)
+
+
+def test_stats_fields_add_up() -> None:
+    """stats: used = data + metadata bytes, shard count, per-job usage summing to used, node and budget."""
+    store = ShardStore(node_id="n7", budget_bytes=UNLIMITED)
+    empty = store.stats()
+    assert empty == {
+        "node_id": "n7",
+        "budget_bytes": UNLIMITED,
+        "used_bytes": 0,
+        "data_bytes": 0,
+        "metadata_bytes": 0,
+        "shards": 0,
+        "jobs": {},
+    }
+    shards = [meta(job="a", size=10), meta(job="a", index=1, size=20), meta(job="b", size=30)]
+    for m in shards:
+        store.put(m, data(m.shard_size))
+    stats = store.stats()
+    assert stats["data_bytes"] == 60
+    assert stats["metadata_bytes"] > 0
+    assert stats["used_bytes"] == stats["data_bytes"] + stats["metadata_bytes"]
+    assert stats["used_bytes"] == sum(cost(m) for m in shards)
+    assert stats["shards"] == 3
+    assert stats["jobs"] == {"a": cost(shards[0]) + cost(shards[1]), "b": cost(shards[2])}
+    assert sorted(m.key for m in store.inventory()) == sorted(m.key for m in shards)
+    assert [m.key for m in store.inventory("b")] == [shards[2].key]
