@@ -41,15 +41,55 @@ class RegistryActor:
     def ready(self) -> bool:
         return True
 
-    def stage(self, metas: list[dict[str, Any]], nodes: dict[int, str], keep_committed: int) -> bool:
+    def stage(
+        self,
+        metas: list[dict[str, Any]],
+        nodes: dict[int, str],
+        keep_committed: int,
+        attempt: str | None = None,
+        local: dict[str, Any] | None = None,
+        local_node: str | None = None,
+    ) -> bool:
         """Stage one rank's shards; on commit, tells every store to evict superseded steps."""
         parsed = [ShardMeta.from_dict(m) for m in metas]
-        decision = self._registry.stage(parsed, nodes, keep_committed=keep_committed)
+        job = parsed[0].job
+        if attempt is not None:
+            self._drop(job, self._registry.join(job, attempt))
+        decision = self._registry.stage(
+            parsed,
+            nodes,
+            keep_committed=keep_committed,
+            attempt=attempt,
+            local=None if local is None else ShardMeta.from_dict(local),
+            local_node=local_node,
+        )
         if decision.committed:
-            job = parsed[0].job
             for handle in naming.store_handles(self._namespace).values():
                 handle.mark_committed.remote(job, decision.keep_steps[-1], list(decision.keep_steps))
         return decision.committed
+
+    def _drop(self, job: str, steps: tuple[int, ...]) -> None:
+        if steps:
+            for handle in naming.store_handles(self._namespace).values():
+                handle.drop.remote(job, list(steps))
+
+    def plan_restore(self, job: str, attempt: str | None) -> dict[str, Any]:
+        """The step all ranks of ``attempt`` restore (see Registry.plan_restore)."""
+        if attempt is not None:
+            self._drop(job, self._registry.join(job, attempt))
+        live = set(naming.store_handles(self._namespace))
+        return self._registry.plan_restore(job, attempt, live)
+
+    def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
+        return self._registry.settle_backup_step(job, attempt, step)
+
+    def mark_unrestorable(self, job: str, step: int) -> None:
+        self._registry.mark_unrestorable(job, step)
+
+    def rollback(self, job: str, step: int) -> list[int]:
+        dropped = self._registry.rollback(job, step)
+        self._drop(job, dropped)
+        return list(dropped)
 
     def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
         return self._registry.wait_committed(job, step, timeout_s)
@@ -66,7 +106,12 @@ class RegistryActor:
     def locate(self, job: str, step: int) -> dict[int, dict[str, Any]]:
         """rank -> {"metas": {index: meta dict}, "nodes": {index: node id}} for a committed step."""
         return {
-            rank: {"metas": {i: m.to_dict() for i, m in r.metas.items()}, "nodes": dict(r.nodes)}
+            rank: {
+                "metas": {i: m.to_dict() for i, m in r.metas.items()},
+                "nodes": dict(r.nodes),
+                "local": None if r.local is None else r.local.to_dict(),
+                "local_node": r.local_node,
+            }
             for rank, r in self._registry.locate(job, step).items()
         }
 

@@ -25,12 +25,15 @@ class ShardStoreActor:
     def ready(self) -> str:
         return self._store.node_id
 
-    def put(self, meta: dict[str, Any], data: np.ndarray) -> None:
-        """Copy one shard into this store (``data`` arrives as a read-only object-store view)."""
-        self._store.put(ShardMeta.from_dict(meta), data)
+    def put(self, meta: dict[str, Any], data: np.ndarray, local: bool = False) -> None:
+        """Copy one shard (or a rank's local copy) into this store; ``data`` arrives as a
+        read-only object-store view."""
+        self._store.put(ShardMeta.from_dict(meta), data, local=local)
 
-    def get(self, job: str, step: int, rank: int, index: int) -> tuple[dict[str, Any], np.ndarray] | None:
-        found = self._store.get(job, step, rank, index)
+    def get(
+        self, job: str, step: int, rank: int, index: int, local: bool = False
+    ) -> tuple[dict[str, Any], np.ndarray] | None:
+        found = self._store.get(job, step, rank, index, local=local)
         return None if found is None else (found[0].to_dict(), found[1])
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:

@@ -18,6 +18,9 @@ from ray_ckpt.errors import (
 )
 from ray_ckpt.service import shutdown, start, status
 
+from ray_ckpt import train  # isort: skip  (imports ray.train; ray_ckpt.train.Checkpointer)
+
+
 __all__ = [
     "CheckpointConfig",
     "Checkpointer",
@@ -38,5 +41,6 @@ __all__ = [
     "shutdown",
     "start",
     "status",
+    "train",
 ]
 __version__ = "0.1.0"

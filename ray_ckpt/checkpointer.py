@@ -1,4 +1,4 @@
-"""Checkpointer: one rank's save (snapshot -> encode -> scatter -> stage) and restore."""
+"""Checkpointer: one rank's save (snapshot -> encode -> scatter -> stage) and layered restore."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
-from ray_ckpt import blob, naming, service, settings, snapshot
+from ray_ckpt import backup, blob, naming, service, settings, snapshot
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.config import CheckpointConfig
@@ -19,6 +20,7 @@ from ray_ckpt.errors import (
     CommitTimeoutError,
     ConfigError,
     InsufficientShardsError,
+    NoCheckpointError,
     RayCkptError,
     StoreUnavailableError,
 )
@@ -31,7 +33,8 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Restored:
     """A restored checkpoint: the step, the state (CPU tensors), where it came from
-    (``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase durations in seconds."""
+    (``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase durations in seconds
+    (``locate``, ``fetch``, ``decode``, ``load``)."""
 
     step: int
     state: Any
@@ -41,19 +44,24 @@ class Restored:
 
 class SaveHandle:
     """The future of one ``save``: ``staged()`` once this rank's shards are stored and staged,
-    ``wait()`` once every rank staged the step (it committed)."""
+    ``wait()`` once every rank staged the step (it committed). ``skipped`` is True when the
+    save was dropped because the previous one was still running (``on_busy="skip"``)."""
 
-    def __init__(self, checkpointer: Checkpointer, step: int, staged: Future[bool]) -> None:
+    def __init__(self, checkpointer: Checkpointer, step: int, staged: Future[bool] | None) -> None:
         self.step = step
+        self.skipped = staged is None
         self._checkpointer = checkpointer
         self._staged = staged
 
     def staged(self, timeout_s: float | None = None) -> None:
         """Block until this rank's part is stored and staged; re-raises a background error."""
-        self._staged.result(timeout=timeout_s)
+        if self._staged is not None:
+            self._staged.result(timeout=timeout_s)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the step committed on all ranks; CommitTimeoutError names missing ranks."""
+        if self._staged is None:
+            return
         timeout = self._checkpointer.config.commit_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         if self._staged.result(timeout=timeout):
@@ -64,10 +72,18 @@ class SaveHandle:
 class Checkpointer:
     """Saves and restores one rank's state through the ray_ckpt service.
 
-    ``save`` blocks only while the state is copied into a host buffer it reuses; encoding,
-    scattering the shards to peer stores and staging run on a background thread. At most one
-    save is in flight: the next ``save`` first waits for the previous one. A background failure
-    is re-raised by the next ``save``, ``wait`` or ``close``. Not thread-safe: one caller.
+    ``save`` blocks only while the state is copied into a host buffer it reuses (pinned, with
+    asynchronous device->host copies, when tensors live on a GPU); encoding, scattering the
+    shards to peer stores, the local copy, staging and backups run on a background thread. At
+    most one save is in flight: the next ``save`` waits for the previous one (recorded in
+    ``last_save_phases_s["wait_previous"]``), or is skipped with ``on_busy="skip"``. A
+    background failure is re-raised by the next ``save``, ``wait`` or ``close``.
+
+    ``attempt`` names the incarnation of the job (one worker group): all ranks of one
+    incarnation must pass the same value, and a new incarnation must pass a new one
+    (``ray_ckpt.train.Checkpointer`` does this). Steps staged but not committed by an earlier
+    incarnation are then discarded instead of being completed by the new one.
+    Not thread-safe: one caller.
     """
 
     def __init__(
@@ -78,9 +94,10 @@ class Checkpointer:
         world_size: int,
         config: CheckpointConfig | None = None,
         namespace: str | None = None,
+        attempt: str | None = None,
     ) -> None:
-        if not isinstance(job, str) or not job:
-            raise ConfigError(f"job must be a non-empty str, got {job!r}")
+        if not isinstance(job, str) or not job or "/" in job:
+            raise ConfigError(f"job must be a non-empty str without '/', got {job!r}")
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
@@ -92,7 +109,13 @@ class Checkpointer:
         self.job = job
         self.rank = rank
         self.world_size = world_size
+        self.attempt = attempt
         self.config = config or CheckpointConfig()
+        if self.config.backup_every and not self.config.backup_uri:
+            raise ConfigError(
+                f"backup_every={self.config.backup_every} needs a backup_uri (a path or pyarrow.fs URI) "
+                "in CheckpointConfig; ray_ckpt.train.Checkpointer fills it in from the run's storage path"
+            )
         self.namespace = namespace or settings.namespace()
         self.code = ReedSolomon(self.config.data_shards, self.config.parity_shards)
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -104,7 +127,7 @@ class Checkpointer:
             ) from None
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ray_ckpt-save-{rank}")
         self._in_flight: Future[bool] | None = None
-        self._buffer = np.empty(0, dtype=np.uint8)
+        self._buffer: torch.Tensor = torch.empty(0, dtype=torch.uint8)
         self._parity: list[np.ndarray] = []
         self._last_step: int | None = None
         self._closed = False
@@ -122,34 +145,43 @@ class Checkpointer:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
         layout = snapshot.plan(state)  # validates before anything is waited for or touched
+        if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
+            self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
+            return SaveHandle(self, step, None)
         self._finish_in_flight()
         copy_start = time.perf_counter()
         size = blob.blob_size(len(layout.header), layout.payload_size)
-        shard_size = self.code.shard_size(size)
-        padded = shard_size * self.code.data_shards
-        if self._buffer.size < padded:
-            self._buffer = np.empty(padded, dtype=np.uint8)
+        padded = self.code.shard_size(size) * self.code.data_shards
+        on_gpu = any(t.is_cuda for t in layout.tensors)
+        if self._buffer.numel() < padded or (on_gpu and not self._buffer.is_pinned()):
+            self._buffer = torch.empty(padded, dtype=torch.uint8, pin_memory=on_gpu)
         buffer = self._buffer[:padded]
-        offset = blob.write_prefix(buffer, layout.header)
-        snapshot.write_payload(layout, buffer[offset:])
-        buffer[size:] = 0
+        array = buffer.numpy()
+        offset = blob.write_prefix(array, layout.header)
+        snapshot.write_payload(layout, buffer[offset:])  # non_blocking device->host when on a GPU
+        copied = None
+        if on_gpu:
+            copied = torch.cuda.Event()
+            copied.record()  # later kernels on this stream run after the copies: no race
+        array[size:] = 0
         self._last_step = step
         phases = {"wait_previous": copy_start - started, "snapshot": time.perf_counter() - copy_start}
         phases["blocking"] = time.perf_counter() - started
         self.last_save_phases_s = phases
-        future = self._background.submit(self._encode_scatter_stage, step, buffer, size, phases)
+        future = self._background.submit(self._encode_scatter_stage, step, array, size, copied, phases)
         self._in_flight = future
         return SaveHandle(self, step, future)
 
-    def _finish_in_flight(self) -> float:
-        if self._in_flight is None:
-            return 0.0
-        start = time.perf_counter()
-        future, self._in_flight = self._in_flight, None
-        future.result()  # re-raises a background failure
-        return time.perf_counter() - start
+    def _finish_in_flight(self) -> None:
+        if self._in_flight is not None:
+            future, self._in_flight = self._in_flight, None
+            future.result()  # re-raises a background failure
 
-    def _encode_scatter_stage(self, step: int, buffer: np.ndarray, size: int, phases: dict[str, float]) -> bool:
+    def _encode_scatter_stage(
+        self, step: int, buffer: np.ndarray, size: int, copied: Any, phases: dict[str, float]
+    ) -> bool:
+        if copied is not None:
+            copied.synchronize()
         t0 = time.perf_counter()
         k, m = self.code.data_shards, self.code.parity_shards
         shard_size = buffer.size // k
@@ -157,13 +189,11 @@ class Checkpointer:
             self._parity = [np.empty(shard_size, dtype=np.uint8) for _ in range(m)]
         data = [buffer[i * shard_size : (i + 1) * shard_size] for i in range(k)]
         shards = data + self.code.encode_parity(data, self._parity)
+        common: dict[str, Any] = {"job": self.job, "step": step, "rank": self.rank, "world_size": self.world_size}
         metas = [
             ShardMeta(
-                job=self.job,
-                step=step,
-                rank=self.rank,
+                **common,
                 index=i,
-                world_size=self.world_size,
                 data_shards=k,
                 parity_shards=m,
                 payload_size=size,
@@ -175,21 +205,45 @@ class Checkpointer:
         t1 = time.perf_counter()
         nodes = service.storage_nodes(self.namespace, self.config.failure_domain_label)
         targets = place(nodes, shards=k + m, rank=self.rank, rank_node_id=self.node_id)
-        stores = naming.store_handles(self.namespace, targets)
+        wanted = [*targets, self.node_id] if self.config.local_copy else targets
+        stores = naming.store_handles(self.namespace, sorted(set(wanted)))
         refs = [
             stores[node_id].put.remote(meta.to_dict(), ray.put(shard))
             for node_id, meta, shard in zip(targets, metas, shards)
         ]
+        local = None
+        if self.config.local_copy and self.node_id in stores:
+            body = buffer[:size]
+            local = ShardMeta(
+                **common,
+                index=0,
+                data_shards=1,
+                parity_shards=0,
+                payload_size=size,
+                shard_size=size,
+                checksum=checksum(body),
+            )
+            refs.append(stores[self.node_id].put.remote(local.to_dict(), ray.put(body), True))
         ray.get(refs, timeout=settings.peer_timeout_s())
         t2 = time.perf_counter()
         committed = ray.get(
             self._registry.stage.remote(
-                [meta.to_dict() for meta in metas], dict(enumerate(targets)), self.config.keep_committed
+                [meta.to_dict() for meta in metas],
+                dict(enumerate(targets)),
+                self.config.keep_committed,
+                self.attempt,
+                None if local is None else local.to_dict(),
+                self.node_id if local is not None else None,
             ),
             timeout=settings.peer_timeout_s(),
         )
         t3 = time.perf_counter()
         phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
+        if self.config.backup_uri and self.config.backup_every and step % self.config.backup_every == 0:
+            backup.write(self.config.backup_uri, self.job, step, self.rank, self.world_size, buffer[:size])
+            if self.rank == 0:
+                backup.prune(self.config.backup_uri, self.job, self.config.backup_keep)
+            phases["backup"] = time.perf_counter() - t3
         return bool(committed)
 
     def _wait_committed(self, step: int, timeout_s: float) -> None:
@@ -222,49 +276,97 @@ class Checkpointer:
         return None if latest is None else int(latest)
 
     def restore(self, step: int | None = None) -> Restored | None:
-        """Rebuild this rank's state of ``step`` (default: the latest committed step) from any
-        k checksum-valid shards on live stores. None when the job never committed a step.
-        InsufficientShardsError (naming rank, step and lost shards) when more than m are gone."""
+        """Rebuild this rank's state, trying in order: its local copy on this node (no network),
+        any k checksum-valid shards on live peers, the newest complete persistent backup.
+
+        With ``step=None`` every rank of the job restores the same step: the registry decides
+        it once per attempt (the newest committed step that every rank can still rebuild from
+        memory, else the newest complete backup). Returns None only when the job never
+        committed a step (and has no backup). If a committed step can no longer be rebuilt and
+        no backup exists, raises InsufficientShardsError naming rank, step and lost shards.
+        """
         self._check_open()
         t0 = time.perf_counter()
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                return None
+        if step is not None:
+            record = self._locate(step)
+            return self._restore_from_memory(step, record, t0)
+        plan = ray.get(self._registry.plan_restore.remote(self.job, self.attempt), timeout=settings.peer_timeout_s())
+        if plan["source"] == "peers":
+            chosen = int(plan["step"])
+            try:
+                return self._restore_from_memory(chosen, self._locate(chosen), t0)
+            except InsufficientShardsError:
+                # this rank cannot rebuild the step every rank agreed on: make sure no later
+                # plan picks it, then fail this attempt so all ranks restart and agree anew
+                ray.get(self._registry.mark_unrestorable.remote(self.job, chosen), timeout=settings.peer_timeout_s())
+                raise
+        return self._restore_from_backup(plan, t0)
+
+    def _locate(self, step: int) -> dict[str, Any]:
         located = ray.get(self._registry.locate.remote(self.job, step), timeout=settings.peer_timeout_s())
         if self.rank not in located:
             raise ConfigError(
                 f"job {self.job!r} step {step} was saved by ranks {sorted(located)}; rank {self.rank} "
                 f"is not among them (world size changed from {len(located)} to {self.world_size}?)"
             )
-        record = located[self.rank]
+        return dict(located[self.rank])
+
+    def _restore_from_memory(self, step: int, record: dict[str, Any], t0: float) -> Restored:
+        t1 = time.perf_counter()
+        local = self._fetch_local(step, record)
+        if local is not None:
+            t2 = time.perf_counter()
+            state = self._load(local)
+            return Restored(step, state, "local", self._phases(t0, t1, t2, t2, time.perf_counter()))
         metas = {int(i): ShardMeta.from_dict(m) for i, m in record["metas"].items()}
         nodes = {int(i): n for i, n in record["nodes"].items()}
-        t1 = time.perf_counter()
-        shards, lost = self._fetch(step, metas, nodes)
+        first = next(iter(metas.values()))
+        buffer = np.empty(first.shard_size * first.data_shards, dtype=np.uint8)
+        shards, lost = self._fetch(step, metas, nodes, buffer)
         t2 = time.perf_counter()
-        any_meta = next(iter(metas.values()))
-        buffer = np.empty(any_meta.shard_size * self.code.data_shards, dtype=np.uint8)
-        code = ReedSolomon(any_meta.data_shards, any_meta.parity_shards)
+        code = ReedSolomon(first.data_shards, first.parity_shards)
         code.decode_into(shards, buffer)
         t3 = time.perf_counter()
-        header, payload = blob.split(buffer[: any_meta.payload_size])
-        state = snapshot.restore(header, payload, copy=False)
-        t4 = time.perf_counter()
-        phases = {"locate": t1 - t0, "fetch": t2 - t1, "decode": t3 - t2, "load": t4 - t3}
+        state = self._load(buffer[: first.payload_size])
         if lost:
             logger.warning("rank %d step %d: rebuilt without shards %s", self.rank, step, sorted(lost))
-        return Restored(step=step, state=state, source="peers", phases_s=phases)
+        return Restored(step, state, "peers", self._phases(t0, t1, t2, t3, time.perf_counter()))
+
+    @staticmethod
+    def _phases(t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, float]:
+        return {"locate": t1 - t0, "fetch": t2 - t1, "decode": t3 - t2, "load": t4 - t3}
+
+    @staticmethod
+    def _load(data: np.ndarray) -> Any:
+        header, payload = blob.split(data)
+        return snapshot.restore(header, payload, copy=False)
+
+    def _fetch_local(self, step: int, record: dict[str, Any]) -> np.ndarray | None:
+        """This rank's local copy, if it lives on this node and is intact."""
+        if record.get("local") is None or record.get("local_node") != self.node_id:
+            return None
+        store = naming.store_handles(self.namespace, [self.node_id]).get(self.node_id)
+        if store is None:
+            return None
+        try:
+            found = ray.get(store.get.remote(self.job, step, self.rank, 0, True), timeout=settings.peer_timeout_s())
+        except (ray.exceptions.RayError, RayCkptError):
+            return None
+        if self._check_shard(found, ShardMeta.from_dict(record["local"])) is not None:
+            return None
+        return np.array(found[1], copy=True)  # writable, owned: tensors are views into it
 
     def _fetch(
-        self, step: int, metas: dict[int, ShardMeta], nodes: dict[int, str]
+        self, step: int, metas: dict[int, ShardMeta], nodes: dict[int, str], buffer: np.ndarray
     ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
         """Any k checksum-valid shards, fetched in parallel; data shards first (no decode work).
         A dead store, a missing shard or a bad checksum is an erasure: the next candidate is
-        fetched instead. Returns (shards by index, lost index -> reason)."""
+        fetched instead. Valid data shards are copied into their place in ``buffer`` as they
+        arrive (overlapping the copy with the other transfers). Returns (shards by index,
+        lost index -> reason)."""
         k = next(iter(metas.values())).data_shards
-        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
-        stores = naming.store_handles(self.namespace, sorted(set(nodes.values()) & alive))
+        shard_size = next(iter(metas.values())).shard_size
+        stores = naming.store_handles(self.namespace, sorted(set(nodes.values())))
         lost: dict[int, str] = {}
         candidates = []
         for index in sorted(metas):
@@ -283,24 +385,27 @@ class Checkpointer:
 
         launch()
         while pending and len(valid) < k:
-            remaining = deadline - time.monotonic()
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, remaining))
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
                 for ref, index in pending.items():
                     lost[index] = "store did not answer in time"
                     ray.cancel(ref, force=False)
                 pending.clear()
                 break
-            ref = done[0]
-            index = pending.pop(ref)
+            index = pending.pop(done[0])
             try:
-                found = ray.get(ref)
+                found = ray.get(done[0])
             except (ray.exceptions.RayError, RayCkptError) as error:
                 lost[index] = f"store failed: {type(error).__name__}"
             else:
                 reason = self._check_shard(found, metas[index])
                 if reason is None:
-                    valid[index] = found[1]
+                    if index < k:
+                        slot = buffer[index * shard_size : (index + 1) * shard_size]
+                        np.copyto(slot, found[1])
+                        valid[index] = slot
+                    else:
+                        valid[index] = found[1]
                 else:
                     lost[index] = reason
             launch()
@@ -336,6 +441,39 @@ class Checkpointer:
             return "checksum mismatch (corrupted bytes)"
         return None
 
+    def _restore_from_backup(self, plan: dict[str, Any], t0: float) -> Restored | None:
+        uri = self.config.backup_uri
+        proposal = None
+        if uri:
+            complete = backup.complete_steps(uri, self.job)
+            proposal = complete[-1] if complete else None
+        step = ray.get(
+            self._registry.settle_backup_step.remote(self.job, self.attempt, proposal),
+            timeout=settings.peer_timeout_s(),
+        )
+        if step is None or uri is None:
+            if not plan["ever_committed"]:
+                return None
+            raise InsufficientShardsError(
+                f"job {self.job!r}: no committed step can be rebuilt from peer memory (more than "
+                f"parity_shards nodes holding some rank's shards are gone) and there is no complete "
+                f"backup{'' if uri else ' (backup_uri is not set)'}; refusing to start from scratch",
+                job=self.job,
+                rank=self.rank,
+            )
+        t1 = time.perf_counter()
+        try:
+            data = backup.read(uri, self.job, step, self.rank)
+        except NoCheckpointError:
+            raise
+        t2 = time.perf_counter()
+        state = self._load(data)
+        ray.get(self._registry.rollback.remote(self.job, step), timeout=settings.peer_timeout_s())
+        logger.warning(
+            "job %r rank %d: restored backup step %d (peer memory could not serve)", self.job, self.rank, step
+        )
+        return Restored(step, state, "backup", self._phases(t0, t1, t2, t2, time.perf_counter()))
+
     # ---- lifecycle ----------------------------------------------------------------------
 
     def close(self) -> None:
@@ -347,7 +485,7 @@ class Checkpointer:
         finally:
             self._closed = True
             self._background.shutdown(wait=True)
-            self._buffer = np.empty(0, dtype=np.uint8)
+            self._buffer = torch.empty(0, dtype=torch.uint8)
             self._parity = []
 
     def _check_open(self) -> None:

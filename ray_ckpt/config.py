@@ -20,6 +20,14 @@ class CheckpointConfig:
     failure_domain_label: a node label (e.g. "zone", "rack") whose values name failure
     domains; shards of one rank are spread over as many domains as possible.
     commit_timeout_s: how long ``SaveHandle.wait`` waits for every rank to stage a step.
+    local_copy: also keep the rank's whole checkpoint in the store on its own node, so a
+    process restarted on the same node restores with no network (costs 1x the state there).
+    on_busy: what ``save`` does while the previous save is still in the background: "wait"
+    for it (the wait counts as stall) or "skip" this step.
+    backup_every: write a persistent backup of steps divisible by this (0: never).
+    backup_uri: where backups go: a local path or a pyarrow.fs URI (s3://, gs://, ...).
+    ``ray_ckpt.train.Checkpointer`` defaults it to the run's storage path.
+    backup_keep: complete backup steps kept (older ones are deleted).
     """
 
     data_shards: int = 4
@@ -27,8 +35,21 @@ class CheckpointConfig:
     keep_committed: int = 2
     failure_domain_label: str | None = None
     commit_timeout_s: float = 300.0
+    local_copy: bool = True
+    on_busy: str = "wait"
+    backup_every: int = 0
+    backup_uri: str | None = None
+    backup_keep: int = 2
 
     def __post_init__(self) -> None:
+        _check_int("backup_every", self.backup_every, 0)
+        _check_int("backup_keep", self.backup_keep, 1)
+        if not isinstance(self.local_copy, bool):
+            raise ConfigError(f"local_copy must be True or False, got {self.local_copy!r}")
+        if self.on_busy not in ("wait", "skip"):
+            raise ConfigError(f"on_busy must be 'wait' or 'skip', got {self.on_busy!r}")
+        if self.backup_uri is not None and (not isinstance(self.backup_uri, str) or not self.backup_uri):
+            raise ConfigError(f"backup_uri must be a non-empty path or URI, or None, got {self.backup_uri!r}")
         _check_int("data_shards", self.data_shards, 1)
         _check_int("parity_shards", self.parity_shards, 0)
         _check_int("keep_committed", self.keep_committed, 1)

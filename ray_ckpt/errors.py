@@ -64,5 +64,9 @@ class CommitTimeoutError(RayCkptError):
     """Not every rank staged a step within the timeout; the message names the missing ranks."""
 
 
+class StaleAttemptError(RayCkptError):
+    """A worker of a replaced worker group tried to stage or restore; it must stop."""
+
+
 class StoreUnavailableError(RayCkptError):
     """The ray_ckpt service is not running or a store could not be reached."""

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ray_ckpt.errors import ConfigError, NoCheckpointError
+from ray_ckpt.errors import ConfigError, NoCheckpointError, StaleAttemptError
 from ray_ckpt.shard import ShardMeta
 
 
@@ -17,6 +17,8 @@ class RankRecord:
 
     metas: dict[int, ShardMeta]
     nodes: dict[int, str]
+    local: ShardMeta | None = None  # the rank's full local copy, on local_node
+    local_node: str | None = None
 
 
 @dataclasses.dataclass
@@ -24,6 +26,17 @@ class StepRecord:
     world_size: int
     ranks: dict[int, RankRecord] = dataclasses.field(default_factory=dict)
     committed: bool = False
+    attempt: str | None = None  # the job incarnation that staged it
+
+
+@dataclasses.dataclass
+class _Incarnations:
+    """Which incarnation (attempt) of a job is current, and what each decided to restore."""
+
+    current: str | None = None
+    seen: set[str] = dataclasses.field(default_factory=set)
+    plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    unrestorable: set[int] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +57,21 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._jobs: dict[str, dict[int, StepRecord]] = {}
+        self._incarnations: dict[str, _Incarnations] = {}
 
-    def stage(self, metas: list[ShardMeta], nodes: dict[int, str], *, keep_committed: int) -> CommitDecision:
-        """Record that one rank stored all its shards of one step (``nodes``: index -> node id)."""
+    def stage(
+        self,
+        metas: list[ShardMeta],
+        nodes: dict[int, str],
+        *,
+        keep_committed: int,
+        attempt: str | None = None,
+        local: ShardMeta | None = None,
+        local_node: str | None = None,
+    ) -> CommitDecision:
+        """Record that one rank stored all its shards of one step (``nodes``: index -> node id),
+        plus optionally its full local copy. With an ``attempt``, the stage joins that
+        incarnation first (see ``join``); a stage from a superseded one raises StaleAttemptError."""
         if not metas:
             raise ConfigError("stage needs the metadata of at least one shard")
         first = metas[0]
@@ -56,6 +81,8 @@ class Registry:
         if set(nodes) != {m.index for m in metas}:
             raise ConfigError("nodes must name the node of every staged shard index, and only those")
         with self._lock:
+            if attempt is not None:
+                self._join_locked(job, attempt)
             steps = self._jobs.setdefault(job, {})
             newest = self._latest_locked(job)
             if newest is not None and step <= newest:
@@ -74,7 +101,11 @@ class Registry:
                     job=job,
                     step=step,
                 )
-            record.ranks[rank] = RankRecord({m.index: m for m in metas}, dict(nodes))
+            if record.attempt != attempt and record.ranks:
+                # staged by another incarnation (attempt=None callers): start the step afresh
+                record.ranks.clear()
+            record.attempt = attempt
+            record.ranks[rank] = RankRecord({m.index: m for m in metas}, dict(nodes), local, local_node)
             if len(record.ranks) < world_size:
                 return CommitDecision(False, (), ())
             record.committed = True
@@ -90,6 +121,101 @@ class Registry:
         for s in evict:
             del steps[s]
         return CommitDecision(True, tuple(keep), tuple(sorted(evict)))
+
+    # ---- incarnations and restore plans -----------------------------------------------
+
+    def join(self, job: str, attempt: str) -> tuple[int, ...]:
+        """Make ``attempt`` the current incarnation of ``job`` (all ranks of one worker group
+        share it). The first call of a new attempt discards the steps that never committed,
+        since the ranks of the old incarnation that staged them are gone, and returns those
+        steps so their shards can be dropped. Joining a superseded attempt raises
+        StaleAttemptError (a zombie worker of an old group)."""
+        with self._lock:
+            return self._join_locked(job, attempt)
+
+    def _join_locked(self, job: str, attempt: str) -> tuple[int, ...]:
+        state = self._incarnations.setdefault(job, _Incarnations())
+        if attempt == state.current:
+            return ()
+        if attempt in state.seen:
+            raise StaleAttemptError(
+                f"job {job!r}: attempt {attempt} was superseded by attempt {state.current}; this "
+                "worker belongs to a worker group that was replaced",
+                job=job,
+                attempt=attempt,
+            )
+        state.seen.add(attempt)
+        state.current = attempt
+        steps = self._jobs.get(job, {})
+        torn = tuple(sorted(s for s, r in steps.items() if not r.committed))
+        for step in torn:
+            del steps[step]
+        return torn
+
+    def plan_restore(self, job: str, attempt: str | None, live_nodes: set[str]) -> dict[str, Any]:
+        """The step every rank of ``attempt`` restores, decided once per attempt so that all
+        ranks agree: ``{"step", "source", "ever_committed"}``. source "peers": the newest
+        committed step whose every rank still has k shards (or its local copy) on live nodes
+        and was not marked unrestorable; source "backup": none is, use the newest complete
+        persistent backup; source None: nothing was ever committed."""
+        with self._lock:
+            state = self._incarnations.setdefault(job, _Incarnations())
+            if attempt is not None:
+                self._join_locked(job, attempt)
+                if attempt in state.plans:
+                    return dict(state.plans[attempt])
+            steps = self._jobs.get(job, {})
+            committed = sorted((s for s, r in steps.items() if r.committed), reverse=True)
+            plan: dict[str, Any] = {"step": None, "source": None, "ever_committed": bool(committed)}
+            plan["ever_committed"] = plan["ever_committed"] or bool(state.unrestorable)
+            for step in committed:
+                if step not in state.unrestorable and self._rebuildable(steps[step], live_nodes):
+                    plan.update(step=step, source="peers")
+                    break
+            else:
+                if plan["ever_committed"]:
+                    plan["source"] = "backup"
+            if attempt is not None:
+                state.plans[attempt] = plan
+            return dict(plan)
+
+    @staticmethod
+    def _rebuildable(record: StepRecord, live_nodes: set[str]) -> bool:
+        for rank in record.ranks.values():
+            k = next(iter(rank.metas.values())).data_shards
+            live = sum(1 for node in rank.nodes.values() if node in live_nodes)
+            if live < k and rank.local_node not in live_nodes:
+                return False
+        return True
+
+    def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
+        """The backup step of ``attempt``'s plan: the first rank's proposal wins, later calls
+        get it back, so all ranks load the same backup step."""
+        with self._lock:
+            if attempt is None:
+                return step
+            plan = self._incarnations.setdefault(job, _Incarnations()).plans.setdefault(attempt, {})
+            return plan.setdefault("backup_step", step)
+
+    def mark_unrestorable(self, job: str, step: int) -> None:
+        """A rank could not rebuild ``step`` (e.g. corrupted shards beyond m): no later plan
+        picks it."""
+        with self._lock:
+            self._incarnations.setdefault(job, _Incarnations()).unrestorable.add(step)
+
+    def rollback(self, job: str, step: int) -> tuple[int, ...]:
+        """After falling back to backup ``step``: forget the committed steps newer than it that
+        earlier incarnations wrote (they can no longer be rebuilt), so training can save those
+        step numbers again. Returns the steps dropped."""
+        with self._lock:
+            current = self._incarnations.get(job, _Incarnations()).current
+            steps = self._jobs.get(job, {})
+            doomed = tuple(
+                sorted(s for s, r in steps.items() if s > step and (r.attempt != current or current is None))
+            )
+            for s in doomed:
+                del steps[s]
+            return doomed
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -147,6 +273,7 @@ class Registry:
     def forget(self, job: str) -> None:
         with self._lock:
             self._jobs.pop(job, None)
+            self._incarnations.pop(job, None)
 
     # ---- rebuilding ---------------------------------------------------------------------
 

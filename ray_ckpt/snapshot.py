@@ -156,6 +156,7 @@ def write_payload(layout: SnapshotLayout, out: Any) -> None:
     tensors are copied straight into ``out`` (device -> host) without an intermediate copy.
     """
     buf = _writable_bytes(out)
+    pinned = buf.is_pinned()
     if buf.numel() < layout.payload_size:
         raise ValueError(f"out holds {buf.numel()} bytes, the payload needs {layout.payload_size}")
     end = 0
@@ -165,7 +166,9 @@ def write_payload(layout: SnapshotLayout, out: Any) -> None:
             continue
         if offset > end:
             buf[end:offset].zero_()
-        buf[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        # non_blocking only matters for device tensors into pinned memory: the copy is queued on
+        # the current stream, so later kernels cannot overwrite the source before it ran
+        buf[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=pinned)
         end = offset + nbytes
     if layout.payload_size > end:
         buf[end : layout.payload_size].zero_()

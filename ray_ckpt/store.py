@@ -13,6 +13,8 @@ from ray_ckpt.codec import as_bytes
 from ray_ckpt.errors import StoreFullError
 from ray_ckpt.shard import ShardKey, ShardMeta
 
+LOCAL_INDEX = -1  # key index of a rank's full local copy (kept apart from its coded shards)
+
 
 @dataclass
 class _Entry:
@@ -46,14 +48,16 @@ class ShardStore:
 
     # ---- writes -------------------------------------------------------------------------
 
-    def put(self, meta: ShardMeta, data: Any) -> None:
+    def put(self, meta: ShardMeta, data: Any, *, local: bool = False) -> None:
+        """Store one shard, or with ``local`` a rank's full local copy (a k=1, m=0 "shard")."""
+        key = (meta.job, meta.step, meta.rank, LOCAL_INDEX) if local else meta.key
         view = as_bytes(data)
         if view.size != meta.shard_size:
             raise ValueError(f"shard {meta.key} has {view.size} bytes, its metadata says {meta.shard_size}")
         metadata_bytes = len(msgpack.packb(meta.to_dict()))
         need = view.size + metadata_bytes
         with self._lock:
-            replaced = self._entries.get(meta.key)
+            replaced = self._entries.get(key)
             freed = replaced.data.size + replaced.metadata_bytes if replaced else 0
             used = self._used_locked()
             if used + self._reserved + need - freed > self.budget_bytes:
@@ -78,7 +82,7 @@ class ShardStore:
             raise
         with self._lock:
             self._reserved -= need
-            self._entries[meta.key] = _Entry(meta, owned, metadata_bytes)
+            self._entries[key] = _Entry(meta, owned, metadata_bytes)
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
         """Record that ``step`` of ``job`` committed and evict the job's shards of steps older
@@ -100,16 +104,20 @@ class ShardStore:
 
     # ---- reads --------------------------------------------------------------------------
 
-    def get(self, job: str, step: int, rank: int, index: int) -> tuple[ShardMeta, np.ndarray] | None:
-        """The shard and its metadata, or None if this store does not hold it."""
+    def get(
+        self, job: str, step: int, rank: int, index: int, *, local: bool = False
+    ) -> tuple[ShardMeta, np.ndarray] | None:
+        """The shard (or with ``local`` the rank's local copy) and its metadata, or None if
+        this store does not hold it."""
         with self._lock:
-            entry = self._entries.get((job, step, rank, index))
+            entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index))
         return None if entry is None else (entry.meta, entry.data)
 
     def inventory(self, job: str | None = None) -> list[ShardMeta]:
-        """Metadata of every shard held (of one job when given); for rebuilding the registry."""
+        """Metadata of every coded shard held (of one job when given; local copies are not
+        listed); for rebuilding the registry."""
         with self._lock:
-            return [e.meta for k, e in self._entries.items() if job is None or k[0] == job]
+            return [e.meta for k, e in self._entries.items() if (job is None or k[0] == job) and k[3] != LOCAL_INDEX]
 
     def committed_marks(self) -> dict[str, int]:
         """job -> the newest committed step this store was told about."""

@@ -1,0 +1,130 @@
+"""Checkpointer behaviour on a simulated cluster: crashes mid-save, local copies, backups."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import ray
+from conftest import SimCluster
+from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
+
+import ray_ckpt
+from ray_ckpt import backup, naming
+from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.errors import PlacementError
+
+pytestmark = pytest.mark.cluster
+
+JOB = "job-b"
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def save_then_crash(namespace: str, job: str, rank: int, world_size: int, step: int, config: dict) -> None:
+    """Start saving ``step`` and kill this process while the save runs in the background."""
+    checkpointer = Checkpointer(
+        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**config), namespace=namespace
+    )
+    checkpointer.save(step, make_state(rank, step))
+    os._exit(1)
+
+
+@pytest.mark.nodes(6)
+def test_a_crash_during_a_save_restores_the_previous_step(sim_cluster: SimCluster) -> None:
+    """Rank 1's process dies in the middle of saving step 2: step 1 stays the latest, every
+    rank restores it bit-exact, and the torn step is never visible."""
+    code = {"data_shards": 2, "parity_shards": 1}
+    ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
+                sim_cluster.namespace, JOB, r, 2, [0, 1], code, 50_000
+            )
+            for r in range(2)
+        ]
+    )
+    ray.get(
+        save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(0))).remote(
+            sim_cluster.namespace, JOB, 0, 2, [2], code, 50_000
+        )
+    )
+    with pytest.raises(ray.exceptions.WorkerCrashedError):
+        ray.get(
+            save_then_crash.options(scheduling_strategy=on_node(sim_cluster.node_id(1))).remote(
+                sim_cluster.namespace, JOB, 1, 2, 2, code
+            )
+        )
+    registry = naming.registry_handle(sim_cluster.namespace)
+    assert ray.get(registry.latest_committed.remote(JOB)) == 1
+    results = ray.get([restore_rank.remote(sim_cluster.namespace, JOB, r, 2, code) for r in range(2)])
+    assert [r["step"] for r in results] == [1, 1]
+    assert [r["digest"] for r in results] == [digest(make_state(r, 1)) for r in range(2)]
+
+
+@pytest.mark.nodes(5)
+def test_a_process_restarted_on_the_same_node_restores_from_its_local_copy(sim_cluster: SimCluster) -> None:
+    """A fresh process on the rank's own node restores from the local copy (no network);
+    the same rank on another node restores from peers."""
+    code = {"data_shards": 2, "parity_shards": 1}
+    node = sim_cluster.node_id(0)
+    ray.get(
+        save_steps.options(scheduling_strategy=on_node(node)).remote(
+            sim_cluster.namespace, JOB, 0, 1, [0, 1], code, 50_000
+        )
+    )
+    same = ray.get(
+        restore_rank.options(scheduling_strategy=on_node(node)).remote(sim_cluster.namespace, JOB, 0, 1, code)
+    )
+    other = ray.get(
+        restore_rank.options(scheduling_strategy=on_node(sim_cluster.node_id(1))).remote(
+            sim_cluster.namespace, JOB, 0, 1, code
+        )
+    )
+    assert (same["step"], same["source"]) == (1, "local")
+    assert (other["step"], other["source"]) == (1, "peers")
+    assert same["digest"] == other["digest"] == digest(make_state(0, 1))
+
+
+@pytest.mark.nodes(6)
+def test_losing_more_than_m_shards_falls_back_to_the_newest_backup_on_every_rank(sim_cluster: SimCluster) -> None:
+    """With more than m shards of one rank gone, every rank (even those whose shards survive)
+    restores the same newest complete backup step, bit-exact, and says so."""
+    storage = tempfile.mkdtemp(prefix="rckbackup")
+    code = {"data_shards": 2, "parity_shards": 1, "backup_every": 2, "backup_uri": storage, "local_copy": False}
+    ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
+                sim_cluster.namespace, JOB, r, 2, [0, 1, 2, 3], code, 50_000
+            )
+            for r in range(2)
+        ]
+    )
+    assert backup.complete_steps(storage, JOB) == [0, 2]
+    placement = shard_nodes(sim_cluster.namespace, JOB, 3)
+    sim_cluster.kill(sim_cluster.worker_holders(placement[0], 2))
+    results = ray.get([restore_rank.remote(sim_cluster.namespace, JOB, r, 2, code) for r in range(2)])
+    assert [(r["step"], r["source"]) for r in results] == [(2, "backup"), (2, "backup")]
+    assert [r["digest"] for r in results] == [digest(make_state(r, 2)) for r in range(2)]
+    step, state = backup.load(storage, JOB, rank=1)
+    assert step == 2 and digest(state) == digest(make_state(1, 2))
+
+
+@pytest.mark.nodes(2)
+def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimCluster) -> None:
+    """A save whose background placement fails (k+m larger than the cluster) raises
+    PlacementError on the next save and on close, never silently."""
+    checkpointer = Checkpointer(
+        job=JOB,
+        rank=0,
+        world_size=1,
+        config=ray_ckpt.CheckpointConfig(data_shards=4, parity_shards=2),
+        namespace=sim_cluster.namespace,
+    )
+    checkpointer.save(0, make_state(0, 0, 100))
+    with pytest.raises(PlacementError, match="data_shards"):
+        checkpointer.save(1, make_state(0, 1, 100))
+    handle = checkpointer.save(2, make_state(0, 2, 100))
+    with pytest.raises(PlacementError):
+        handle.wait(timeout_s=30)
+    with pytest.raises(PlacementError):
+        checkpointer.close()
