@@ -8,6 +8,7 @@ from typing import Any
 import ray
 
 from ray_ckpt import naming
+from ray_ckpt.events import EventLog
 from ray_ckpt.registry import Registry
 from ray_ckpt.shard import ShardMeta
 
@@ -20,9 +21,13 @@ class RegistryActor:
     killed registry comes back with the same committed steps. Threaded: ``wait_committed``
     blocks one thread while stage calls proceed on others."""
 
-    def __init__(self, namespace: str, rebuild_timeout_s: float = 10.0) -> None:
+    def __init__(self, namespace: str, events_path: str | None = None, rebuild_timeout_s: float = 10.0) -> None:
         self._namespace = namespace
         self._registry = Registry()
+        if events_path is None:  # next to Ray's own logs of this cluster, on the registry's node
+            context = ray.get_runtime_context()
+            events_path = f"{context.get_temp_dir()}/{context.get_session_name()}/ray_ckpt/events-{namespace}.jsonl"
+        self._events = EventLog(events_path)
         self._rebuild(rebuild_timeout_s)
 
     def _rebuild(self, timeout_s: float) -> None:
@@ -40,6 +45,17 @@ class RegistryActor:
 
     def ready(self) -> bool:
         return True
+
+    def record(self, event: dict[str, Any]) -> None:
+        """Append one event (see ray_ckpt.events) to the log and its file."""
+        self._events.append(event)
+
+    def events(self, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
+        """(next sequence number, events from sequence number ``since`` on)."""
+        return self._events.since(since)
+
+    def events_path(self) -> str | None:
+        return None if self._events.path is None else str(self._events.path)
 
     def stage(
         self,

@@ -9,10 +9,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import psutil
 import ray
 import torch
 
-from ray_ckpt import backup, blob, naming, service, settings, snapshot
+from ray_ckpt import backup, blob, events, naming, service, settings, snapshot
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.config import CheckpointConfig
@@ -20,7 +21,6 @@ from ray_ckpt.errors import (
     CommitTimeoutError,
     ConfigError,
     InsufficientShardsError,
-    NoCheckpointError,
     RayCkptError,
     StoreUnavailableError,
 )
@@ -130,6 +130,8 @@ class Checkpointer:
         self._buffer: torch.Tensor = torch.empty(0, dtype=torch.uint8)
         self._parity: list[np.ndarray] = []
         self._last_step: int | None = None
+        self._saves = 0
+        self._restored_bytes = 0
         self._closed = False
         self.last_save_phases_s: dict[str, float] = {}
 
@@ -239,12 +241,24 @@ class Checkpointer:
         )
         t3 = time.perf_counter()
         phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
+        self._saves += 1
         if self.config.backup_uri and self.config.backup_every and step % self.config.backup_every == 0:
             backup.write(self.config.backup_uri, self.job, step, self.rank, self.world_size, buffer[:size])
             if self.rank == 0:
                 backup.prune(self.config.backup_uri, self.job, self.config.backup_keep)
             phases["backup"] = time.perf_counter() - t3
+        if self._saves == 1 or self._saves % settings.save_event_every() == 0:
+            self._record("save", step=step, phases_s=dict(phases), bytes=size)
         return bool(committed)
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        """Send an event to the registry's log (fire and forget: never blocks or fails a save)."""
+        try:
+            self._registry.record.remote(
+                events.event(kind, job=self.job, rank=self.rank, attempt=self.attempt, node_id=self.node_id, **fields)
+            )
+        except Exception as error:  # observability must not break checkpointing
+            logger.debug("could not record a %s event: %s", kind, error)
 
     def _wait_committed(self, step: int, timeout_s: float) -> None:
         if ray.get(
@@ -276,6 +290,21 @@ class Checkpointer:
         return None if latest is None else int(latest)
 
     def restore(self, step: int | None = None) -> Restored | None:
+        restored, plan = self._restore(step)
+        self._saves = 0  # the next save is this incarnation's first step: always recorded
+        newest = plan.get("newest_staged")
+        self._record(
+            "restore",
+            step=None if restored is None else restored.step,
+            source=None if restored is None else restored.source,
+            steps_lost=None if restored is None or newest is None else max(0, int(newest) - restored.step),
+            bytes=self._restored_bytes,
+            started=psutil.Process().create_time(),
+            phases_s={} if restored is None else restored.phases_s,
+        )
+        return restored
+
+    def _restore(self, step: int | None) -> tuple[Restored | None, dict[str, Any]]:
         """Rebuild this rank's state, trying in order: its local copy on this node (no network),
         any k checksum-valid shards on live peers, the newest complete persistent backup.
 
@@ -287,20 +316,21 @@ class Checkpointer:
         """
         self._check_open()
         t0 = time.perf_counter()
+        self._restored_bytes = 0
         if step is not None:
             record = self._locate(step)
-            return self._restore_from_memory(step, record, t0)
+            return self._restore_from_memory(step, record, t0), {}
         plan = ray.get(self._registry.plan_restore.remote(self.job, self.attempt), timeout=settings.peer_timeout_s())
         if plan["source"] == "peers":
             chosen = int(plan["step"])
             try:
-                return self._restore_from_memory(chosen, self._locate(chosen), t0)
+                return self._restore_from_memory(chosen, self._locate(chosen), t0), plan
             except InsufficientShardsError:
                 # this rank cannot rebuild the step every rank agreed on: make sure no later
                 # plan picks it, then fail this attempt so all ranks restart and agree anew
                 ray.get(self._registry.mark_unrestorable.remote(self.job, chosen), timeout=settings.peer_timeout_s())
                 raise
-        return self._restore_from_backup(plan, t0)
+        return self._restore_from_backup(plan, t0), plan
 
     def _locate(self, step: int) -> dict[str, Any]:
         located = ray.get(self._registry.locate.remote(self.job, step), timeout=settings.peer_timeout_s())
@@ -323,6 +353,7 @@ class Checkpointer:
         first = next(iter(metas.values()))
         buffer = np.empty(first.shard_size * first.data_shards, dtype=np.uint8)
         shards, lost = self._fetch(step, metas, nodes, buffer)
+        self._restored_bytes = first.shard_size * len(shards)
         t2 = time.perf_counter()
         code = ReedSolomon(first.data_shards, first.parity_shards)
         code.decode_into(shards, buffer)
@@ -462,10 +493,8 @@ class Checkpointer:
                 rank=self.rank,
             )
         t1 = time.perf_counter()
-        try:
-            data = backup.read(uri, self.job, step, self.rank)
-        except NoCheckpointError:
-            raise
+        data = backup.read(uri, self.job, step, self.rank)
+        self._restored_bytes = data.size
         t2 = time.perf_counter()
         state = self._load(data)
         ray.get(self._registry.rollback.remote(self.job, step), timeout=settings.peer_timeout_s())

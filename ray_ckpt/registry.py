@@ -37,6 +37,7 @@ class _Incarnations:
     seen: set[str] = dataclasses.field(default_factory=set)
     plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     unrestorable: set[int] = dataclasses.field(default_factory=set)
+    newest_staged: int | None = None  # the newest step any rank ever staged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,8 @@ class Registry:
                 # staged by another incarnation (attempt=None callers): start the step afresh
                 record.ranks.clear()
             record.attempt = attempt
+            incarnation = self._incarnations.setdefault(job, _Incarnations())
+            incarnation.newest_staged = max(step, incarnation.newest_staged or 0)
             record.ranks[rank] = RankRecord({m.index: m for m in metas}, dict(nodes), local, local_node)
             if len(record.ranks) < world_size:
                 return CommitDecision(False, (), ())
@@ -157,7 +160,8 @@ class Registry:
         ranks agree: ``{"step", "source", "ever_committed"}``. source "peers": the newest
         committed step whose every rank still has k shards (or its local copy) on live nodes
         and was not marked unrestorable; source "backup": none is, use the newest complete
-        persistent backup; source None: nothing was ever committed."""
+        persistent backup; source None: nothing was ever committed. ``newest_staged``: the
+        newest step any rank had staged, for counting the steps a failure lost."""
         with self._lock:
             state = self._incarnations.setdefault(job, _Incarnations())
             if attempt is not None:
@@ -166,7 +170,12 @@ class Registry:
                     return dict(state.plans[attempt])
             steps = self._jobs.get(job, {})
             committed = sorted((s for s, r in steps.items() if r.committed), reverse=True)
-            plan: dict[str, Any] = {"step": None, "source": None, "ever_committed": bool(committed)}
+            plan: dict[str, Any] = {
+                "step": None,
+                "source": None,
+                "ever_committed": bool(committed),
+                "newest_staged": state.newest_staged,
+            }
             plan["ever_committed"] = plan["ever_committed"] or bool(state.unrestorable)
             for step in committed:
                 if step not in state.unrestorable and self._rebuildable(steps[step], live_nodes):

@@ -24,11 +24,14 @@ def start(
     store_budget_bytes: int | None = None,
     store_budget_fraction: float | None = None,
     namespace: str | None = None,
+    events_path: str | None = None,
     timeout_s: float = 60.0,
 ) -> dict[str, Any]:
     """Deploy one store per alive node and the registry; idempotent.
 
     Calling it again picks up nodes that joined since (and leaves existing stores untouched).
+    ``events_path``: the JSON-lines events file the registry writes (default: under Ray's
+    session folder on the registry's node; ``registry.events_path()`` tells where).
     Budget per store: ``store_budget_bytes`` if given, else ``store_budget_fraction`` (default
     RAY_CKPT_STORE_BUDGET_FRACTION) of the node's total memory. Returns
     ``{"namespace", "stores": [node ids], "registry_node_id"}``.
@@ -62,7 +65,7 @@ def start(
         lifetime="detached",
         get_if_exists=True,
         scheduling_strategy=strategy,
-    ).remote(namespace)
+    ).remote(namespace, events_path)
     ray.get(registry.ready.remote(), timeout=timeout_s)
     return {"namespace": namespace, "stores": [str(n["NodeID"]) for n in nodes], "registry_node_id": head}
 

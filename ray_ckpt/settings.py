@@ -52,6 +52,12 @@ def store_budget_fraction() -> float:
     return _read("RAY_CKPT_STORE_BUDGET_FRACTION", 0.25, float)
 
 
+def save_event_every() -> int:
+    """RAY_CKPT_SAVE_EVENT_EVERY: send a save event to the registry every N saves (the first
+    save after a restore always sends one)."""
+    return max(1, _read("RAY_CKPT_SAVE_EVENT_EVERY", 10, int))
+
+
 @contextlib.contextmanager
 def override(**values: object) -> Iterator[None]:
     """Temporarily set knobs by env-var name, e.g. ``override(RAY_CKPT_CODEC_THREADS=1)``."""

@@ -1,0 +1,97 @@
+"""Recovery timelines: one record per failure, assembled from events (a pure function).
+
+A recovery is the set of ``restore`` events of one job attempt that restored a step. Its
+failure is the newest burst of ``kill`` events (kills less than ``BURST_S`` apart) before the
+attempt's workers started. Phases, in seconds, on the critical path (the slowest rank):
+
+    detect      kill -> Ray declared the killed node(s) dead (``node_dead``)
+    restart     dead -> the new worker group's processes were running
+    locate, fetch, decode, load    the restore itself (slowest rank per phase)
+    first_step  restore done -> first checkpointed step of the new attempt
+
+``time_to_resume_s`` spans kill -> first step done. Without a recorded kill (a crash the kill
+tool did not cause) the phases before the restore are None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+BURST_S = 2.0
+RESTORE_PHASES = ("locate", "fetch", "decode", "load")
+PHASES = ("detect", "restart", *RESTORE_PHASES, "first_step")
+
+
+def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recovery records, oldest first: ``{"job", "attempt", "kill_time", "killed_nodes",
+    "phases_s", "time_to_resume_s", "steps_lost", "step", "bytes_moved", "sources"}``."""
+    ordered = sorted(events, key=lambda e: e.get("time", 0.0))
+    kills = [e for e in ordered if e["kind"] == "kill"]
+    deaths = [e for e in ordered if e["kind"] == "node_dead"]
+    attempts: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in ordered:
+        if record["kind"] == "restore" and record.get("step") is not None:
+            attempts.setdefault((record["job"], str(record.get("attempt"))), []).append(record)
+    first_saves: dict[tuple[str, str], dict[int, float]] = {}
+    for record in ordered:
+        if record["kind"] == "save":
+            key = (record["job"], str(record.get("attempt")))
+            first_saves.setdefault(key, {}).setdefault(int(record["rank"]), float(record["time"]))
+    result = []
+    previous: dict[str, float] = {}  # job -> when its previous recovery restored
+    by_start = sorted(attempts.items(), key=lambda item: min(float(r.get("started", r["time"])) for r in item[1]))
+    for (job, attempt), restores in by_start:
+        started = max(float(r.get("started", r["time"])) for r in restores)
+        restored = max(float(r["time"]) for r in restores)
+        first_start = min(float(r.get("started", r["time"])) for r in restores)
+        burst = _burst_before([k for k in kills if float(k["time"]) > previous.get(job, 0.0)], first_start)
+        previous[job] = restored
+        phases: dict[str, float | None] = dict.fromkeys(PHASES)
+        for name in RESTORE_PHASES:
+            phases[name] = max(float(r.get("phases_s", {}).get(name, 0.0)) for r in restores)
+        saves = first_saves.get((job, attempt), {})
+        first_step_done = max(saves.values()) if saves else None
+        if first_step_done is not None:
+            phases["first_step"] = max(0.0, first_step_done - restored)
+        kill_time = None
+        killed = []
+        if burst:
+            kill_time = float(burst[0]["time"])
+            killed = [str(k.get("node_id")) for k in burst]
+            dead = [float(d["time"]) for d in deaths if d.get("node_id") in killed and d["time"] >= kill_time]
+            if dead:
+                detected = max(dead)
+                phases["detect"] = detected - kill_time
+                phases["restart"] = max(0.0, started - detected)
+            else:
+                phases["restart"] = max(0.0, started - kill_time)
+        end = first_step_done if first_step_done is not None else restored
+        result.append(
+            {
+                "job": job,
+                "attempt": attempt,
+                "kill_time": kill_time,
+                "killed_nodes": killed,
+                "step": max(int(r["step"]) for r in restores),
+                "phases_s": phases,
+                "time_to_resume_s": None if kill_time is None else end - kill_time,
+                "steps_lost": max(int(r.get("steps_lost") or 0) for r in restores),
+                "bytes_moved": sum(int(r.get("bytes") or 0) for r in restores),
+                "sources": {str(r["rank"]): r["source"] for r in restores},
+            }
+        )
+    return sorted(result, key=lambda r: (r["kill_time"] or 0.0, r["job"]))
+
+
+def _burst_before(kills: list[dict[str, Any]], before: float) -> list[dict[str, Any]]:
+    """The newest group of kills (each within BURST_S of the next) that happened before ``before``."""
+    earlier = [k for k in kills if float(k["time"]) <= before]
+    if not earlier:
+        return []
+    burst = [earlier[-1]]
+    for kill in reversed(earlier[:-1]):
+        if float(burst[0]["time"]) - float(kill["time"]) > BURST_S:
+            break
+        burst.insert(0, kill)
+    return burst
