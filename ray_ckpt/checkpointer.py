@@ -9,7 +9,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import psutil
 import ray
 import torch
 
@@ -132,6 +131,7 @@ class Checkpointer:
         self._last_step: int | None = None
         self._saves = 0
         self._restored_bytes = 0
+        self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
         self.last_save_phases_s: dict[str, float] = {}
 
@@ -299,7 +299,7 @@ class Checkpointer:
             source=None if restored is None else restored.source,
             steps_lost=None if restored is None or newest is None else max(0, int(newest) - restored.step),
             bytes=self._restored_bytes,
-            started=psutil.Process().create_time(),
+            started=self._created,
             phases_s={} if restored is None else restored.phases_s,
         )
         return restored

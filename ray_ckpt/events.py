@@ -8,7 +8,8 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
 - ``kill``: node_id, mode ("node", "store", ...), by (the tool that killed).
 - ``node_dead``: node_id, the time Ray declared the node dead.
 - ``restore``: job, rank, attempt, step, source, steps_lost, bytes, started (when this
-  worker process started), phases_s {locate, fetch, decode, load}.
+  rank's checkpointer was created: the new worker is running), phases_s {locate, fetch,
+  decode, load}. step -1 means the rank had to start from scratch.
 
 An events file holds one event per line (JSON lines); ``read`` skips lines it cannot parse,
 so a file cut by a crash stays readable.
@@ -43,6 +44,11 @@ class EventLog:
         self.path = None if path is None else pathlib.Path(path)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size:
+                with self.path.open("rb+") as existing:  # a file cut mid-line by a crash
+                    existing.seek(-1, os.SEEK_END)
+                    if existing.read(1) != b"\n":
+                        existing.write(b"\n")
         self._lock = threading.Lock()
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
         self._count = 0
@@ -69,7 +75,7 @@ class EventLog:
 def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The events of a JSON-lines file, in file order; unparsable lines are skipped."""
     records = []
-    with open(path) as lines:
+    with open(path, encoding="utf-8", errors="replace") as lines:
         for line in lines:
             try:
                 record = json.loads(line)

@@ -39,6 +39,7 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             key = (record["job"], str(record.get("attempt")))
             first_saves.setdefault(key, {}).setdefault(int(record["rank"]), float(record["time"]))
     result = []
+    began: list[float] = []  # per record: its first kill, else its first worker start
     previous: dict[str, float] = {}  # job -> when its previous recovery restored
     by_start = sorted(attempts.items(), key=lambda item: min(float(r.get("started", r["time"])) for r in item[1]))
     for (job, attempt), restores in by_start:
@@ -66,6 +67,7 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 phases["restart"] = max(0.0, started - detected)
             else:
                 phases["restart"] = max(0.0, started - kill_time)
+        began.append(kill_time if kill_time is not None else first_start)
         end = first_step_done if first_step_done is not None else restored
         result.append(
             {
@@ -81,7 +83,8 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "sources": {str(r["rank"]): r["source"] for r in restores},
             }
         )
-    return sorted(result, key=lambda r: (r["kill_time"] or 0.0, r["job"]))
+    order = sorted(range(len(result)), key=lambda i: (began[i], result[i]["job"]))
+    return [result[i] for i in order]
 
 
 def _burst_before(kills: list[dict[str, Any]], before: float) -> list[dict[str, Any]]:

@@ -1,0 +1,313 @@
+"""Events (in-memory log, JSON-lines files) and recovery timelines assembled from them."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from ray_ckpt import events
+from ray_ckpt.events import EventLog, event
+from ray_ckpt.timeline import PHASES, recoveries
+
+T0 = 1_000.0
+
+
+def save(t: float, rank: int, step: int, attempt: str, job: str = "job") -> dict[str, Any]:
+    return event("save", time=T0 + t, job=job, rank=rank, step=step, attempt=attempt, phases_s={}, bytes=10)
+
+
+def kill(t: float, node_id: str) -> dict[str, Any]:
+    return event("kill", time=T0 + t, node_id=node_id, mode="node", by="test")
+
+
+def dead(t: float, node_id: str) -> dict[str, Any]:
+    return event("node_dead", time=T0 + t, node_id=node_id)
+
+
+def restore(
+    t: float,
+    rank: int,
+    attempt: str,
+    *,
+    started: float,
+    step: int | None = 20,
+    source: str | None = "peers",
+    steps_lost: int = 0,
+    nbytes: int = 0,
+    phases: dict[str, float] | None = None,
+    job: str = "job",
+) -> dict[str, Any]:
+    return event(
+        "restore",
+        time=T0 + t,
+        job=job,
+        rank=rank,
+        attempt=attempt,
+        step=step,
+        source=source,
+        steps_lost=steps_lost,
+        bytes=nbytes,
+        started=T0 + started,
+        phases_s=phases or {},
+    )
+
+
+# ---- events -----------------------------------------------------------------------------
+
+
+def test_event_stamps_time_and_rejects_unknown_kinds() -> None:
+    """event() stamps the current time unless given one, keeps the fields, and rejects an unknown kind."""
+    before = time.time()
+    stamped = event("kill", node_id="n1")
+    assert stamped["kind"] == "kill" and stamped["node_id"] == "n1"
+    assert before <= stamped["time"] <= time.time()
+    assert event("node_dead", time=5.0, node_id="n2") == {"kind": "node_dead", "time": 5.0, "node_id": "n2"}
+    with pytest.raises(ValueError):
+        event("explode", node_id="n1")
+
+
+def test_event_log_since_returns_sequence_numbers_and_newer_events() -> None:
+    """since(n) returns the next sequence number and the events numbered >= n."""
+    log = EventLog()
+    assert log.since() == (0, [])
+    records = [kill(i, f"n{i}") for i in range(3)]
+    for record in records:
+        log.append(record)
+    assert log.since() == (3, records)
+    assert log.since(1) == (3, records[1:])
+    assert log.since(3) == (3, [])
+    assert log.since(7) == (3, [])
+
+
+def test_event_log_capacity_drops_oldest_and_since_stays_consistent() -> None:
+    """Past capacity the oldest events are dropped; since() still numbers events by their append order."""
+    log = EventLog(capacity=3)
+    records = [kill(i, f"n{i}") for i in range(5)]
+    for record in records:
+        log.append(record)
+    assert log.since(0) == (5, records[2:])  # events 0 and 1 are gone
+    assert log.since(2) == (5, records[2:])
+    assert log.since(3) == (5, records[3:])
+    assert log.since(4) == (5, records[4:])
+    assert log.since(5) == (5, [])
+    log.append(records[0])
+    assert log.since(5) == (6, [records[0]])
+    assert log.since(0) == (6, [*records[3:], records[0]])
+
+
+def test_event_log_rejects_non_events_without_recording_them(tmp_path) -> None:
+    """append of an unknown kind or a non-dict raises ValueError and neither the log nor its file changes."""
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.append(kill(0, "n0"))
+    for bad in ({"kind": "explode", "time": 1.0}, {"time": 1.0}, ["kill"], "kill"):
+        with pytest.raises(ValueError):
+            log.append(bad)  # type: ignore[arg-type]
+    assert log.since() == (1, [kill(0, "n0")])
+    assert events.read(path) == [kill(0, "n0")]
+
+
+def test_event_log_file_mirror_round_trips_through_read(tmp_path) -> None:
+    """Events appended to a log with a path come back from read() equal and in order; the folder is created."""
+    path = tmp_path / "deep" / "folder" / "events.jsonl"
+    log = EventLog(path)
+    records = [
+        save(1, 0, 10, "A"),
+        kill(2, "n1"),
+        dead(3, "n1"),
+        restore(4, 0, "B", started=3.5, steps_lost=1, nbytes=7, phases={"locate": 0.5, "fetch": 1.25}),
+    ]
+    for record in records:
+        log.append(record)
+    assert events.read(path) == records
+    assert len(path.read_text().splitlines()) == len(records)
+    log.append(kill(5, "n2"))
+    assert events.read(path) == [*records, kill(5, "n2")]
+    assert EventLog(path).since() == (0, [])  # a new log does not load the file
+
+
+def test_write_then_read_round_trips_and_replaces_the_file(tmp_path) -> None:
+    """write() replaces the file's content with the given events, which read() returns unchanged."""
+    path = tmp_path / "events.jsonl"
+    events.write(path, [kill(0, "old")])
+    records = [save(1, 0, 1, "A"), dead(2, "n1")]
+    events.write(path, records)
+    assert events.read(path) == records
+
+
+def test_read_skips_junk_lines_and_a_truncated_last_line(tmp_path) -> None:
+    """read() keeps valid events and skips non-JSON, non-object, unknown-kind, blank and cut-off lines."""
+    path = tmp_path / "events.jsonl"
+    good = [kill(0, "n0"), dead(1, "n0"), save(2, 0, 3, "A")]
+    cut = json.dumps(restore(3, 0, "B", started=2.5))
+    lines = [
+        json.dumps(good[0]),
+        "this is not json",
+        "[1, 2, 3]",
+        '"kill"',
+        "",
+        json.dumps({"kind": "explode", "time": 1.0}),
+        json.dumps(good[1]),
+        "{",
+        json.dumps(good[2]),
+    ]
+    path.write_text("\n".join(lines) + "\n" + cut[: len(cut) // 2])
+    assert events.read(path) == good
+
+
+# ---- recovery timelines -------------------------------------------------------------------
+
+
+def one_failure() -> list[dict[str, Any]]:
+    """Attempt A saves; nodes n1, n2 are killed 0.3 s apart and declared dead; attempt B restores on 2 ranks."""
+    return [
+        save(1, 0, 10, "A"),
+        save(1.1, 1, 10, "A"),
+        save(5, 0, 20, "A"),
+        save(5.2, 1, 20, "A"),
+        kill(10, "n1"),
+        kill(10.3, "n2"),
+        dead(14, "n1"),
+        dead(15, "n2"),
+        dead(16, "n-unrelated"),  # not killed by the tool: no part of the detect phase
+        restore(
+            30,
+            0,
+            "B",
+            started=20,
+            steps_lost=1,
+            nbytes=1000,
+            source="peers",
+            phases={"locate": 0.1, "fetch": 2.0, "decode": 0.5, "load": 1.0},
+        ),
+        restore(
+            31,
+            1,
+            "B",
+            started=21,
+            steps_lost=2,
+            nbytes=2000,
+            source="local",
+            phases={"locate": 0.2, "fetch": 1.5, "decode": 0.7, "load": 0.8},
+        ),
+        save(35, 0, 21, "B"),
+        save(36, 1, 21, "B"),
+        save(40, 0, 22, "B"),  # a later save: not the first step
+    ]
+
+
+def test_one_failure_gives_one_recovery_with_every_phase() -> None:
+    """A kill burst, deaths, a 2-rank restore and first saves give one record with the critical-path phases."""
+    history = one_failure()
+    result = recoveries(reversed(history))  # input order does not matter
+    assert len(result) == 1
+    (record,) = result
+    assert record["job"] == "job" and record["attempt"] == "B"
+    assert record["kill_time"] == pytest.approx(T0 + 10)
+    assert record["killed_nodes"] == ["n1", "n2"]
+    assert record["step"] == 20
+    assert set(record["phases_s"]) == set(PHASES)
+    assert record["phases_s"] == pytest.approx(
+        {
+            "detect": 15 - 10,  # last node_dead - first kill
+            "restart": 21 - 15,  # newest worker start - last node_dead
+            "locate": 0.2,
+            "fetch": 2.0,
+            "decode": 0.7,
+            "load": 1.0,
+            "first_step": 36 - 31,  # the last rank's first save - the last restore
+        }
+    )
+    assert record["time_to_resume_s"] == pytest.approx(36 - 10)
+    assert record["steps_lost"] == 2
+    assert record["bytes_moved"] == 3000
+    assert record["sources"] == {"0": "peers", "1": "local"}
+
+
+def test_two_failures_give_two_records_each_with_its_own_kill_burst() -> None:
+    """A second failure is a second record, after the first, attributed to its own kill and not the first one."""
+    history = [
+        *one_failure(),
+        kill(100, "n3"),
+        dead(104, "n3"),
+        restore(115, 0, "C", started=110, step=22, phases={"fetch": 1.0}),
+        restore(116, 1, "C", started=111, step=22, phases={"fetch": 3.0}),
+        save(120, 0, 23, "C"),
+        save(121, 1, 23, "C"),
+    ]
+    first, second = recoveries(history)
+    assert (first["attempt"], first["killed_nodes"]) == ("B", ["n1", "n2"])
+    assert (second["attempt"], second["killed_nodes"], second["step"]) == ("C", ["n3"], 22)
+    assert second["kill_time"] == pytest.approx(T0 + 100)
+    assert second["phases_s"]["detect"] == pytest.approx(4)
+    assert second["phases_s"]["restart"] == pytest.approx(111 - 104)
+    assert second["phases_s"]["fetch"] == pytest.approx(3.0)
+    assert second["phases_s"]["first_step"] == pytest.approx(121 - 116)
+    assert second["time_to_resume_s"] == pytest.approx(121 - 100)
+
+
+def test_a_kill_before_the_previous_recovery_is_not_reused() -> None:
+    """A later recovery without a kill of its own does not claim the kill of the previous recovery."""
+    history = [
+        *one_failure(),
+        restore(115, 0, "C", started=110, step=22),
+        restore(116, 1, "C", started=111, step=22),
+        save(120, 0, 23, "C"),
+        save(121, 1, 23, "C"),
+    ]
+    result = recoveries(history)
+    assert [r["attempt"] for r in result] == ["B", "C"]  # oldest first
+    assert result[0]["kill_time"] == pytest.approx(T0 + 10)
+    assert result[1]["kill_time"] is None
+    assert result[1]["killed_nodes"] == []
+
+
+def test_restore_without_kill_has_no_kill_phases() -> None:
+    """With no recorded kill, detect, restart, kill_time and time_to_resume are None; restore phases remain."""
+    history = [
+        save(1, 0, 10, "A"),
+        restore(30, 0, "B", started=20, step=10, phases={"locate": 0.1, "fetch": 0.2, "decode": 0.3, "load": 0.4}),
+        save(32, 0, 11, "B"),
+    ]
+    (record,) = recoveries(history)
+    assert record["kill_time"] is None and record["killed_nodes"] == []
+    assert record["time_to_resume_s"] is None
+    assert record["phases_s"]["detect"] is None and record["phases_s"]["restart"] is None
+    assert record["phases_s"] == pytest.approx(
+        {"detect": None, "restart": None, "locate": 0.1, "fetch": 0.2, "decode": 0.3, "load": 0.4, "first_step": 2}
+    )
+
+
+def test_kill_without_node_dead_measures_restart_from_the_kill() -> None:
+    """A kill never followed by node_dead (e.g. a store kill) leaves detect None and restart = start - kill."""
+    history = [kill(10, "s1"), restore(30, 0, "B", started=20, step=10)]
+    (record,) = recoveries(history)
+    assert record["phases_s"]["detect"] is None
+    assert record["phases_s"]["restart"] == pytest.approx(10)
+    assert record["phases_s"]["first_step"] is None
+    assert record["time_to_resume_s"] == pytest.approx(30 - 10)  # no first save: ends at the restore
+
+
+def test_kills_more_than_burst_apart_are_separate_bursts() -> None:
+    """Only the newest burst of kills (each within BURST_S of the next) before the restart is the failure."""
+    history = [kill(1, "n0"), kill(10, "n1"), kill(11, "n2"), restore(30, 0, "B", started=20, step=10)]
+    (record,) = recoveries(history)
+    assert record["killed_nodes"] == ["n1", "n2"]
+    assert record["kill_time"] == pytest.approx(T0 + 10)
+
+
+def test_fresh_starts_with_no_step_are_not_recoveries() -> None:
+    """Restores that found nothing (step None) are not recoveries, kill or no kill."""
+    history = [
+        restore(1, 0, "A", started=0.5, step=None, source=None),
+        restore(1, 1, "A", started=0.5, step=None, source=None),
+        save(3, 0, 1, "A"),
+        kill(10, "n1"),
+        dead(12, "n1"),
+        restore(20, 0, "B", started=15, step=None, source=None),
+    ]
+    assert recoveries(history) == []
+    assert recoveries([]) == []
