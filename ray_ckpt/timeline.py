@@ -2,10 +2,11 @@
 
 A recovery is the set of ``restore`` events of one job attempt that restored a step. Its
 failure is the newest burst of ``kill`` events (kills less than ``BURST_S`` apart) before the
-attempt's workers started. Phases, in seconds, on the critical path (the slowest rank):
+attempt's workers started, and after the job's previous recovery (or its first event).
+Phases, in seconds, on the critical path (the slowest rank):
 
     detect      kill -> Ray declared the killed node(s) dead (``node_dead``)
-    restart     dead -> the new worker group's processes were running
+    restart     dead -> the new worker group was running (its checkpointers were created)
     locate, fetch, decode, load    the restore itself (slowest rank per phase)
     first_step  restore done -> first checkpointed step of the new attempt
 
@@ -40,13 +41,17 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             first_saves.setdefault(key, {}).setdefault(int(record["rank"]), float(record["time"]))
     result = []
     began: list[float] = []  # per record: its first kill, else its first worker start
-    previous: dict[str, float] = {}  # job -> when its previous recovery restored
+    # a failure of a job lies after the job was first seen and after its previous recovery
+    previous: dict[str, float] = {}
+    for record in ordered:
+        if record.get("job") is not None:
+            previous.setdefault(record["job"], float(record["time"]))
     by_start = sorted(attempts.items(), key=lambda item: min(float(r.get("started", r["time"])) for r in item[1]))
     for (job, attempt), restores in by_start:
         started = max(float(r.get("started", r["time"])) for r in restores)
         restored = max(float(r["time"]) for r in restores)
         first_start = min(float(r.get("started", r["time"])) for r in restores)
-        burst = _burst_before([k for k in kills if float(k["time"]) > previous.get(job, 0.0)], first_start)
+        burst = _burst_before([k for k in kills if float(k["time"]) > previous[job]], first_start)
         previous[job] = restored
         phases: dict[str, float | None] = dict.fromkeys(PHASES)
         for name in RESTORE_PHASES:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import pytest
 import ray
@@ -128,3 +129,33 @@ def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimClust
         handle.wait(timeout_s=30)
     with pytest.raises(PlacementError):
         checkpointer.close()
+
+
+@pytest.mark.nodes(6)
+def test_a_node_dying_during_a_restore_is_routed_around(sim_cluster: SimCluster) -> None:
+    """A node holding a data shard is hard-killed while ranks restore (the kill lands before or
+    during the fetch): the restore uses the remaining shards and is still bit-exact."""
+    code = {"data_shards": 2, "parity_shards": 2, "local_copy": False}
+    size = 8_000_000  # 32 MB of float32 per rank, so the fetch takes a while
+    ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
+                sim_cluster.namespace, JOB, r, 2, [0], code, size
+            )
+            for r in range(2)
+        ]
+    )
+    placement = shard_nodes(sim_cluster.namespace, JOB, 0)
+    victim = sim_cluster.worker_holders(placement[0], 1, indices=[0, 1])
+    survivors = [n for n in range(len(sim_cluster.workers)) if sim_cluster.node_id(n) not in victim]
+    pending = [
+        restore_rank.options(scheduling_strategy=on_node(sim_cluster.node_id(survivors[r]))).remote(
+            sim_cluster.namespace, JOB, r, 2, code
+        )
+        for r in range(2)
+    ]
+    time.sleep(0.5)  # the restores are running
+    sim_cluster.kill(victim)
+    results = ray.get(pending)
+    assert [r["step"] for r in results] == [0, 0]
+    assert [r["digest"] for r in results] == [digest(make_state(r, 0, size)) for r in range(2)]

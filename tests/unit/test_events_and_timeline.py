@@ -283,7 +283,7 @@ def test_restore_without_kill_has_no_kill_phases() -> None:
 
 def test_kill_without_node_dead_measures_restart_from_the_kill() -> None:
     """A kill never followed by node_dead (e.g. a store kill) leaves detect None and restart = start - kill."""
-    history = [kill(10, "s1"), restore(30, 0, "B", started=20, step=10)]
+    history = [save(0, 0, 10, "A"), kill(10, "s1"), restore(30, 0, "B", started=20, step=10)]
     (record,) = recoveries(history)
     assert record["phases_s"]["detect"] is None
     assert record["phases_s"]["restart"] == pytest.approx(10)
@@ -291,9 +291,22 @@ def test_kill_without_node_dead_measures_restart_from_the_kill() -> None:
     assert record["time_to_resume_s"] == pytest.approx(30 - 10)  # no first save: ends at the restore
 
 
+def test_kills_of_another_job_before_this_job_began_are_not_its_failure() -> None:
+    """A job's first start is not a recovery from kills that hit an earlier job."""
+    history = [kill(1, "n0"), save(5, 0, 0, "X", job="other"), restore(10, 0, "A", started=9, step=-1)]
+    (record,) = recoveries(history)
+    assert record["kill_time"] is None and record["killed_nodes"] == []
+
+
 def test_kills_more_than_burst_apart_are_separate_bursts() -> None:
     """Only the newest burst of kills (each within BURST_S of the next) before the restart is the failure."""
-    history = [kill(1, "n0"), kill(10, "n1"), kill(11, "n2"), restore(30, 0, "B", started=20, step=10)]
+    history = [
+        save(0, 0, 9, "A"),
+        kill(1, "n0"),
+        kill(10, "n1"),
+        kill(11, "n2"),
+        restore(30, 0, "B", started=20, step=10),
+    ]
     (record,) = recoveries(history)
     assert record["killed_nodes"] == ["n1", "n2"]
     assert record["kill_time"] == pytest.approx(T0 + 10)
