@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ray_ckpt import blob, snapshot
+from ray_ckpt import blob, metrics, snapshot
 from ray_ckpt.checksum import checksum
 from ray_ckpt.errors import ConfigError, CorruptShardError, NoCheckpointError
 
@@ -69,6 +69,7 @@ def write(uri: str, job: str, step: int, rank: int, world_size: int, data: np.nd
     }
     with fs.open_output_stream(f"{folder}/rank-{rank:05d}.json") as out:
         out.write(json.dumps(marker).encode())
+    metrics.observe_backup(job, len(view))
 
 
 def _marker(fs: pafs.FileSystem, folder: str, rank: int) -> dict[str, Any] | None:

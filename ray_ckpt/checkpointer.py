@@ -205,28 +205,7 @@ class Checkpointer:
             for i, shard in enumerate(shards)
         ]
         t1 = time.perf_counter()
-        nodes = service.storage_nodes(self.namespace, self.config.failure_domain_label)
-        targets = place(nodes, shards=k + m, rank=self.rank, rank_node_id=self.node_id)
-        wanted = [*targets, self.node_id] if self.config.local_copy else targets
-        stores = naming.store_handles(self.namespace, sorted(set(wanted)))
-        refs = [
-            stores[node_id].put.remote(meta.to_dict(), ray.put(shard))
-            for node_id, meta, shard in zip(targets, metas, shards)
-        ]
-        local = None
-        if self.config.local_copy and self.node_id in stores:
-            body = buffer[:size]
-            local = ShardMeta(
-                **common,
-                index=0,
-                data_shards=1,
-                parity_shards=0,
-                payload_size=size,
-                shard_size=size,
-                checksum=checksum(body),
-            )
-            refs.append(stores[self.node_id].put.remote(local.to_dict(), ray.put(body), True))
-        ray.get(refs, timeout=settings.peer_timeout_s())
+        targets, local = self._scatter(shards, metas, buffer[:size], common)
         t2 = time.perf_counter()
         committed = ray.get(
             self._registry.stage.remote(
@@ -259,6 +238,58 @@ class Checkpointer:
             )
         except Exception as error:  # observability must not break checkpointing
             logger.debug("could not record a %s event: %s", kind, error)
+
+    def _scatter(
+        self, shards: list[np.ndarray], metas: list[ShardMeta], body: np.ndarray, common: dict[str, Any]
+    ) -> tuple[list[str], ShardMeta | None]:
+        """Put every shard into the store of its node (and the local copy into this node's
+        store). A store that dies or times out meanwhile is left out and the shards are placed
+        again on the remaining nodes, once; StoreUnavailableError if that fails too.
+        Returns (node of each shard, the local copy's metadata or None)."""
+        excluded: set[str] = set()
+        for _ in range(2):
+            nodes = [
+                n
+                for n in service.storage_nodes(self.namespace, self.config.failure_domain_label)
+                if n.node_id not in excluded
+            ]
+            targets = place(nodes, shards=len(shards), rank=self.rank, rank_node_id=self.node_id)
+            wanted = [*targets, self.node_id] if self.config.local_copy else targets
+            stores = naming.store_handles(self.namespace, sorted(set(wanted) - excluded))
+            refs = {
+                stores[node_id].put.remote(meta.to_dict(), ray.put(shard)): node_id
+                for node_id, meta, shard in zip(targets, metas, shards)
+            }
+            local = None
+            if self.config.local_copy and self.node_id in stores:
+                local = ShardMeta(
+                    **{**common, "index": 0, "data_shards": 1, "parity_shards": 0},
+                    payload_size=body.size,
+                    shard_size=body.size,
+                    checksum=checksum(body),
+                )
+                refs[stores[self.node_id].put.remote(local.to_dict(), ray.put(body), True)] = self.node_id
+            failed = set()
+            for ref, node_id in refs.items():
+                try:
+                    ray.get(ref, timeout=settings.peer_timeout_s())
+                except RayCkptError:
+                    raise  # e.g. StoreFullError: a decision for the user, not a dead peer
+                except (ray.exceptions.RayError, TimeoutError) as error:
+                    logger.warning("rank %d: store on node %s failed during a save: %s", self.rank, node_id, error)
+                    failed.add(node_id)
+            if not failed:
+                return targets, local
+            if failed == {self.node_id} and local is not None:
+                return targets, None  # only the local copy was lost: the coded shards are in place
+            excluded |= failed
+        raise StoreUnavailableError(
+            f"job {self.job!r} rank {self.rank} step {common['step']}: stores on nodes {sorted(excluded)} "
+            "failed during the save, twice; the step is not staged",
+            job=self.job,
+            rank=self.rank,
+            step=common["step"],
+        )
 
     def _wait_committed(self, step: int, timeout_s: float) -> None:
         if ray.get(
@@ -324,7 +355,12 @@ class Checkpointer:
         if plan["source"] == "peers":
             chosen = int(plan["step"])
             try:
-                return self._restore_from_memory(chosen, self._locate(chosen), t0), plan
+                restored = self._restore_from_memory(chosen, self._locate(chosen), t0)
+                if plan.get("newest_committed") is not None and chosen < int(plan["newest_committed"]):
+                    # an older kept step: forget the newer, unrebuildable ones so training can
+                    # save those step numbers again
+                    ray.get(self._registry.rollback.remote(self.job, chosen), timeout=settings.peer_timeout_s())
+                return restored, plan
             except InsufficientShardsError:
                 # this rank cannot rebuild the step every rank agreed on: make sure no later
                 # plan picks it, then fail this attempt so all ranks restart and agree anew

@@ -8,6 +8,13 @@ Subcommands (each connects to a running Ray cluster: ``--address``, default ``au
   latest one and its protection (how many more node failures it survives). ``--json`` prints
   ``ray_ckpt.service.status()`` as JSON.
 - ``stop``: kill the stores and the registry (every checkpoint they hold is gone).
+- ``kill-node``: simulate failures (``ray_ckpt.chaos``): crash nodes (``--node``, ``--random``),
+  at random with a mean time between failures (``--mtbf``), or while a save is in flight
+  (``--during-save``); ``--store-only`` kills just the ray_ckpt store. Prints what was killed
+  and when Ray declared it dead.
+- ``dashboard``: a web page of recoveries (phases, time to resume), save stalls, memory per
+  node, shard placement and protection, from events files (``--events``, no cluster needed)
+  and/or live; ``--export report.html`` writes it as one self-contained file.
 
 Errors (no Ray cluster, no ray_ckpt service, a ray_ckpt error) print one line to stderr and
 exit with status 1.
@@ -28,7 +35,7 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import naming, service, settings
+from ray_ckpt import chaos, naming, service, settings
 from ray_ckpt.errors import RayCkptError
 
 PROG = "ray-ckpt"
@@ -119,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kill every store and the registry of the namespace; the checkpoints they hold are gone.",
     )
     stop.set_defaults(handler=_cmd_stop)
+    _add_kill_node(commands, common)
+    _add_dashboard(commands, common)
     return parser
 
 
@@ -314,6 +323,196 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- kill-node ----------------------------------------------------------------------------
+
+
+def _add_kill_node(commands: Any, common: argparse.ArgumentParser) -> None:
+    kill = commands.add_parser(
+        "kill-node",
+        parents=[common],
+        help="simulate failures: crash nodes (or only their ray_ckpt store)",
+        description="Crash nodes as a machine crash would: SIGKILL the node's raylet and every process "
+        "under it (workers, agents) from a Ray actor pinned to that node, then wait until Ray declares "
+        "it dead. Kills are recorded as events in the ray_ckpt registry when the service runs. The head "
+        "node and the node this command is connected through are never picked.",
+    )
+    which = kill.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--node",
+        action="append",
+        metavar="ID",
+        help="the node to kill: its node id or a unique prefix (as `status` prints); repeat to kill "
+        "several at the same moment",
+    )
+    which.add_argument("--random", action="store_true", help="kill --count random alive non-head nodes at once")
+    which.add_argument(
+        "--mtbf",
+        type=float,
+        metavar="S",
+        help="kill --kills random nodes one at a time, after exponentially distributed gaps with mean S seconds",
+    )
+    which.add_argument(
+        "--during-save",
+        metavar="JOB",
+        help="wait until a step of JOB is staged by some but not all ranks, then kill a node holding "
+        "shards that the ranks already staged",
+    )
+    kill.add_argument("--count", type=int, default=1, metavar="N", help="with --random: how many nodes (default 1)")
+    kill.add_argument("--kills", type=int, default=1, metavar="N", help="with --mtbf: how many kills (default 1)")
+    kill.add_argument(
+        "--holding",
+        metavar="JOB",
+        help="with --random or --mtbf: prefer nodes that hold shards of JOB's latest committed step",
+    )
+    kill.add_argument("--min-step", type=int, metavar="STEP", help="with --during-save: only steps >= STEP")
+    kill.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="with --during-save: give up after S seconds without a save in flight (default 600)",
+    )
+    kill.add_argument(
+        "--store-only",
+        action="store_true",
+        help="with --node or --random: kill only the ray_ckpt store actor; the node stays alive",
+    )
+    kill.add_argument("--seed", type=int, help="random seed (victims, gaps)")
+    kill.add_argument(
+        "--allow-head",
+        action="store_true",
+        help="with --node: allow killing the head node's raylet (the GCS keeps running; see docs)",
+    )
+    kill.add_argument(
+        "--wait-dead",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="wait up to S seconds for Ray to declare each victim dead; 0: do not wait (default 60)",
+    )
+    kill.add_argument("--json", action="store_true", help="print the results as JSON (no progress lines)")
+    kill.set_defaults(handler=_cmd_kill_node)
+
+
+def _check_kill_args(args: argparse.Namespace) -> None:
+    mode = "--node" if args.node else "--random" if args.random else "--mtbf" if args.mtbf is not None else None
+    mode = mode or "--during-save"
+    misplaced = [
+        (args.count != 1 and not args.random, "--count", "--random"),
+        (args.kills != 1 and args.mtbf is None, "--kills", "--mtbf"),
+        (args.holding is not None and not (args.random or args.mtbf is not None), "--holding", "--random or --mtbf"),
+        (args.min_step is not None and args.during_save is None, "--min-step", "--during-save"),
+        (args.store_only and not (args.node or args.random), "--store-only", "--node or --random"),
+        (args.allow_head and not args.node, "--allow-head", "--node"),
+    ]
+    for wrong, option, allowed in misplaced:
+        if wrong:
+            raise CliError(f"{option} goes with {allowed}, not with {mode}")
+    if args.count < 1 or args.kills < 1:
+        raise CliError("--count and --kills must be >= 1")
+    if args.mtbf is not None and not args.mtbf > 0:
+        raise CliError("--mtbf must be > 0 seconds")
+
+
+def resolve_node(text: str) -> str:
+    """The id of the one alive node whose id starts with ``text``."""
+    alive = sorted(str(n["NodeID"]) for n in naming.alive_nodes())
+    matches = [n for n in alive if n.startswith(text.strip().lower())]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        dead = [str(n["NodeID"]) for n in ray.nodes() if str(n["NodeID"]).startswith(text) and not n.get("Alive")]
+        state = "is already dead" if dead else "matches no node of this cluster"
+        raise CliError(f"node {text!r} {state} (alive: {', '.join(_short(n) for n in alive) or 'none'})")
+    raise CliError(f"node prefix {text!r} is ambiguous: {', '.join(matches)}")
+
+
+def _clock(moment: float | None) -> str:
+    if moment is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(moment)) + f".{int(moment * 1000) % 1000:03d}"
+
+
+def _kill_progress(kind: str, result: dict[str, Any]) -> None:
+    node = _short(result["node_id"])
+    host = f" on host {result['host']}" if result.get("host") else ""
+    if kind == "kill" and result["mode"] == "store":
+        print(f"killed the ray_ckpt store of node {node}{host} at {_clock(result['kill_time'])}", flush=True)
+    elif kind == "kill":
+        when = _clock(result["kill_time"])
+        print(f"killed node {node}{host} at {when} (SIGKILL to its raylet and every process under it)", flush=True)
+    else:
+        what = "store is gone" if result["mode"] == "store" else "declared dead by Ray"
+        took = result["dead_time"] - result["kill_time"]
+        print(f"  node {node}: {what} at {_clock(result['dead_time'])}, {took:.2f}s after the kill", flush=True)
+
+
+def _cmd_kill_node(args: argparse.Namespace) -> int:
+    _check_kill_args(args)
+    namespace = _namespace(args)
+    progress = None if args.json else _kill_progress
+    common: dict[str, Any] = {"namespace": namespace, "wait_dead_s": args.wait_dead or None, "progress": progress}
+    try:
+        if args.during_save is not None:
+            found = chaos.kill_during_save(
+                args.during_save, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
+            )
+            if not args.json:
+                print(
+                    f"caught job {found['job']!r} step {found['step']} in flight: staged by rank(s) "
+                    f"{found['staged_ranks']} of {found['world_size']}; the victim held "
+                    f"{found['shards_on_victim']} of their shards"
+                )
+            results = [found]
+        elif args.mtbf is not None:
+            results = chaos.kill_loop(args.mtbf, args.kills, seed=args.seed, job=args.holding, **common)
+        else:
+            if args.node:
+                victims = [resolve_node(text) for text in args.node]
+            else:
+                victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
+            if args.store_only:
+                results = chaos.kill_stores(victims, **common)
+            else:
+                results = chaos.kill_nodes(victims, allow_head=args.allow_head, **common)
+    except chaos.KillError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True, default=str))
+    elif not all(r["recorded"] for r in results):
+        print(
+            f"note: no ray_ckpt registry took the events in namespace {namespace!r}: the kills were not recorded",
+            file=sys.stderr,
+        )
+    return 0
+
+
+# ---- dashboard ----------------------------------------------------------------------------
+
+
+def _add_dashboard(commands: Any, common: argparse.ArgumentParser) -> None:
+    from ray_ckpt.dashboard import server
+
+    dashboard = commands.add_parser(
+        "dashboard",
+        parents=[common],
+        help="web dashboard: recoveries, save stalls, memory, shard placement, protection",
+        description="Serve the ray_ckpt dashboard (or --export it as one HTML file): from recorded events files "
+        "(--events) and/or live from the cluster (with --address, or when no --events is given).",
+    )
+    server.add_arguments(dashboard)
+    dashboard.set_defaults(handler=_cmd_dashboard, connect=False)  # connects itself, only when live
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from ray_ckpt.dashboard import server
+
+    try:
+        return server.run(args, connect=lambda: _connect(args))
+    except (server.DashboardError, OSError) as error:
+        raise CliError(str(error)) from None
+
+
 # ---- entry point --------------------------------------------------------------------------
 
 
@@ -333,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     connected_here = False
     try:
-        connected_here = _connect(args)
+        connected_here = _connect(args) if getattr(args, "connect", True) else False
         return handler(args)
     except (CliError, RayCkptError, ConnectionError, TimeoutError, ray.exceptions.RayError) as error:
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)

@@ -174,6 +174,7 @@ class Registry:
                 "step": None,
                 "source": None,
                 "ever_committed": bool(committed),
+                "newest_committed": committed[0] if committed else None,
                 "newest_staged": state.newest_staged,
             }
             plan["ever_committed"] = plan["ever_committed"] or bool(state.unrestorable)

@@ -1,0 +1,380 @@
+"""Ray metrics of ray_ckpt (exported by Ray at each node's metrics export port, for Prometheus).
+
+Ray prefixes every name with ``ray_``: ``ckpt_save_blocking_seconds`` is scraped as
+``ray_ckpt_save_blocking_seconds_bucket`` / ``_sum`` / ``_count``; a counter is exported with
+a ``_total`` suffix (the names below already end with it). Every series carries ``job``
+and/or ``node_id`` tags (Ray adds ``SessionName``, ``NodeAddress``, ``WorkerId``, ...).
+
+Who records what:
+
+- the registry actor: every event it logs (``observe_event``: save and restore phases,
+  steps lost, kills, node deaths, and per recovery the time to resume and its phases, from
+  ``ray_ckpt.timeline``), and on every commit the committed step and its protection
+  (``observe_committed``);
+- each store actor: its bytes, shards and budget after every change (``observe_store``);
+- a rank writing a persistent backup: ``observe_backup``.
+
+Save events are sampled (the first save of an attempt and every RAY_CKPT_SAVE_EVENT_EVERY-th),
+so the save histograms describe those saves. Metrics are created lazily, once per process,
+and never raise into their callers: a failure is logged at debug level and dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ray_ckpt import timeline
+
+logger = logging.getLogger(__name__)
+
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+RESUME_BUCKETS = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0)
+STEPS_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricDef:
+    """One metric: its name (without Ray's ``ray_`` prefix), kind, help text and tag keys."""
+
+    name: str
+    kind: str  # "counter" | "gauge" | "histogram"
+    description: str
+    tags: tuple[str, ...]
+    boundaries: tuple[float, ...] = ()
+
+
+DEFINITIONS: tuple[MetricDef, ...] = (
+    # saves (sampled: see the module doc)
+    MetricDef(
+        "ckpt_save_blocking_seconds",
+        "histogram",
+        "Time save() blocked the training loop (waiting for the previous save + snapshot copy).",
+        ("job", "node_id"),
+        SECONDS_BUCKETS,
+    ),
+    MetricDef(
+        "ckpt_save_phase_seconds",
+        "histogram",
+        "Duration of each save phase: wait_previous, snapshot, blocking (caller), encode, scatter, stage, "
+        "backup (background).",
+        ("job", "node_id", "phase"),
+        SECONDS_BUCKETS,
+    ),
+    MetricDef("ckpt_save_bytes", "gauge", "Blob size of the newest recorded save of a rank.", ("job", "node_id")),
+    MetricDef(
+        "ckpt_backups_total", "counter", "Persistent backups written (one per rank and step).", ("job", "node_id")
+    ),
+    MetricDef("ckpt_backup_bytes_total", "counter", "Bytes written to persistent backups.", ("job", "node_id")),
+    # restores and recoveries
+    MetricDef(
+        "ckpt_restore_phase_seconds",
+        "histogram",
+        "Duration of each restore phase of one rank: locate, fetch, decode, load.",
+        ("job", "node_id", "phase"),
+        SECONDS_BUCKETS,
+    ),
+    MetricDef(
+        "ckpt_restores_total",
+        "counter",
+        "Ranks restored, by source (local, peers, backup).",
+        ("job", "node_id", "source"),
+    ),
+    MetricDef("ckpt_restore_bytes_total", "counter", "Shard bytes fetched by restores.", ("job", "node_id")),
+    MetricDef(
+        "ckpt_steps_lost_total",
+        "counter",
+        "Steps of training lost by recoveries (newest staged step - restored step).",
+        ("job",),
+    ),
+    MetricDef("ckpt_recoveries_total", "counter", "Recoveries completed (first step done after a restore).", ("job",)),
+    MetricDef(
+        "ckpt_time_to_resume_seconds",
+        "histogram",
+        "Per recovery: kill -> first checkpointed step of the new attempt done.",
+        ("job",),
+        RESUME_BUCKETS,
+    ),
+    MetricDef("ckpt_last_time_to_resume_seconds", "gauge", "Time to resume of the job's latest recovery.", ("job",)),
+    MetricDef(
+        "ckpt_last_recovery_phase_seconds",
+        "gauge",
+        "Phases of the job's latest recovery: detect, restart, locate, fetch, decode, load, first_step.",
+        ("job", "phase"),
+    ),
+    MetricDef(
+        "ckpt_recovery_steps_lost",
+        "histogram",
+        "Per recovery: steps lost.",
+        ("job",),
+        STEPS_BUCKETS,
+    ),
+    # failures
+    MetricDef("ckpt_kills_total", "counter", "Nodes or stores killed by a fault-injection tool.", ("mode", "node_id")),
+    MetricDef("ckpt_node_deaths_total", "counter", "Nodes Ray declared dead (as recorded).", ("node_id",)),
+    # stores
+    MetricDef("ckpt_store_used_bytes", "gauge", "Bytes a node's store holds (shards + metadata).", ("node_id",)),
+    MetricDef("ckpt_store_budget_bytes", "gauge", "Bytes a node's store may hold.", ("node_id",)),
+    MetricDef("ckpt_store_shards", "gauge", "Shards (and local copies) a node's store holds.", ("node_id",)),
+    MetricDef("ckpt_store_job_bytes", "gauge", "Bytes a node's store holds for one job.", ("node_id", "job")),
+    # jobs
+    MetricDef("ckpt_committed_step", "gauge", "Newest committed step of a job.", ("job",)),
+    MetricDef(
+        "ckpt_protection",
+        "gauge",
+        "How many more node failures the newest committed step survives (min over ranks of live shards - k; "
+        "negative: some rank can no longer be rebuilt from memory).",
+        ("job",),
+    ),
+    MetricDef("ckpt_events_total", "counter", "Events recorded by the registry, by kind.", ("kind",)),
+)
+
+NAMES = tuple(d.name for d in DEFINITIONS)
+
+_lock = threading.Lock()
+_metrics: dict[str, Any] | None = None
+_store_jobs: dict[str, set[str]] = {}  # node id -> jobs whose per-job gauge this process set
+
+
+def _create() -> dict[str, Any]:
+    from ray.util import metrics as ray_metrics
+
+    created: dict[str, Any] = {}
+    for d in DEFINITIONS:
+        if d.kind == "counter":
+            created[d.name] = ray_metrics.Counter(d.name, description=d.description, tag_keys=d.tags)
+        elif d.kind == "gauge":
+            created[d.name] = ray_metrics.Gauge(d.name, description=d.description, tag_keys=d.tags)
+        else:
+            created[d.name] = ray_metrics.Histogram(
+                d.name, description=d.description, boundaries=list(d.boundaries), tag_keys=d.tags
+            )
+    return created
+
+
+def _get() -> dict[str, Any]:
+    """This process's metric objects, created on first use (empty if Ray's metrics are unusable)."""
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                try:
+                    _metrics = _create()
+                except Exception as error:
+                    logger.debug("ray_ckpt metrics are disabled in this process: %s", error)
+                    _metrics = {}
+    return _metrics
+
+
+def _tags(**values: Any) -> dict[str, str]:
+    return {k: "" if v is None else str(v) for k, v in values.items()}
+
+
+def _observe(name: str, value: float, **tags: Any) -> None:
+    metric = _get().get(name)
+    if metric is not None:
+        metric.observe(float(value), tags=_tags(**tags))
+
+
+def _set(name: str, value: float, **tags: Any) -> None:
+    metric = _get().get(name)
+    if metric is not None:
+        metric.set(float(value), tags=_tags(**tags))
+
+
+def _inc(name: str, value: float = 1.0, **tags: Any) -> None:
+    metric = _get().get(name)
+    if metric is not None and value > 0:
+        metric.inc(float(value), tags=_tags(**tags))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+# ---- recoveries: assembled from the events the registry sees ------------------------------
+
+
+class _Recoveries:
+    """Keeps the events a recovery is assembled from (kills, node deaths, restores, each rank's
+    first save of an attempt) and reports each recovery once, when every restored rank has
+    finished its first step of the new attempt."""
+
+    def __init__(self, capacity: int = 5000) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._first_saves: set[tuple[str, str, int]] = set()
+        self._restored: dict[tuple[str, str], set[int]] = {}
+        self._steps_lost: dict[tuple[str, str], int] = {}  # (job, attempt) -> steps lost counted so far
+        self._reported: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def add(self, event: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """(steps lost to count now, recoveries completed by this event)."""
+        kind = event.get("kind")
+        with self._lock:
+            if kind in ("kill", "node_dead"):
+                self._events.append(event)
+                return 0, []
+            key = (str(event.get("job")), str(event.get("attempt")))
+            if kind == "restore":
+                step = event.get("step")
+                if step is None or int(step) < 0:
+                    return 0, []
+                self._events.append(event)
+                self._restored.setdefault(key, set()).add(int(event.get("rank", 0)))
+                lost = int(event.get("steps_lost") or 0)
+                counted = self._steps_lost.get(key, 0)
+                self._steps_lost[key] = max(counted, lost)
+                return max(0, lost - counted), []
+            if kind != "save":
+                return 0, []
+            first = (key[0], key[1], int(event.get("rank", 0)))
+            if first in self._first_saves:
+                return 0, []
+            self._first_saves.add(first)
+            self._events.append(event)
+            ranks = self._restored.get(key)
+            if key in self._reported or not ranks:
+                return 0, []
+            saved = {rank for job, attempt, rank in self._first_saves if (job, attempt) == key}
+            if not ranks <= saved:
+                return 0, []
+            self._reported.add(key)
+            done = [r for r in timeline.recoveries(list(self._events)) if (r["job"], str(r["attempt"])) == key]
+            return 0, done[-1:]
+
+
+_recoveries = _Recoveries()
+
+
+# ---- the API --------------------------------------------------------------------------------
+
+
+def observe_event(event: dict[str, Any]) -> None:
+    """Record the metrics of one event (see ray_ckpt.events); called by the registry for
+    every event it logs. Never raises."""
+    try:
+        _observe_event(event)
+    except Exception as error:
+        logger.debug("ray_ckpt metrics: could not observe event %r: %s", event, error)
+
+
+def _observe_event(event: dict[str, Any]) -> None:
+    kind = event.get("kind")
+    _inc("ckpt_events_total", kind=kind)
+    job, node_id = event.get("job"), event.get("node_id")
+    phases = event.get("phases_s") or {}
+    if kind == "save":
+        for phase, value in phases.items():
+            seconds = _number(value)
+            if seconds is None or phase == "skipped":
+                continue
+            _observe("ckpt_save_phase_seconds", seconds, job=job, node_id=node_id, phase=phase)
+            if phase == "blocking":
+                _observe("ckpt_save_blocking_seconds", seconds, job=job, node_id=node_id)
+        size = _number(event.get("bytes"))
+        if size is not None:
+            _set("ckpt_save_bytes", size, job=job, node_id=node_id)
+    elif kind == "restore" and event.get("step") is not None and int(event["step"]) >= 0:
+        for phase, value in phases.items():
+            seconds = _number(value)
+            if seconds is not None:
+                _observe("ckpt_restore_phase_seconds", seconds, job=job, node_id=node_id, phase=phase)
+        _inc("ckpt_restores_total", job=job, node_id=node_id, source=event.get("source"))
+        _inc("ckpt_restore_bytes_total", _number(event.get("bytes")) or 0.0, job=job, node_id=node_id)
+    elif kind == "kill":
+        _inc("ckpt_kills_total", mode=event.get("mode"), node_id=node_id)
+    elif kind == "node_dead":
+        _inc("ckpt_node_deaths_total", node_id=node_id)
+    steps_lost, done = _recoveries.add(event)
+    if steps_lost:
+        _inc("ckpt_steps_lost_total", steps_lost, job=job)
+    for recovery in done:
+        _observe_recovery(recovery)
+
+
+def _observe_recovery(recovery: dict[str, Any]) -> None:
+    job = recovery["job"]
+    _inc("ckpt_recoveries_total", job=job)
+    _observe("ckpt_recovery_steps_lost", recovery.get("steps_lost") or 0, job=job)
+    resume = _number(recovery.get("time_to_resume_s"))
+    if resume is not None:
+        _observe("ckpt_time_to_resume_seconds", resume, job=job)
+        _set("ckpt_last_time_to_resume_seconds", resume, job=job)
+    for phase in timeline.PHASES:
+        _set("ckpt_last_recovery_phase_seconds", _number(recovery["phases_s"].get(phase)) or 0.0, job=job, phase=phase)
+
+
+def observe_store(stats: dict[str, Any]) -> None:
+    """Set a store's gauges from ``ShardStore.stats()``. Never raises."""
+    try:
+        node_id = stats["node_id"]
+        _set("ckpt_store_used_bytes", stats["used_bytes"], node_id=node_id)
+        _set("ckpt_store_budget_bytes", stats["budget_bytes"], node_id=node_id)
+        _set("ckpt_store_shards", stats["shards"], node_id=node_id)
+        jobs = dict(stats.get("jobs") or {})
+        with _lock:
+            gone = _store_jobs.get(node_id, set()) - set(jobs)
+            _store_jobs[node_id] = set(jobs)
+        for job in gone:
+            jobs[job] = 0
+        for job, used in jobs.items():
+            _set("ckpt_store_job_bytes", used, node_id=node_id, job=job)
+    except Exception as error:
+        logger.debug("ray_ckpt metrics: could not observe store stats: %s", error)
+
+
+def observe_job(job: str, committed_step: int | None, protection: int | None) -> None:
+    """Set a job's committed-step and protection gauges (None leaves a gauge as it is). Never raises."""
+    try:
+        if committed_step is not None:
+            _set("ckpt_committed_step", committed_step, job=job)
+        if protection is not None:
+            _set("ckpt_protection", protection, job=job)
+    except Exception as error:
+        logger.debug("ray_ckpt metrics: could not observe job %s: %s", job, error)
+
+
+def protection(ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> int | None:
+    """How many more node failures a committed step survives: min over ranks of (shards on
+    live nodes - k), as ``ray_ckpt.status()`` computes it. ``ranks``: rank -> a record with
+    ``metas`` (index -> ShardMeta or its dict) and ``nodes`` (index -> node id), as returned
+    by the registry's ``locate``. ``live_nodes=None`` counts every shard as live."""
+    margins = []
+    for record in ranks.values():
+        metas = record["metas"] if isinstance(record, Mapping) else record.metas
+        nodes = record["nodes"] if isinstance(record, Mapping) else record.nodes
+        if not metas:
+            continue
+        first = next(iter(metas.values()))
+        k = first["data_shards"] if isinstance(first, Mapping) else first.data_shards
+        live = sum(1 for n in nodes.values() if live_nodes is None or n in live_nodes)
+        margins.append(live - int(k))
+    return min(margins) if margins else None
+
+
+def observe_committed(job: str, step: int, ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> None:
+    """Set a job's gauges for its newest committed ``step`` located at ``ranks``. Never raises."""
+    try:
+        observe_job(job, step, protection(ranks, live_nodes))
+    except Exception as error:
+        logger.debug("ray_ckpt metrics: could not observe commit of %s step %s: %s", job, step, error)
+
+
+def observe_backup(job: str, size: int, node_id: str | None = None) -> None:
+    """Count one rank's persistent backup of ``size`` bytes. Never raises."""
+    try:
+        if node_id is None:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        _inc("ckpt_backups_total", job=job, node_id=node_id)
+        _inc("ckpt_backup_bytes_total", size, job=job, node_id=node_id)
+    except Exception as error:
+        logger.debug("ray_ckpt metrics: could not observe a backup of %s: %s", job, error)

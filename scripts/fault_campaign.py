@@ -1,0 +1,378 @@
+"""Randomized fault campaign: random interleavings of saves, faults and restores, with an oracle.
+
+On a simulated cluster, each trial runs one job of ``--ranks`` ranks (RS(2,1) or RS(2,2), with
+or without local copies, with persistent backups every 3 steps) through a random sequence of:
+full saves, torn saves (some ranks never stage), hard kills of up to m nodes, hard kills of
+more than m nodes, store-actor kills, registry kills, shard corruption (bit flips written into a
+store), and restores by a fresh incarnation of every rank. Killed nodes are replaced.
+
+After every restore the invariant is checked: every rank restored the same step, that step was
+committed (or is a complete backup, all ranks alike), and every rank's state is bit-exact
+the state it saved at that step; or the restore raised a specific ray_ckpt error. Anything else
+is a violation: a partial or mixed state, another exception, or a call that outlived its
+timeout.
+
+    python scripts/fault_campaign.py --trials 20 --seed 1 [--ops 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+FAST_FAILURE_DETECTION = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 300,
+    "health_check_timeout_ms": 600,
+    "health_check_failure_threshold": 3,
+}
+PEER_TIMEOUT_S = 15.0
+SLACK_S = 30.0
+
+
+def make_state(trial: int, rank: int, step: int, generation: int) -> dict[str, Any]:
+    """The state a rank saves at ``step`` in incarnation ``generation`` (so that a stale or
+    mixed restore of a re-saved step number is caught)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(((trial * 1_000_003 + rank) * 1009 + step) * 7919 + generation)
+    return {
+        "model": {"w": torch.randn(20_000, generator=generator), "steps": torch.tensor(step)},
+        "optim": {"state": {0: {"exp_avg": torch.randn(3000, generator=generator)}}, "lr": 0.01},
+        "step": step,
+    }
+
+
+def close_quietly(checkpointer: Any) -> None:
+    """Close a rank's checkpointer whose incarnation ends; its pending error no longer matters."""
+    with contextlib.suppress(Exception):
+        checkpointer.close()
+
+
+def digest(state: Any) -> str:
+    from ray_ckpt import snapshot
+
+    header, payload = snapshot.snapshot(state)
+    return hashlib.sha256(header + payload.tobytes()).hexdigest()
+
+
+class Trial:
+    """One job under faults, with an oracle of what was committed."""
+
+    def __init__(self, campaign: Campaign, index: int, rng: random.Random) -> None:
+        import ray_ckpt
+
+        self.campaign, self.index, self.rng = campaign, index, rng
+        self.job = f"trial-{index}-{uuid.uuid4().hex[:6]}"
+        parity = rng.choice([1, 2])
+        self.m = parity
+        self.config = ray_ckpt.CheckpointConfig(
+            data_shards=2,
+            parity_shards=parity,
+            local_copy=rng.random() < 0.3,
+            backup_every=3,
+            backup_uri=campaign.backup_root,
+            keep_committed=2,
+            commit_timeout_s=PEER_TIMEOUT_S,
+        )
+        self.ranks = campaign.ranks
+        self.next_step = 0
+        self.generation = -1
+        self.committed: dict[int, int] = {}  # the oracle: step every rank saved -> its generation
+        self.checkpointers = self._incarnation()
+
+    def _incarnation(self) -> list[Any]:
+        """A new incarnation of every rank (what Ray Train does after any failure)."""
+        import ray_ckpt
+
+        for checkpointer in getattr(self, "checkpointers", []):
+            close_quietly(checkpointer)
+        self.generation += 1
+        attempt = uuid.uuid4().hex
+        return [
+            ray_ckpt.Checkpointer(job=self.job, rank=r, world_size=self.ranks, config=self.config, attempt=attempt)
+            for r in range(self.ranks)
+        ]
+
+    # ---- operations ---------------------------------------------------------------------
+
+    def save(self, torn: bool = False) -> None:
+        import ray_ckpt
+
+        step = self.next_step
+        writers = range(self.ranks) if not torn else range(self.rng.randrange(self.ranks))
+        handles = []
+        try:
+            for r in writers:
+                handles.append(self.checkpointers[r].save(step, make_state(self.index, r, step, self.generation)))
+            for handle in handles:
+                handle.staged(timeout_s=PEER_TIMEOUT_S + SLACK_S)
+        except ray_ckpt.RayCkptError as error:  # e.g. placement impossible after kills: a clean error
+            self.campaign.count_error("save", error)
+            self.checkpointers = self._incarnation()  # the failed ranks restart, as Ray Train would
+            return
+        self.next_step += 1
+        if not torn:
+            self.committed[step] = self.generation
+        else:  # the ranks that did not stage "crashed": the job restarts
+            self.checkpointers = self._incarnation()
+
+    def restore(self) -> None:
+        import ray_ckpt
+
+        self.checkpointers = self._incarnation()
+        results: list[Any] = []
+        started = time.monotonic()
+        try:
+            for checkpointer in self.checkpointers:
+                results.append(checkpointer.restore())
+        except ray_ckpt.RayCkptError as error:
+            self.campaign.count_error("restore", error)
+            self.checkpointers = self._incarnation()
+            self.campaign.restores += 1
+            return
+        except Exception as error:  # anything else breaks the promise
+            self.campaign.violation(self, f"restore raised {type(error).__name__}: {error}")
+            return
+        finally:
+            elapsed = time.monotonic() - started
+            if elapsed > self.ranks * (PEER_TIMEOUT_S + SLACK_S):
+                self.campaign.violation(self, f"restore took {elapsed:.1f} s, past its timeouts")
+        self.campaign.restores += 1
+        self._check(results)
+
+    def _check(self, results: list[Any]) -> None:
+        if all(r is None for r in results):
+            if self.committed:
+                self.campaign.violation(self, f"restore returned None although steps {self.committed} committed")
+            return
+        if any(r is None for r in results):
+            self.campaign.violation(self, "some ranks restored nothing while others restored a step")
+            return
+        steps = {r.step for r in results}
+        sources = {r.source for r in results}
+        if len(steps) != 1:
+            self.campaign.violation(self, f"ranks restored different steps {sorted(steps)}")
+            return
+        step = steps.pop()
+        if step not in self.committed:
+            self.campaign.violation(
+                self, f"restored step {step}, never committed (committed: {sorted(self.committed)})"
+            )
+            return
+        if "backup" in sources and (len(sources) != 1 or step % self.config.backup_every):
+            self.campaign.violation(self, f"mixed or impossible backup restore: step {step}, sources {sources}")
+            return
+        for rank, restored in enumerate(results):
+            if digest(restored.state) != digest(make_state(self.index, rank, step, self.committed[step])):
+                self.campaign.violation(self, f"rank {rank} state of step {step} is not bit-exact")
+                return
+        if step != max(self.committed):
+            self.campaign.fallbacks += 1
+        # training resumes after the restored step; newer commits are gone
+        self.committed = {s: g for s, g in self.committed.items() if s <= step}
+        self.next_step = step + 1
+
+    def corrupt(self) -> None:
+        import numpy as np
+        import ray
+
+        from ray_ckpt import naming
+
+        if not self.committed:
+            return
+        registry = naming.registry_handle(self.campaign.namespace)
+        latest = ray.get(registry.latest_committed.remote(self.job))
+        if latest is None:
+            return
+        located = ray.get(registry.locate.remote(self.job, latest))
+        rank = self.rng.randrange(self.ranks)
+        index = self.rng.choice(sorted(located[rank]["nodes"]))
+        store = naming.store_handles(self.campaign.namespace).get(located[rank]["nodes"][index])
+        if store is None:
+            return
+        found = ray.get(store.get.remote(self.job, latest, rank, int(index)), timeout=PEER_TIMEOUT_S)
+        if found is None:
+            return
+        meta, data = found
+        forged = np.array(data, copy=True)
+        forged[self.rng.randrange(forged.size)] ^= 1 << self.rng.randrange(8)
+        ray.get(store.put.remote(meta, forged), timeout=PEER_TIMEOUT_S)
+        self.campaign.faults["corrupt"] += 1
+
+
+class Campaign:
+    def __init__(self, *, nodes: int, ranks: int, seed: int) -> None:
+        self.nodes, self.ranks, self.seed = nodes, ranks, seed
+        self.backup_root = tempfile.mkdtemp(prefix="rckcampaign")
+        self.namespace = f"campaign-{uuid.uuid4().hex[:6]}"
+        self.restores = 0
+        self.fallbacks = 0
+        self.violations: list[str] = []
+        self.errors_by_kind: dict[str, int] = {}
+        self.faults = {"kill_le_m": 0, "kill_gt_m": 0, "kill_store": 0, "kill_registry": 0, "corrupt": 0}
+
+    def count_error(self, where: str, error: BaseException) -> None:
+        key = f"{where}:{type(error).__name__}"
+        self.errors_by_kind[key] = self.errors_by_kind.get(key, 0) + 1
+
+    def violation(self, trial: Trial, what: str) -> None:
+        self.violations.append(f"trial {trial.index} ({trial.job}): {what}")
+
+    # ---- cluster faults -----------------------------------------------------------------
+
+    def kill_nodes(self, count: int) -> None:
+        from ray_ckpt import naming
+
+        victims = self.rng.sample(list(self.cluster.worker_nodes), count)
+        ids = {v.node_id for v in victims}
+        for node in victims:
+            self.cluster.remove_node(node, allow_graceful=False)
+        deadline = time.monotonic() + 60
+        while {str(n["NodeID"]) for n in naming.alive_nodes()} & ids and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.replenish()
+
+    def replenish(self) -> None:
+        import ray_ckpt
+
+        while len(self.cluster.worker_nodes) < self.nodes:
+            self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+        ray_ckpt.start(store_budget_bytes=256 << 20, namespace=self.namespace)
+
+    def kill_store(self) -> None:
+        import ray
+
+        from ray_ckpt import naming
+
+        stores = naming.store_handles(self.namespace)
+        workers = [n.node_id for n in self.cluster.worker_nodes]
+        node_id = self.rng.choice([n for n in workers if n in stores])
+        ray.kill(stores[node_id], no_restart=True)
+        time.sleep(0.5)
+        self.faults["kill_store"] += 1
+
+    def kill_registry(self) -> None:
+        import ray
+
+        from ray_ckpt import naming
+
+        ray.kill(naming.registry_handle(self.namespace), no_restart=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                ray.get(naming.registry_handle(self.namespace).ready.remote(), timeout=5)
+                break
+            except Exception:
+                time.sleep(0.2)
+        self.faults["kill_registry"] += 1
+
+    # ---- the campaign -------------------------------------------------------------------
+
+    def run(self, trials: int, ops: int) -> dict[str, Any]:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        import ray_ckpt
+
+        self.rng = random.Random(self.seed)
+        os.environ["RAY_CKPT_PEER_TIMEOUT_S"] = str(PEER_TIMEOUT_S)
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_FAILURE_DETECTION},
+        )
+        try:
+            for _ in range(self.nodes):
+                self.cluster.add_node(num_cpus=1)
+            self.cluster.wait_for_nodes()
+            ray.init(address=self.cluster.address, namespace=self.namespace, log_to_driver=False, logging_level="ERROR")
+            ray_ckpt.start(store_budget_bytes=256 << 20, namespace=self.namespace)
+            os.environ["RAY_CKPT_NAMESPACE"] = self.namespace
+            for index in range(trials):
+                trial = Trial(self, index, random.Random(self.rng.random()))
+                trial.save()
+                for _ in range(ops):
+                    self.step(trial)
+                trial.restore()
+                for checkpointer in trial.checkpointers:
+                    close_quietly(checkpointer)
+                print(
+                    f"trial {index}: restores {self.restores}, fallbacks {self.fallbacks}, "
+                    f"violations {len(self.violations)}",
+                    flush=True,
+                )
+        finally:
+            ray.shutdown()
+            self.cluster.shutdown()
+        return {
+            "trials": trials,
+            "restores": self.restores,
+            "violations": len(self.violations),
+            "violation_details": self.violations,
+            "fallbacks": self.fallbacks,
+            "errors_by_kind": self.errors_by_kind,
+            "faults": self.faults,
+        }
+
+    def step(self, trial: Trial) -> None:
+        choice = self.rng.choices(
+            ["save", "torn", "kill_le_m", "kill_gt_m", "kill_store", "kill_registry", "corrupt", "restore"],
+            weights=[6, 1, 2, 1, 1, 1, 1, 3],
+        )[0]
+        if choice == "save":
+            trial.save()
+        elif choice == "torn":
+            trial.save(torn=True)
+        elif choice == "kill_le_m":
+            self.kill_nodes(self.rng.randint(1, trial.m))
+            self.faults["kill_le_m"] += 1
+        elif choice == "kill_gt_m":
+            self.kill_nodes(trial.m + 1)
+            self.faults["kill_gt_m"] += 1
+        elif choice == "kill_store":
+            self.kill_store()
+            self.replenish()
+        elif choice == "kill_registry":
+            self.kill_registry()
+        elif choice == "corrupt":
+            trial.corrupt()
+        else:
+            trial.restore()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ops", type=int, default=10, help="random operations per trial")
+    parser.add_argument("--nodes", type=int, default=6, help="simulated one-CPU worker nodes")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--json", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckcampaign"))
+    started = time.time()
+    report = Campaign(nodes=args.nodes, ranks=args.ranks, seed=args.seed).run(args.trials, args.ops)
+    report["seed"] = args.seed
+    report["wall_s"] = round(time.time() - started, 1)
+    print(json.dumps({k: v for k, v in report.items() if k != "violation_details"}, indent=2))
+    for line in report["violation_details"]:
+        print("VIOLATION", line)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0 if report["violations"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
