@@ -58,7 +58,8 @@ def start(
         )
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     head = naming.head_node_id()
-    strategy = NodeAffinitySchedulingStrategy(head, soft=True) if head else "DEFAULT"
+    # the head node: it hosts the GCS, so it lives exactly as long as the cluster
+    strategy = NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
     registry = RegistryActor.options(  # type: ignore[attr-defined]
         name=naming.REGISTRY_NAME,
         namespace=namespace,
