@@ -12,7 +12,7 @@ import numpy as np
 import ray
 import torch
 
-from ray_ckpt import backup, blob, events, naming, service, settings, snapshot
+from ray_ckpt import backup, blob, events, hostmem, naming, service, settings, snapshot
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.config import CheckpointConfig
@@ -156,7 +156,10 @@ class Checkpointer:
         padded = self.code.shard_size(size) * self.code.data_shards
         on_gpu = any(t.is_cuda for t in layout.tensors)
         if self._buffer.numel() < padded or (on_gpu and not self._buffer.is_pinned()):
-            self._buffer = torch.empty(padded, dtype=torch.uint8, pin_memory=on_gpu)
+            if on_gpu:
+                self._buffer = torch.empty(padded, dtype=torch.uint8, pin_memory=True)
+            else:
+                self._buffer = torch.from_numpy(hostmem.allocate(padded))
         buffer = self._buffer[:padded]
         array = buffer.numpy()
         offset = blob.write_prefix(array, layout.header)
@@ -387,8 +390,10 @@ class Checkpointer:
         metas = {int(i): ShardMeta.from_dict(m) for i, m in record["metas"].items()}
         nodes = {int(i): n for i, n in record["nodes"].items()}
         first = next(iter(metas.values()))
-        buffer = np.empty(first.shard_size * first.data_shards, dtype=np.uint8)
-        shards, lost = self._fetch(step, metas, nodes, buffer)
+        # map the output buffer's pages while the shards are in flight
+        buffer_future = self._background.submit(hostmem.allocate, first.shard_size * first.data_shards)
+        shards, lost = self._fetch(step, metas, nodes, buffer_future)
+        buffer = buffer_future.result()
         self._restored_bytes = first.shard_size * len(shards)
         t2 = time.perf_counter()
         code = ReedSolomon(first.data_shards, first.parity_shards)
@@ -424,12 +429,12 @@ class Checkpointer:
         return np.array(found[1], copy=True)  # writable, owned: tensors are views into it
 
     def _fetch(
-        self, step: int, metas: dict[int, ShardMeta], nodes: dict[int, str], buffer: np.ndarray
+        self, step: int, metas: dict[int, ShardMeta], nodes: dict[int, str], buffer: Future[np.ndarray]
     ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
         """Any k checksum-valid shards, fetched in parallel; data shards first (no decode work).
         A dead store, a missing shard or a bad checksum is an erasure: the next candidate is
-        fetched instead. Valid data shards are copied into their place in ``buffer`` as they
-        arrive (overlapping the copy with the other transfers). Returns (shards by index,
+        fetched instead. Valid data shards are copied into their place in the output buffer
+        (``buffer``'s result) as they arrive, overlapping the copy with the other transfers. Returns (shards by index,
         lost index -> reason)."""
         k = next(iter(metas.values())).data_shards
         shard_size = next(iter(metas.values())).shard_size
@@ -468,7 +473,7 @@ class Checkpointer:
                 reason = self._check_shard(found, metas[index])
                 if reason is None:
                     if index < k:
-                        slot = buffer[index * shard_size : (index + 1) * shard_size]
+                        slot = buffer.result()[index * shard_size : (index + 1) * shard_size]
                         np.copyto(slot, found[1])
                         valid[index] = slot
                     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from ray_ckpt import hostmem
 from ray_ckpt.codec import as_bytes
 from ray_ckpt.errors import StoreFullError
 from ray_ckpt.shard import ShardKey, ShardMeta
@@ -45,6 +47,9 @@ class ShardStore:
         self._entries: dict[ShardKey, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
+        # arrays of evicted shards, reused by later puts of the same size (the next step's
+        # shards usually are): no page faults, no allocation. Data + spare <= budget.
+        self._spare: dict[int, list[np.ndarray]] = {}
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -74,7 +79,7 @@ class ShardStore:
                 )
             self._reserved += need
         try:
-            owned = np.empty(view.size, dtype=np.uint8)
+            owned = self._take_spare(view.size)
             np.copyto(owned, view)
         except BaseException:
             with self._lock:
@@ -82,7 +87,11 @@ class ShardStore:
             raise
         with self._lock:
             self._reserved -= need
+            replaced = self._entries.get(key)
             self._entries[key] = _Entry(meta, owned, metadata_bytes)
+            if replaced is not None:
+                self._spare.setdefault(replaced.data.size, []).append(replaced.data)
+            self._trim_spare_locked()
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
         """Record that ``step`` of ``job`` committed and evict the job's shards of steps older
@@ -155,4 +164,26 @@ class ShardStore:
         for key in keys:
             entry = self._entries.pop(key)
             freed += entry.data.size + entry.metadata_bytes
+            self._spare.setdefault(entry.data.size, []).append(entry.data)
+        self._trim_spare_locked()
         return freed
+
+    def _take_spare(self, size: int) -> np.ndarray:
+        with self._lock:
+            arrays = self._spare.get(size, [])
+            while arrays:
+                candidate = arrays.pop()
+                # reuse only if nobody else still holds it (e.g. a get being serialized)
+                if sys.getrefcount(candidate) <= 2:
+                    return candidate
+        return hostmem.allocate(size)
+
+    def _trim_spare_locked(self) -> None:
+        """Free spare arrays until live data, puts in flight and spares fit the budget."""
+        spare = sum(size * len(arrays) for size, arrays in self._spare.items())
+        room = self.budget_bytes - self._used_locked() - self._reserved
+        for size in sorted(self._spare):
+            while spare > room and self._spare[size]:
+                self._spare[size].pop()
+                spare -= size
+        self._spare = {size: arrays for size, arrays in self._spare.items() if arrays}

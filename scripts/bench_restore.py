@@ -6,7 +6,8 @@ machine, fast failure detection, dashboard off, a private RAY_TMPDIR):
 
 1. ``ray_ckpt.service.start`` deploys a store on every node (8 stores).
 2. One rank (an actor pinned to worker node 0) saves ``{"w": <random uint8 tensor of the size>}``
-   as step 0 with ``CheckpointConfig(data_shards=4, parity_shards=2)`` and waits for the commit.
+   as step 0 with ``CheckpointConfig(data_shards=4, parity_shards=2, local_copy=False)`` (so the
+   restore must come from peers) and waits for the commit.
 3. Two nodes holding *data* shards of that rank (the worst case: two data shards must be
    rebuilt from parity) are hard-killed at once (``remove_node(allow_graceful=False)``), never
    the rank's node nor the head; the script waits until Ray declares them dead.
@@ -70,7 +71,10 @@ def _remote_classes() -> tuple[Any, Any, Any]:
                 job=JOB,
                 rank=0,
                 world_size=1,
-                config=CheckpointConfig(data_shards=CODE["data_shards"], parity_shards=CODE["parity_shards"]),
+                # no local copy: the restore must come from the surviving peers (the measured path)
+                config=CheckpointConfig(
+                    data_shards=CODE["data_shards"], parity_shards=CODE["parity_shards"], local_copy=False
+                ),
                 namespace=namespace,
             )
 
@@ -98,6 +102,8 @@ def _remote_classes() -> tuple[Any, Any, Any]:
             elapsed = time.perf_counter() - started
             if restored is None:
                 raise BenchError("restore() found no committed step")
+            if restored.source != "peers":
+                raise BenchError(f"restored from {restored.source!r}, expected 'peers'")
             tensor = restored.state["w"]
             return {
                 "restore_s": elapsed,
