@@ -170,7 +170,13 @@ def test_plan_picks_newest_committed_step_with_k_live_shards_per_rank() -> None:
     commit(registry, 2, "A")
     live = (all_nodes(1) | all_nodes(2)) - {node(2, 0, 0), node(2, 1, 2)}  # one shard of each rank lost
     plan = registry.plan_restore(JOB, "B", live)
-    assert plan == {"step": 2, "source": "peers", "ever_committed": True, "newest_staged": 2}
+    assert plan == {
+        "step": 2,
+        "source": "peers",
+        "ever_committed": True,
+        "newest_committed": 2,
+        "newest_staged": 2,
+    }
 
 
 def test_plan_falls_back_to_older_kept_step_when_newest_is_not_rebuildable() -> None:
@@ -215,7 +221,13 @@ def test_plan_is_backup_when_nothing_is_rebuildable_but_something_committed() ->
     commit(registry, 1, "A")
     commit(registry, 2, "A")
     plan = registry.plan_restore(JOB, "B", {"some-other-node"})
-    assert plan == {"step": None, "source": "backup", "ever_committed": True, "newest_staged": 2}
+    assert plan == {
+        "step": None,
+        "source": "backup",
+        "ever_committed": True,
+        "newest_committed": 2,
+        "newest_staged": 2,
+    }
 
 
 def test_plan_is_none_when_nothing_was_ever_committed() -> None:
@@ -225,11 +237,18 @@ def test_plan_is_none_when_nothing_was_ever_committed() -> None:
         "step": None,
         "source": None,
         "ever_committed": False,
+        "newest_committed": None,
         "newest_staged": None,
     }
     stage(registry, 3, 0, "A")
     plan = registry.plan_restore(JOB, "B", all_nodes(3))
-    assert plan == {"step": None, "source": None, "ever_committed": False, "newest_staged": 3}
+    assert plan == {
+        "step": None,
+        "source": None,
+        "ever_committed": False,
+        "newest_committed": None,
+        "newest_staged": 3,
+    }
 
 
 def test_newest_staged_counts_a_torn_step_discarded_by_the_new_attempt() -> None:
