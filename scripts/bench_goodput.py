@@ -1,0 +1,329 @@
+"""Wasted time per failure in a Ray Train job: ray_ckpt every step vs Ray Train's checkpointing.
+
+Reuses the demo (scripts/demo.py: its ``train_loop``, ``run_job``, ``Killer``,
+``failures_report``, ``mean_stall``) on a simulated Ray cluster (``ray.cluster_utils.Cluster``:
+a head with no CPUs plus one-CPU worker nodes, all on this machine, fast failure detection,
+dashboard off, a private RAY_TMPDIR). The job (a small transformer LM, ``TorchTrainer`` with 2
+workers, DDP over gloo) trains ``--steps`` steps; each step sleeps ``--step-sleep-s`` on top of
+its compute, to stand in for a larger model's step time.
+
+Failures come at a fixed mean time between failures, in steps: the failure steps are the
+running sums of gaps drawn from an exponential distribution with mean ``--mtbf-steps``
+(``random.Random(--seed)``; gaps of at least 5 steps, at most ``--max-failures`` failures, none
+in the last 5 steps). At each failure step the node of one rank (rank 1, then 0, alternately)
+is hard-killed. The same schedule hits two runs of the same job:
+
+* ray_ckpt: RS(2,2) every step (``ray_ckpt.train.Checkpointer``), restore from peer memory;
+* Ray Train: ``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path
+  every N steps, N chosen as the demo does so that the total save stall matches ray_ckpt's:
+  N = max(1, min(steps // 3, ceil(2 * RAY_TRAIN_HEALTH_CHECK_INTERVAL_S / ray_ckpt's mean stall
+  per step))).
+
+Per failure (from the events, via the demo's ``failures_report``): steps lost, time to resume
+(kill -> first step of the new worker group done) and its phases. Wasted time per failure =
+steps lost x step time + time to resume, the step time being the run's median time between
+consecutive steps. Also reported: the part that depends on the checkpointing alone (steps lost
+x step time + the restore's own locate/fetch/decode/load), without the failure detection and
+worker-group restart that Ray Train spends either way.
+
+JSON: ``{"benchmark": "goodput", "schedule", "baseline_every", "ray_ckpt": {...}, "ray_train":
+{...}, "ratio", "ratio_checkpoint_part"}``; each side has ``failures`` (the demo's records plus
+``wasted_s``), ``step_time_s``, ``mean_stall_s``, ``wasted_per_failure_s``, ``wall_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MIN_GAP = 5
+RESTORE_PHASES = ("locate", "fetch", "decode", "load")
+
+
+def load_demo() -> Any:
+    """scripts/demo.py as a module, pickled by value so Ray workers can run its train_loop."""
+    import ray
+
+    name = "ray_ckpt_demo_for_goodput"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def kill_schedule(steps: int, mtbf_steps: float, seed: int, max_failures: int) -> list[tuple[int, list[int], int]]:
+    """Failure steps from a seeded exponential distribution, as the demo Killer's schedule:
+    (step, [rank whose node dies], extra shard holders killed = 0)."""
+    if mtbf_steps <= 0 or steps < 2 * MIN_GAP:
+        raise ValueError(f"need mtbf_steps > 0 and steps >= {2 * MIN_GAP}, got {mtbf_steps}, {steps}")
+    rng = random.Random(seed)
+    schedule: list[tuple[int, list[int], int]] = []
+    at = 0.0
+    while len(schedule) < max_failures:
+        at += max(MIN_GAP, rng.expovariate(1.0 / mtbf_steps))
+        step = round(at)
+        if step > steps - MIN_GAP:
+            break
+        schedule.append((step, [1 - len(schedule) % 2], 0))
+    return schedule
+
+
+def step_time(name: str, records: list[dict[str, Any]]) -> float:
+    """Median seconds between consecutive steps of rank 0 within one attempt."""
+    saves: dict[str, dict[int, float]] = {}
+    for r in records:
+        if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0:
+            saves.setdefault(str(r.get("attempt")), {})[int(r["step"])] = float(r["time"])
+    gaps = [times[s + 1] - times[s] for times in saves.values() for s in sorted(times) if s + 1 in times]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str, Any]) -> dict[str, Any]:
+    failures = demo.failures_report(name, records)
+    period = step_time(name, records)
+    for f in failures:
+        lost = f["steps_lost"] * period
+        resume = f["time_to_resume_s"]
+        f["lost_work_s"] = lost
+        f["wasted_s"] = None if resume is None else lost + resume
+        restore = sum(float(f["phases"].get(p) or 0.0) for p in RESTORE_PHASES)
+        f["checkpoint_part_s"] = lost + restore
+    measured = [f for f in failures if f["wasted_s"] is not None]
+    return {
+        "failures": failures,
+        "step_time_s": period,
+        "mean_stall_s": demo.mean_stall(name, records),
+        "wasted_per_failure_s": statistics.mean(f["wasted_s"] for f in measured) if measured else None,
+        "checkpoint_part_per_failure_s": statistics.mean(f["checkpoint_part_s"] for f in measured)
+        if measured
+        else None,
+        "steps_lost_mean": statistics.mean(f["steps_lost"] for f in measured) if measured else None,
+        "wall_s": run["wall_s"],
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    header = (
+        "checkpointing",
+        "failures",
+        "step s",
+        "stall/step ms",
+        "steps lost",
+        "lost work s",
+        "resume s",
+        "wasted/failure s",
+        "ckpt part s",
+        "job wall s",
+    )
+    lines: list[tuple[str, ...]] = [header]
+    for key, label in (
+        ("ray_ckpt", "ray_ckpt, every step"),
+        ("ray_train", f"Ray Train, every {result['baseline_every']}"),
+    ):
+        side = result[key]
+        measured = [f for f in side["failures"] if f["wasted_s"] is not None]
+
+        def mean(values: list[float]) -> str:
+            return f"{statistics.mean(values):.2f}" if values else "-"
+
+        lines.append(
+            (
+                label,
+                str(len(measured)),
+                f"{side['step_time_s']:.3f}",
+                f"{side['mean_stall_s'] * 1e3:.1f}",
+                mean([f["steps_lost"] for f in measured]),
+                mean([f["lost_work_s"] for f in measured]),
+                mean([f["time_to_resume_s"] for f in measured]),
+                mean([f["wasted_s"] for f in measured]),
+                mean([f["checkpoint_part_s"] for f in measured]),
+                f"{side['wall_s']:.1f}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def plot(result: dict[str, Any], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = ("lost work", "detect", "restart", "restore", "first step")
+    sides = (("ray_ckpt", "ray_ckpt\nevery step"), ("ray_train", f"Ray Train\nevery {result['baseline_every']} steps"))
+    values: dict[str, list[float]] = {p: [] for p in parts}
+    for key, _ in sides:
+        measured = [f for f in result[key]["failures"] if f["wasted_s"] is not None]
+
+        def mean(get: Any, measured: list[dict[str, Any]] = measured) -> float:
+            return statistics.mean(get(f) for f in measured) if measured else 0.0
+
+        values["lost work"].append(mean(lambda f: f["lost_work_s"]))
+        values["detect"].append(mean(lambda f: f["phases"].get("detect") or 0.0))
+        values["restart"].append(mean(lambda f: f["phases"].get("restart") or 0.0))
+        values["restore"].append(mean(lambda f: sum(f["phases"].get(p) or 0.0 for p in RESTORE_PHASES)))
+        values["first step"].append(mean(lambda f: f["phases"].get("first_step") or 0.0))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottom = [0.0, 0.0]
+    for part in parts:
+        ax.bar([s[1] for s in sides], values[part], bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values[part])]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.1f} s", ha="center", va="bottom")
+    ax.set_ylabel("wasted seconds per failure (mean)")
+    ax.set_title(f"Wasted time per failure, ratio {result['ratio']:.2f}x (simulated cluster, 2 cores)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0], epilog="See the module docstring for what is measured."
+    )
+    parser.add_argument("--steps", type=int, default=90, help="training steps per run (default 90)")
+    parser.add_argument("--mtbf-steps", type=float, default=25.0, help="mean steps between failures (default 25)")
+    parser.add_argument("--max-failures", type=int, default=3, help="at most this many failures (default 3)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the failure schedule (default 1)")
+    parser.add_argument("--step-sleep-s", type=float, default=0.2, help="extra seconds per step (default 0.2)")
+    parser.add_argument("--quick", action="store_true", help="30 steps, 1 failure, 0.05 s steps, no plot (tests)")
+    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the report as JSON")
+    parser.add_argument(
+        "--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder (default docs/img)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s = 30, 12.0, 1, 0.05
+    if not 1 <= args.max_failures <= 4:
+        parser.error("--max-failures must be in 1..4 (the demo's FailureConfig allows 4 restarts)")
+    if args.step_sleep_s < 0:
+        parser.error("--step-sleep-s must be >= 0")
+    try:
+        schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures)
+    except ValueError as error:
+        parser.error(str(error))
+    if not schedule:
+        parser.error("the schedule has no failure: raise --steps or lower --mtbf-steps")
+
+    tmpdir = tempfile.mkdtemp(prefix="rckg")  # short: Ray's socket paths must stay under ~107 bytes
+    os.environ["RAY_TMPDIR"] = tmpdir
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    import ray_ckpt
+
+    demo = load_demo()
+    failures = len(schedule)
+    nodes = failures + 5  # after every kill: 2 ranks + RS(2,2) on 4 other nodes, one spare
+    print(
+        f"{args.steps} steps, step sleep {args.step_sleep_s:.2f}s, MTBF {args.mtbf_steps:g} steps (seed {args.seed}): "
+        f"kills after steps {[s for s, _, _ in schedule]} (ranks {[r[0] for _, r, _ in schedule]}); "
+        f"1 head + {nodes} one-CPU nodes on one machine ({os.cpu_count()} cores)",
+        flush=True,
+    )
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": demo.FAST_FAILURE_DETECTION},
+    )
+    ok = False
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        ray_ckpt.start(store_budget_bytes=256 << 20)
+        extra = {"step_sleep_s": args.step_sleep_s}
+        print("1/2 ray_ckpt, RS(2,2) every step ...", flush=True)
+        ours = demo.run_job(cluster, "goodput-ray_ckpt", "ray_ckpt", args.steps, schedule, **extra)
+        ours_records = demo.job_events("goodput-ray_ckpt")
+        ours_stall = demo.mean_stall("goodput-ray_ckpt", ours_records)
+        report_stall_s = 2 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"])
+        baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
+        for _ in range(failures):  # replace the killed nodes
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray_ckpt.start()
+        print(f"2/2 Ray Train checkpointing (torch.save + report) every {baseline_every} steps ...", flush=True)
+        base = demo.run_job(
+            cluster, "goodput-ray_train", "baseline", args.steps, schedule, baseline_every=baseline_every, **extra
+        )
+        base_records = demo.job_events("goodput-ray_train")
+        result: dict[str, Any] = {
+            "benchmark": "goodput",
+            "steps": args.steps,
+            "mtbf_steps": args.mtbf_steps,
+            "seed": args.seed,
+            "step_sleep_s": args.step_sleep_s,
+            "schedule": [{"step": s, "ranks": r} for s, r, _ in schedule],
+            "baseline_every": baseline_every,
+            "ray_ckpt": summarize("goodput-ray_ckpt", ours_records, demo, ours),
+            "ray_train": summarize("goodput-ray_train", base_records, demo, base),
+        }
+        ok = True
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if ok:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        else:
+            print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+    ours_w = result["ray_ckpt"]["wasted_per_failure_s"]
+    base_w = result["ray_train"]["wasted_per_failure_s"]
+    result["ratio"] = base_w / ours_w if ours_w and base_w else None
+    ours_c = result["ray_ckpt"]["checkpoint_part_per_failure_s"]
+    base_c = result["ray_train"]["checkpoint_part_per_failure_s"]
+    result["ratio_checkpoint_part"] = base_c / ours_c if ours_c and base_c else None
+    demo.print_failures("ray_ckpt (peer memory, every step):", result["ray_ckpt"]["failures"])
+    demo.print_failures(f"Ray Train checkpointing (every {baseline_every} steps):", result["ray_train"]["failures"])
+    print()
+    print(format_table(result))
+    ratio = result["ratio"]
+    part = result["ratio_checkpoint_part"]
+    print(
+        f"wasted time per failure: Ray Train / ray_ckpt = {ratio:.2f}x (goal >= 5x)"
+        if ratio is not None
+        else "wasted time per failure: no measured failure on one side"
+    )
+    if part is not None:
+        print(f"checkpoint-dependent part (lost work + restore, no detect/restart): {part:.1f}x")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if not args.quick and ratio is not None:
+        target = args.plots / "bench_goodput.png"
+        plot(result, target)
+        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+    measured = [f for side in ("ray_ckpt", "ray_train") for f in result[side]["failures"] if f["wasted_s"] is not None]
+    return 0 if len(measured) == 2 * failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

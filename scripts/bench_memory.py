@@ -1,0 +1,277 @@
+"""Peer memory per committed step, measured from the stores: Reed-Solomon vs replication.
+
+On one simulated Ray cluster (``ray.cluster_utils.Cluster``: a head with no CPUs plus 10
+worker nodes, all on this machine, dashboard off, a private RAY_TMPDIR), with a store on every
+node, one rank (an actor pinned to worker node 0) saves a fixed state ``{"w": <uint8 tensor>}``
+(64 MiB; ``--quick``: 4 MiB) as steps 0 and 1 with ``CheckpointConfig(data_shards=k,
+parity_shards=m, keep_committed=1, local_copy=False)`` and waits for each commit. Once step 0
+is evicted (every store reports k+m shards in all), the bytes used by all stores
+(``ray_ckpt.service.status()``: per node ``used_bytes``, shard data plus metadata) are the peer
+memory of one committed step. Then the job is forgotten and the next code runs.
+
+Codes: RS(2,1), RS(4,2), RS(6,3), RS(8,2), and replication tolerating the same number of node
+failures, m+1 full copies, measured as RS(1, m) (k=1: every shard is the whole payload):
+RS(1,1), RS(1,2), RS(1,3). The expected multiple is (k+m)/k of the payload (the state plus a
+small header, padded to k equal shards).
+
+JSON: ``{"benchmark": "memory", "state_bytes", "rows": [{"scheme", "data_shards",
+"parity_shards", "tolerates", "state_bytes", "payload_bytes", "peer_bytes", "multiple",
+"expected_multiple", "per_node_bytes"}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+WORKERS = 10  # RS(8,2): 10 shards on distinct nodes other than the rank's (the head has a store too)
+CODES = ((2, 1), (4, 2), (6, 3), (8, 2))
+
+
+class BenchError(RuntimeError):
+    """The cluster misbehaved or the stores did not settle."""
+
+
+def codes() -> list[tuple[str, int, int]]:
+    """(scheme, k, m): the RS codes, then replication (k=1) for each distinct m, in order."""
+    result = [("rs", k, m) for k, m in CODES]
+    for m in sorted({m for _, m in CODES}):
+        result.append(("replication", 1, m))
+    return result
+
+
+def _rank_class() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Rank:
+        def run(self, namespace: str, job: str, k: int, m: int, size: int) -> dict[str, Any]:
+            import numpy as np
+            import torch
+
+            from ray_ckpt.checkpointer import Checkpointer
+            from ray_ckpt.config import CheckpointConfig
+
+            config = CheckpointConfig(data_shards=k, parity_shards=m, keep_committed=1, local_copy=False)
+            state = {"w": torch.from_numpy(np.random.default_rng(k * 100 + m).integers(0, 256, size, dtype=np.uint8))}
+            with Checkpointer(job=job, rank=0, world_size=1, config=config, namespace=namespace) as ckpt:
+                for step in (0, 1):
+                    ckpt.save(step, state).wait()
+            return {"ok": True}
+
+    return Rank
+
+
+def _on(node_id: str) -> Any:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+def _usage(namespace: str) -> tuple[int, int, dict[str, int]]:
+    """(used bytes over all stores, shards over all stores, used bytes per node)."""
+    from ray_ckpt import service
+
+    nodes = service.status(namespace=namespace)["nodes"]
+    errors = {n: s["error"] for n, s in nodes.items() if "error" in s}
+    if errors:
+        raise BenchError(f"unreachable stores: {errors}")
+    per_node = {n: int(s["used_bytes"]) for n, s in nodes.items()}
+    return sum(per_node.values()), sum(int(s["shards"]) for s in nodes.values()), per_node
+
+
+def _settle(namespace: str, shards: int, timeout_s: float = 30.0) -> tuple[int, dict[str, int]]:
+    """Wait until the stores hold exactly ``shards`` shards in all (evictions are asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        used, held, per_node = _usage(namespace)
+        if held == shards:
+            return used, per_node
+        if time.monotonic() > deadline:
+            raise BenchError(f"the stores hold {held} shards after {timeout_s:.0f}s, expected {shards}")
+        time.sleep(0.1)
+
+
+def run(size: int) -> list[dict[str, Any]]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from ray_ckpt import naming, service
+
+    Rank = _rank_class()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 4 * size + 96 * MIB},
+    )
+    rows = []
+    try:
+        workers = [cluster.add_node(num_cpus=0, object_store_memory=5 * size + 96 * MIB) for _ in range(WORKERS)]
+        cluster.wait_for_nodes()
+        namespace = f"benchmem-{uuid.uuid4().hex[:8]}"
+        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
+        # a store may hold one shard of each of two steps (before the older one is evicted)
+        service.start(store_budget_bytes=2 * size + 16 * MIB, namespace=namespace)
+        registry = naming.registry_handle(namespace)
+        rank_node = str(workers[0].node_id)
+        for scheme, k, m in codes():
+            job = f"mem-k{k}m{m}"
+            rank = Rank.options(scheduling_strategy=_on(rank_node)).remote()
+            ray.get(rank.run.remote(namespace, job, k, m, size))
+            ray.kill(rank, no_restart=True)
+            used, per_node = _settle(namespace, k + m)
+            located = ray.get(registry.locate.remote(job, 1))
+            meta = next(iter(located[0]["metas"].values()))
+            payload = int(meta["payload_size"])
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "data_shards": k,
+                    "parity_shards": m,
+                    "tolerates": m,
+                    "state_bytes": size,
+                    "payload_bytes": payload,
+                    "peer_bytes": used,
+                    "multiple": used / size,
+                    "expected_multiple": (k + m) / k,
+                    "per_node_bytes": sorted((b for b in per_node.values() if b), reverse=True),
+                }
+            )
+            name = "replication" if scheme == "replication" else f"RS({k},{m})"
+            print(f"{name}: {used} bytes in {k + m} shards = {used / size:.3f}x the state", flush=True)
+            ray.get(registry.forget.remote(job))
+            _settle(namespace, 0)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    replication = {r["parity_shards"]: r for r in rows if r["scheme"] == "replication"}
+    header = (
+        "code",
+        "tolerates",
+        "state MiB",
+        "peer MiB",
+        "multiple",
+        "expected",
+        "replication (m+1 copies) MiB",
+        "replication / code",
+    )
+    lines: list[tuple[str, ...]] = [header]
+    for r in rows:
+        k, m = r["data_shards"], r["parity_shards"]
+        name = f"RS({k},{m})" if r["scheme"] == "rs" else f"{m + 1} copies (RS(1,{m}))"
+        rep = replication.get(m)
+        lines.append(
+            (
+                name,
+                str(m),
+                f"{r['state_bytes'] / MIB:.0f}",
+                f"{r['peer_bytes'] / MIB:.2f}",
+                f"{r['multiple']:.3f}x",
+                f"{r['expected_multiple']:.3f}x",
+                f"{rep['peer_bytes'] / MIB:.2f}" if rep and r["scheme"] == "rs" else "",
+                f"{rep['peer_bytes'] / r['peer_bytes']:.2f}x" if rep and r["scheme"] == "rs" else "",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    replication = {r["parity_shards"]: r for r in rows if r["scheme"] == "replication"}
+    coded = [r for r in rows if r["scheme"] == "rs"]
+    labels = [f"RS({r['data_shards']},{r['parity_shards']})\n(any {r['parity_shards']} fail)" for r in coded]
+    x = range(len(coded))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.38
+    ax.bar([i - width / 2 for i in x], [r["multiple"] for r in coded], width, label="erasure code (measured)")
+    ax.bar(
+        [i + width / 2 for i in x],
+        [replication[r["parity_shards"]]["multiple"] for r in coded],
+        width,
+        label="replication, m+1 copies (measured)",
+    )
+    for i, r in zip(x, coded):
+        ax.text(i - width / 2, r["multiple"], f"{r['multiple']:.2f}x", ha="center", va="bottom", fontsize=8)
+        rep = replication[r["parity_shards"]]["multiple"]
+        ax.text(i + width / 2, rep, f"{rep:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("peer memory per committed step / state")
+    ax.set_title(f"Peer memory per step ({coded[0]['state_bytes'] / MIB:.0f} MiB state, keep_committed=1)")
+    ax.legend(fontsize=8)
+    ax.set_ylim(0, max(r["multiple"] for r in rows) * 1.15)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0], epilog="See the module docstring for what is measured."
+    )
+    parser.add_argument("--state-mib", type=int, default=64, help="state size in MiB (default 64)")
+    parser.add_argument("--quick", action="store_true", help="4 MiB state, no plot (for tests)")
+    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument(
+        "--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder (default docs/img)"
+    )
+    args = parser.parse_args(argv)
+    if args.state_mib < 1:
+        parser.error("--state-mib must be >= 1")
+    size = (4 if args.quick else args.state_mib) * MIB
+    tmpdir = tempfile.mkdtemp(prefix="rckm")  # short: Ray's socket paths must stay under ~107 bytes
+    os.environ["RAY_TMPDIR"] = tmpdir
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    print(
+        f"1 head + {WORKERS} worker nodes (0 CPUs each) on one machine; state {size // MIB} MiB; "
+        "keep_committed=1, no local copy"
+    )
+    ok = False
+    try:
+        rows = run(size)
+        ok = True
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if ok:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        else:
+            print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+    print(format_table(rows))
+    print("multiple = bytes used by all stores for one committed step / state bytes (metadata included)")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"benchmark": "memory", "state_bytes": size, "rows": rows}, indent=2) + "\n")
+    if not args.quick:
+        target = args.plots / "bench_memory.png"
+        plot(rows, target)
+        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""A model of ray_ckpt at scale: save stall, memory overhead, recovery time and wasted time
+for 16 to 4096 nodes, against recovery from remote (shared) storage. Pure computation, no Ray.
+
+Inputs (``Params``; command-line options of the same names): per-node state size, GPUs (ranks)
+per node, NIC bandwidth per node, aggregate shared-storage bandwidth, per-node MTBF, device->
+host copy bandwidth per GPU, encode bandwidth per rank, Ray's detect+restart time, the code
+RS(k, m), steps kept and the local copy, the training step time. Calibration (``--calibration
+PATH ...``) replaces defaults with what this repository's benchmarks measured (the JSON of
+scripts/bench_recovery.py, bench_memory.py, bench_goodput.py):
+
+    restore_efficiency   restore speed / raw Ray transfer speed (bench_recovery, 1 node killed,
+                         largest size), i.e. the share of the network a peer restore achieves
+    detect_restart_s     kill -> new worker group running, mean over failures (bench_goodput)
+    memory multiple      peer memory per step / state for the code (bench_memory)
+
+Bandwidths are hardware figures and are never taken from the 2-core test machine (its
+"network" is loopback). Without calibration the defaults are the documented figures from
+the project's anchors (restart ~15 s with Ray's default health checks, ISA-L encode 7 GB/s per
+core) and the assumptions stated in ``Params``.
+
+The formulas, per node count N (S = state per node, r = ranks per node, M = N-node MTBF):
+
+    save stall            (S / r) / d2h                         (blocking copy; same for every N)
+    save background       max((k+m)/k * S / NIC, (S / r) / encode)   (runs behind training)
+    peer memory per node  keep * ((k+m)/k + local) * S
+    recovery, ray_ckpt    restart + S / (min(NIC, k * peer_send) * restore_efficiency) + load
+                          (the failed node's ranks pull k shards each from k distinct peers in
+                          parallel; every other rank reloads its local copy at the same time;
+                          with one failed node no decode is needed: a rank's shards never live on
+                          its own node)
+    recovery, storage     restart + N * S / storage + load     (every rank rereads its state)
+    load                  (S / r) / d2h                         (host -> device, all ranks at once)
+    checkpoint interval   Young's optimum sqrt(2 * stall * M), but no shorter than a step and
+                          than one save takes: ray_ckpt max(step, save background, Young);
+                          storage max(step, N * S / storage, Young) (async upload: same stall)
+    waste per failure     recovery + interval / 2               (half an interval of work redone)
+    wasted fraction       stall / interval + waste per failure / M   (capped at 1)
+
+GEMINI (SOSP'23) setup, reproduced with ``--gemini``: 16 p4d.24xlarge nodes (8 A100 each),
+400 Gbps network, FSx at 20 Gbps aggregate; GPT-2 100B, whose model states we take as 12 bytes
+per parameter (fp32 master weights + two Adam moments; the same 12 B/param makes GEMINI's
+quoted "42 minutes to checkpoint MT-NLG 530B at 20 Gbps"), i.e. 1.2 TB in all, 75 GB per node.
+GEMINI reports 13x faster recovery than remote storage there.
+
+    python scripts/scale_model.py [--calibration bench_recovery.json bench_goodput.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GB = 1e9
+GBIT = 1e9 / 8
+HOUR = 3600.0
+NODE_COUNTS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+QUICK_NODE_COUNTS = (16, 256, 4096)
+GEMINI_NODES = 16
+GEMINI_CLAIM = 13.0
+GEMINI_PARAMS = 100e9
+BYTES_PER_PARAM = 12  # fp32 master weights + Adam m and v
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Model inputs (SI units: bytes, bytes/s, seconds). Defaults: GEMINI's published setup."""
+
+    state_per_node_bytes: float = GEMINI_PARAMS * BYTES_PER_PARAM / GEMINI_NODES  # 75 GB
+    ranks_per_node: int = 8  # p4d.24xlarge: 8 A100
+    nic_bytes_per_s: float = 400 * GBIT  # 400 Gbps = 50 GB/s
+    peer_send_bytes_per_s: float | None = None  # what one peer sends one puller; None: the NIC
+    storage_bytes_per_s: float = 20 * GBIT  # FSx, aggregate: 20 Gbps = 2.5 GB/s
+    node_mtbf_s: float = 6000 * HOUR  # assumption: ~1 interruption per 6000 node-hours
+    d2h_bytes_per_s: float = 12 * GB  # per GPU, all 8 copying at once (assumption: PCIe 4 x16 shared)
+    encode_bytes_per_s: float = 7 * GB  # per rank (one core, ISA-L; anchors: 7-10 GB/s)
+    detect_restart_s: float = 15.0  # anchors: Ray Train hard node kill -> new group ~15-20 s
+    restore_efficiency: float = 0.7  # restore speed / raw transfer speed (the project's goal)
+    data_shards: int = 4
+    parity_shards: int = 2
+    keep_committed: int = 2
+    local_copy: bool = True
+    memory_multiple: float | None = None  # measured peer memory / state per step; None: (k+m)/k
+    step_time_s: float = 10.0  # assumption, for the interval and wasted-time columns only
+
+    def __post_init__(self) -> None:
+        for name in (
+            "state_per_node_bytes",
+            "nic_bytes_per_s",
+            "storage_bytes_per_s",
+            "node_mtbf_s",
+            "d2h_bytes_per_s",
+            "encode_bytes_per_s",
+            "step_time_s",
+        ):
+            _positive(name, getattr(self, name))
+        if self.peer_send_bytes_per_s is not None:
+            _positive("peer_send_bytes_per_s", self.peer_send_bytes_per_s)
+        if self.memory_multiple is not None:
+            _positive("memory_multiple", self.memory_multiple)
+        _finite("detect_restart_s", self.detect_restart_s)
+        if self.detect_restart_s < 0:
+            raise ValueError(f"detect_restart_s must be >= 0, got {self.detect_restart_s!r}")
+        _finite("restore_efficiency", self.restore_efficiency)
+        if not 0 < self.restore_efficiency <= 1:
+            raise ValueError(f"restore_efficiency must be in (0, 1], got {self.restore_efficiency!r}")
+        _int("ranks_per_node", self.ranks_per_node, 1)
+        _int("data_shards", self.data_shards, 1)
+        _int("parity_shards", self.parity_shards, 0)
+        _int("keep_committed", self.keep_committed, 1)
+        if not isinstance(self.local_copy, bool):
+            raise ValueError(f"local_copy must be a bool, got {self.local_copy!r}")
+
+    @property
+    def code_overhead(self) -> float:
+        """Peer memory (and network) per saved byte: (k+m)/k, or the measured multiple."""
+        if self.memory_multiple is not None:
+            return self.memory_multiple
+        return (self.data_shards + self.parity_shards) / self.data_shards
+
+
+def _finite(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _positive(name: str, value: Any) -> None:
+    _finite(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def _int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def model(nodes: int, params: Params) -> dict[str, Any]:
+    """One row of the model for ``nodes`` nodes (see the module docstring for the formulas)."""
+    _int("nodes", nodes, 2)
+    k, m = params.data_shards, params.parity_shards
+    if nodes < k + m + 1:
+        raise ValueError(
+            f"RS({k},{m}) needs k+m+1 = {k + m + 1} nodes (shards on k+m distinct nodes other than the "
+            f"rank's own), got {nodes}"
+        )
+    state = params.state_per_node_bytes
+    per_rank = state / params.ranks_per_node
+    nic = params.nic_bytes_per_s
+    peer = params.peer_send_bytes_per_s if params.peer_send_bytes_per_s is not None else nic
+    cluster_mtbf = params.node_mtbf_s / nodes
+
+    stall = per_rank / params.d2h_bytes_per_s
+    background = max(params.code_overhead * state / nic, per_rank / params.encode_bytes_per_s)
+    memory_multiple = params.keep_committed * (params.code_overhead + (1.0 if params.local_copy else 0.0))
+    load = per_rank / params.d2h_bytes_per_s
+    fetch = state / (min(nic, k * peer) * params.restore_efficiency)
+    recovery_ours = params.detect_restart_s + fetch + load
+    storage_read = nodes * state / params.storage_bytes_per_s
+    recovery_storage = params.detect_restart_s + storage_read + load
+
+    young = math.sqrt(2 * stall * cluster_mtbf)  # the interval that minimises stall + redone work
+    interval_ours = max(params.step_time_s, background, young)
+    storage_write = nodes * state / params.storage_bytes_per_s
+    interval_storage = max(params.step_time_s, storage_write, young)
+    waste_ours = recovery_ours + interval_ours / 2
+    waste_storage = recovery_storage + interval_storage / 2
+    return {
+        "nodes": nodes,
+        "total_state_bytes": nodes * state,
+        "save_stall_s": stall,
+        "save_background_s": background,
+        "peer_memory_bytes_per_node": memory_multiple * state,
+        "peer_memory_multiple": memory_multiple,
+        "recovery_ray_ckpt_s": recovery_ours,
+        "recovery_storage_s": recovery_storage,
+        "recovery_speedup": recovery_storage / recovery_ours,
+        "retrieval_speedup": (storage_read + load) / (fetch + load),
+        "cluster_mtbf_s": cluster_mtbf,
+        "interval_ray_ckpt_s": interval_ours,
+        "interval_storage_s": interval_storage,
+        "waste_per_failure_ray_ckpt_s": waste_ours,
+        "waste_per_failure_storage_s": waste_storage,
+        "wasted_fraction_ray_ckpt": min(1.0, stall / interval_ours + waste_ours / cluster_mtbf),
+        "wasted_fraction_storage": min(1.0, stall / interval_storage + waste_storage / cluster_mtbf),
+    }
+
+
+def sweep(params: Params, node_counts: Sequence[int] = NODE_COUNTS) -> list[dict[str, Any]]:
+    if not node_counts:
+        raise ValueError("node_counts must not be empty")
+    return [model(n, params) for n in node_counts]
+
+
+def gemini(params: Params | None = None) -> dict[str, Any]:
+    """GEMINI's setup (16 p4d, 400 Gbps, FSx 20 Gbps, GPT-2 100B at 12 B/param) with the
+    calibrated ray_ckpt figures from ``params`` (restart, efficiency, code), against the 13x claim."""
+    base = params or Params()
+    setup = dataclasses.replace(
+        base,
+        state_per_node_bytes=GEMINI_PARAMS * BYTES_PER_PARAM / GEMINI_NODES,
+        ranks_per_node=8,
+        nic_bytes_per_s=400 * GBIT,
+        peer_send_bytes_per_s=None,
+        storage_bytes_per_s=20 * GBIT,
+    )
+    row = model(GEMINI_NODES, setup)
+    # the detect+restart time at which the model gives GEMINI's ratio: (R + A) / (R + B) = claim
+    storage_part = row["recovery_storage_s"] - setup.detect_restart_s
+    ours_part = row["recovery_ray_ckpt_s"] - setup.detect_restart_s
+    restart_for_claim = (storage_part - GEMINI_CLAIM * ours_part) / (GEMINI_CLAIM - 1)
+    return {
+        "setup": {
+            "nodes": GEMINI_NODES,
+            "gpus_per_node": 8,
+            "model_params": GEMINI_PARAMS,
+            "bytes_per_param": BYTES_PER_PARAM,
+            "total_state_bytes": GEMINI_PARAMS * BYTES_PER_PARAM,
+            "nic_gbps": 400,
+            "storage_gbps": 20,
+            "detect_restart_s": setup.detect_restart_s,
+            "restore_efficiency": setup.restore_efficiency,
+            "code": [setup.data_shards, setup.parity_shards],
+        },
+        "row": row,
+        "claim": GEMINI_CLAIM,
+        "model_speedup": row["recovery_speedup"],
+        "model_vs_claim": row["recovery_speedup"] / GEMINI_CLAIM,
+        "restart_s_for_claim": restart_for_claim,
+    }
+
+
+# ---- calibration ----------------------------------------------------------------------------------
+
+
+def calibrate(params: Params, documents: Sequence[dict[str, Any]]) -> tuple[Params, dict[str, Any]]:
+    """Replace defaults with measured figures from benchmark JSON documents (recognised by their
+    ``benchmark`` key). Returns the new params and what was taken from where."""
+    changes: dict[str, Any] = {}
+    used: dict[str, Any] = {}
+    for doc in documents:
+        kind = doc.get("benchmark") if isinstance(doc, dict) else None
+        if kind == "recovery":
+            ratios = [r for r in doc.get("ratios", []) if r.get("killed") == 1 and r.get("vs_raw")]
+            if ratios:
+                largest = max(ratios, key=lambda r: r["size_bytes"])
+                changes["restore_efficiency"] = min(1.0, float(largest["vs_raw"]))
+                used["restore_efficiency"] = f"bench_recovery, {largest['size_bytes']} B, 1 node killed"
+        elif kind == "goodput":
+            phases = [
+                f["phases"]
+                for f in doc.get("ray_ckpt", {}).get("failures", [])
+                if f.get("phases", {}).get("restart") is not None
+            ]
+            if phases:
+                values = [float(p.get("detect") or 0.0) + float(p["restart"]) for p in phases]
+                changes["detect_restart_s"] = sum(values) / len(values)
+                used["detect_restart_s"] = f"bench_goodput, mean of {len(values)} failures"
+        elif kind == "memory":
+            for row in doc.get("rows", []):
+                if (row.get("data_shards"), row.get("parity_shards")) == (params.data_shards, params.parity_shards):
+                    changes["memory_multiple"] = float(row["multiple"])
+                    used["memory_multiple"] = f"bench_memory, RS({params.data_shards},{params.parity_shards})"
+        else:
+            raise ValueError(f"not a benchmark JSON of this repository (no known 'benchmark' key): {kind!r}")
+    return dataclasses.replace(params, **changes), used
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+
+def _human_bytes(value: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _seconds(value: float) -> str:
+    if value >= 2 * HOUR:
+        return f"{value / HOUR:.1f} h"
+    if value >= 120:
+        return f"{value / 60:.1f} min"
+    return f"{value:.2f} s"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    header = (
+        "nodes",
+        "total state",
+        "stall",
+        "bg/save",
+        "peer mem/node",
+        "recover ray_ckpt",
+        "recover storage",
+        "speedup",
+        "cluster MTBF",
+        "waste/fail ray_ckpt",
+        "waste/fail storage",
+        "wasted% ray_ckpt",
+        "wasted% storage",
+    )
+    lines: list[tuple[str, ...]] = [header]
+    for r in rows:
+        lines.append(
+            (
+                str(r["nodes"]),
+                _human_bytes(r["total_state_bytes"]),
+                _seconds(r["save_stall_s"]),
+                _seconds(r["save_background_s"]),
+                f"{_human_bytes(r['peer_memory_bytes_per_node'])} ({r['peer_memory_multiple']:.1f}x)",
+                _seconds(r["recovery_ray_ckpt_s"]),
+                _seconds(r["recovery_storage_s"]),
+                f"{r['recovery_speedup']:.1f}x",
+                _seconds(r["cluster_mtbf_s"]),
+                _seconds(r["waste_per_failure_ray_ckpt_s"]),
+                _seconds(r["waste_per_failure_storage_s"]),
+                f"{100 * r['wasted_fraction_ray_ckpt']:.1f}",
+                f"{100 * r['wasted_fraction_storage']:.1f}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = [r["nodes"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.plot(nodes, [r["recovery_ray_ckpt_s"] for r in rows], "o-", label="ray_ckpt (peer memory)")
+    left.plot(nodes, [r["recovery_storage_s"] for r in rows], "s-", label="remote storage")
+    gem = comparison["row"]
+    left.plot(
+        [GEMINI_NODES],
+        [gem["recovery_storage_s"] / GEMINI_CLAIM],
+        "*",
+        markersize=14,
+        label=f"GEMINI claim: storage / {GEMINI_CLAIM:.0f}",
+    )
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("nodes")
+    left.set_ylabel("recovery time per failure, s")
+    left.set_title("Recovery after one node failure (model)")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+    right.plot(nodes, [100 * r["wasted_fraction_ray_ckpt"] for r in rows], "o-", label="ray_ckpt")
+    right.plot(nodes, [100 * r["wasted_fraction_storage"] for r in rows], "s-", label="remote storage")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("nodes")
+    right.set_ylabel("wasted share of training time, %")
+    right.set_title("Stall + redone work + recovery (model)")
+    right.grid(True, which="both", alpha=0.3)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _node_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of node counts: {text!r}") from None
+    if not counts or min(counts) < 2:
+        raise argparse.ArgumentTypeError("node counts must be >= 2")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = Params()
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--nodes", type=_node_counts, default=list(NODE_COUNTS), help="node counts, comma-separated")
+    parser.add_argument("--state-gb", type=float, default=defaults.state_per_node_bytes / GB, help="state per node")
+    parser.add_argument("--ranks-per-node", type=int, default=defaults.ranks_per_node, help="GPUs (ranks) per node")
+    parser.add_argument("--nic-gbps", type=float, default=defaults.nic_bytes_per_s / GBIT, help="NIC per node")
+    parser.add_argument(
+        "--storage-gbps", type=float, default=defaults.storage_bytes_per_s / GBIT, help="shared storage, aggregate"
+    )
+    parser.add_argument("--mtbf-hours", type=float, default=defaults.node_mtbf_s / HOUR, help="per-node MTBF")
+    parser.add_argument("--d2h-gbs", type=float, default=defaults.d2h_bytes_per_s / GB, help="GB/s per GPU")
+    parser.add_argument("--encode-gbs", type=float, default=defaults.encode_bytes_per_s / GB, help="GB/s per rank")
+    parser.add_argument("--restart-s", type=float, default=defaults.detect_restart_s, help="detect + restart")
+    parser.add_argument("--efficiency", type=float, default=defaults.restore_efficiency, help="restore / raw speed")
+    parser.add_argument("--k", type=int, default=defaults.data_shards, help="data shards")
+    parser.add_argument("--m", type=int, default=defaults.parity_shards, help="parity shards")
+    parser.add_argument("--keep", type=int, default=defaults.keep_committed, help="committed steps kept")
+    parser.add_argument("--no-local-copy", action="store_true", help="model CheckpointConfig(local_copy=False)")
+    parser.add_argument("--step-s", type=float, default=defaults.step_time_s, help="training step time")
+    parser.add_argument(
+        "--calibration",
+        type=pathlib.Path,
+        nargs="+",
+        metavar="PATH",
+        help="JSON written by bench_recovery.py / bench_memory.py / bench_goodput.py (--json)",
+    )
+    parser.add_argument("--quick", action="store_true", help=f"node counts {QUICK_NODE_COUNTS} only, no plot")
+    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder")
+    args = parser.parse_args(argv)
+    try:
+        params = Params(
+            state_per_node_bytes=args.state_gb * GB,
+            ranks_per_node=args.ranks_per_node,
+            nic_bytes_per_s=args.nic_gbps * GBIT,
+            storage_bytes_per_s=args.storage_gbps * GBIT,
+            node_mtbf_s=args.mtbf_hours * HOUR,
+            d2h_bytes_per_s=args.d2h_gbs * GB,
+            encode_bytes_per_s=args.encode_gbs * GB,
+            detect_restart_s=args.restart_s,
+            restore_efficiency=args.efficiency,
+            data_shards=args.k,
+            parity_shards=args.m,
+            keep_committed=args.keep,
+            local_copy=not args.no_local_copy,
+            step_time_s=args.step_s,
+        )
+        used: dict[str, Any] = {}
+        if args.calibration:
+            documents = [json.loads(path.read_text()) for path in args.calibration]
+            params, used = calibrate(params, documents)
+        rows = sweep(params, QUICK_NODE_COUNTS if args.quick else args.nodes)
+        comparison = gemini(params)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"state {params.state_per_node_bytes / GB:.1f} GB/node on {params.ranks_per_node} ranks, NIC "
+        f"{params.nic_bytes_per_s / GBIT:.0f} Gbps, storage {params.storage_bytes_per_s / GBIT:.0f} Gbps aggregate, "
+        f"RS({params.data_shards},{params.parity_shards}) keep {params.keep_committed}"
+        f"{' + local copy' if params.local_copy else ''}, restart {params.detect_restart_s:.1f} s, "
+        f"restore efficiency {params.restore_efficiency:.2f}, node MTBF {params.node_mtbf_s / HOUR:.0f} h, "
+        f"step {params.step_time_s:.1f} s"
+    )
+    for name, source in used.items():
+        print(f"calibrated {name} from {source}")
+    print(format_table(rows))
+    g = comparison["row"]
+    print(
+        f"\nGEMINI setup (16 p4d, 400 Gbps, FSx 20 Gbps, GPT-2 100B = "
+        f"{_human_bytes(comparison['setup']['total_state_bytes'])} at {BYTES_PER_PARAM} B/param): recovery "
+        f"ray_ckpt {g['recovery_ray_ckpt_s']:.1f} s vs remote storage {g['recovery_storage_s']:.0f} s = "
+        f"{comparison['model_speedup']:.1f}x faster (GEMINI reports {GEMINI_CLAIM:.0f}x); retrieval alone "
+        f"{g['retrieval_speedup']:.0f}x; the model gives {GEMINI_CLAIM:.0f}x with a detect+restart of "
+        f"{comparison['restart_s_for_claim']:.0f} s"
+    )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {
+            "benchmark": "scale_model",
+            "params": dataclasses.asdict(params),
+            "calibrated_from": used,
+            "rows": rows,
+            "gemini": comparison,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    if not args.quick:
+        target = args.plots / "scale_model.png"
+        plot(rows, comparison, target)
+        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""scripts/bench_recovery.py, bench_memory.py, bench_goodput.py: quick runs write JSON of the
+documented shape; --help works without a cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # each script starts its own cluster
+    return env
+
+
+def _run(script: str, target: pathlib.Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), "--quick", "--json", str(target), "--plots", str(target.parent)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    assert not list(target.parent.glob("*.png")), "--quick must not write plots"
+    return result
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_bench_recovery_quick(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "out" / "recovery.json"
+    result = _run("bench_recovery.py", target, 540)
+    assert "restored bit-exact" in result.stdout
+    document = json.loads(target.read_text())
+    assert document["benchmark"] == "recovery"
+    assert document["skipped"] == []
+    rows = document["rows"]
+    for row in rows:
+        assert set(row) == {"size_bytes", "killed", "impl", "seconds"}
+        assert row["size_bytes"] == 8 << 20
+        assert _positive(row["seconds"])
+    assert sorted((r["impl"], r["killed"]) for r in rows) == sorted(
+        [
+            ("ray_ckpt", 1),
+            ("ray_ckpt", 2),
+            ("raw_ray_transfer", 0),
+            ("raw_ray_transfer_single", 0),
+            ("ray_train_storage", 0),
+            ("dcp_load", 0),
+        ]
+    )
+    seconds = {(r["impl"], r["killed"]): r["seconds"] for r in rows}
+    ratios = document["ratios"]
+    assert sorted(r["killed"] for r in ratios) == [1, 2]
+    for ratio in ratios:
+        assert set(ratio) == {"size_bytes", "killed", "vs_raw", "vs_ray_train_storage", "vs_dcp"}
+        ours = seconds[("ray_ckpt", ratio["killed"])]
+        assert ratio["vs_raw"] == pytest.approx(seconds[("raw_ray_transfer", 0)] / ours)
+        assert ratio["vs_ray_train_storage"] == pytest.approx(seconds[("ray_train_storage", 0)] / ours)
+        assert ratio["vs_dcp"] == pytest.approx(seconds[("dcp_load", 0)] / ours)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_bench_memory_quick(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "out" / "memory.json"
+    _run("bench_memory.py", target, 540)
+    document = json.loads(target.read_text())
+    assert document["benchmark"] == "memory"
+    assert document["state_bytes"] == 4 << 20
+    rows = document["rows"]
+    codes = [(r["scheme"], r["data_shards"], r["parity_shards"]) for r in rows]
+    assert codes == [
+        ("rs", 2, 1),
+        ("rs", 4, 2),
+        ("rs", 6, 3),
+        ("rs", 8, 2),
+        ("replication", 1, 1),
+        ("replication", 1, 2),
+        ("replication", 1, 3),
+    ]
+    for row in rows:
+        assert row["tolerates"] == row["parity_shards"]
+        assert row["peer_bytes"] == sum(row["per_node_bytes"])
+        assert len(row["per_node_bytes"]) == row["data_shards"] + row["parity_shards"]
+        # measured: the code's (k+m)/k of the payload, plus per-shard metadata, within 1%
+        assert row["multiple"] == pytest.approx(row["expected_multiple"], rel=0.01)
+        assert row["multiple"] >= row["expected_multiple"]
+    replication = {r["parity_shards"]: r["peer_bytes"] for r in rows if r["scheme"] == "replication"}
+    for row in rows:
+        if row["scheme"] == "rs":
+            assert row["peer_bytes"] < replication[row["parity_shards"]]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "out" / "goodput.json"
+    _run("bench_goodput.py", target, 540)
+    document = json.loads(target.read_text())
+    assert document["benchmark"] == "goodput"
+    assert len(document["schedule"]) == 1
+    assert isinstance(document["baseline_every"], int)
+    assert document["baseline_every"] >= 1
+    for side in ("ray_ckpt", "ray_train"):
+        summary = document[side]
+        assert len(summary["failures"]) == 1
+        failure = summary["failures"][0]
+        assert failure["wasted_s"] == pytest.approx(
+            failure["steps_lost"] * summary["step_time_s"] + failure["time_to_resume_s"]
+        )
+        assert _positive(summary["wasted_per_failure_s"])
+        assert _positive(summary["step_time_s"])
+    assert all(s in ("local", "peers") for s in document["ray_ckpt"]["failures"][0]["sources"].values())
+    assert document["ratio"] == pytest.approx(
+        document["ray_train"]["wasted_per_failure_s"] / document["ray_ckpt"]["wasted_per_failure_s"]
+    )
+
+
+@pytest.mark.parametrize(
+    "script, options",
+    [
+        ("bench_recovery.py", ("--sizes-mib", "--quick", "--json", "--plots")),
+        ("bench_memory.py", ("--state-mib", "--quick", "--json", "--plots")),
+        ("bench_goodput.py", ("--steps", "--mtbf-steps", "--seed", "--quick", "--json", "--plots")),
+        ("scale_model.py", ("--calibration", "--nodes", "--quick", "--json", "--plots")),
+    ],
+)
+def test_help(script: str, options: tuple[str, ...]) -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    for option in options:
+        assert option in result.stdout
