@@ -210,16 +210,14 @@ class Checkpointer:
         t1 = time.perf_counter()
         targets, local = self._scatter(shards, metas, buffer[:size], common)
         t2 = time.perf_counter()
-        committed = ray.get(
-            self._registry.stage.remote(
-                [meta.to_dict() for meta in metas],
-                dict(enumerate(targets)),
-                self.config.keep_committed,
-                self.attempt,
-                None if local is None else local.to_dict(),
-                self.node_id if local is not None else None,
-            ),
-            timeout=settings.peer_timeout_s(),
+        committed = self._ask_registry(
+            "stage",
+            [meta.to_dict() for meta in metas],
+            dict(enumerate(targets)),
+            self.config.keep_committed,
+            self.attempt,
+            None if local is None else local.to_dict(),
+            self.node_id if local is not None else None,
         )
         t3 = time.perf_counter()
         phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
@@ -232,6 +230,30 @@ class Checkpointer:
         if self._saves == 1 or self._saves % settings.save_event_every() == 0:
             self._record("save", step=step, phases_s=dict(phases), bytes=size)
         return bool(committed)
+
+    def _ask_registry(self, method: str, *args: Any) -> Any:
+        """Call the registry, riding out a restart: Ray restarts a dead registry, which then
+        rebuilds its view from the stores (every call here is idempotent). StoreUnavailableError
+        if it does not answer within RAY_CKPT_PEER_TIMEOUT_S."""
+        deadline = time.monotonic() + settings.peer_timeout_s()
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return ray.get(getattr(self._registry, method).remote(*args), timeout=max(0.1, remaining))
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as error:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"the ray_ckpt registry did not answer {method} within {settings.peer_timeout_s():.0f}s "
+                        f"({type(error).__name__}); raise RAY_CKPT_PEER_TIMEOUT_S if it is only slow",
+                        method=method,
+                    ) from None
+                time.sleep(0.2)
+            except ray.exceptions.ActorDiedError:
+                raise StoreUnavailableError(
+                    f"the ray_ckpt registry is gone ({method}); run ray_ckpt.start() again to recreate it "
+                    "(it rebuilds its view from the stores)",
+                    method=method,
+                ) from None
 
     def _record(self, kind: str, **fields: Any) -> None:
         """Send an event to the registry's log (fire and forget: never blocks or fails a save)."""
@@ -300,7 +322,7 @@ class Checkpointer:
             timeout=timeout_s + settings.peer_timeout_s(),
         ):
             return
-        staged = ray.get(self._registry.staged_ranks.remote(self.job, step), timeout=settings.peer_timeout_s())
+        staged = self._ask_registry("staged_ranks", self.job, step)
         missing = sorted(set(range(self.world_size)) - set(staged))
         raise CommitTimeoutError(
             f"job {self.job!r} step {step} did not commit within {timeout_s:.1f}s: still waiting for "
@@ -320,7 +342,7 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """The newest step committed by all ranks of this job, or None if none is."""
-        latest = ray.get(self._registry.latest_committed.remote(self.job), timeout=settings.peer_timeout_s())
+        latest = self._ask_registry("latest_committed", self.job)
         return None if latest is None else int(latest)
 
     def restore(self, step: int | None = None) -> Restored | None:
@@ -354,7 +376,7 @@ class Checkpointer:
         if step is not None:
             record = self._locate(step)
             return self._restore_from_memory(step, record, t0), {}
-        plan = ray.get(self._registry.plan_restore.remote(self.job, self.attempt), timeout=settings.peer_timeout_s())
+        plan = self._ask_registry("plan_restore", self.job, self.attempt)
         if plan["source"] == "peers":
             chosen = int(plan["step"])
             try:
@@ -362,17 +384,17 @@ class Checkpointer:
                 if plan.get("newest_committed") is not None and chosen < int(plan["newest_committed"]):
                     # an older kept step: forget the newer, unrebuildable ones so training can
                     # save those step numbers again
-                    ray.get(self._registry.rollback.remote(self.job, chosen), timeout=settings.peer_timeout_s())
+                    self._ask_registry("rollback", self.job, chosen)
                 return restored, plan
             except InsufficientShardsError:
                 # this rank cannot rebuild the step every rank agreed on: make sure no later
                 # plan picks it, then fail this attempt so all ranks restart and agree anew
-                ray.get(self._registry.mark_unrestorable.remote(self.job, chosen), timeout=settings.peer_timeout_s())
+                self._ask_registry("mark_unrestorable", self.job, chosen)
                 raise
         return self._restore_from_backup(plan, t0), plan
 
     def _locate(self, step: int) -> dict[str, Any]:
-        located = ray.get(self._registry.locate.remote(self.job, step), timeout=settings.peer_timeout_s())
+        located = self._ask_registry("locate", self.job, step)
         if self.rank not in located:
             raise ConfigError(
                 f"job {self.job!r} step {step} was saved by ranks {sorted(located)}; rank {self.rank} "
@@ -519,10 +541,7 @@ class Checkpointer:
         if uri:
             complete = backup.complete_steps(uri, self.job)
             proposal = complete[-1] if complete else None
-        step = ray.get(
-            self._registry.settle_backup_step.remote(self.job, self.attempt, proposal),
-            timeout=settings.peer_timeout_s(),
-        )
+        step = self._ask_registry("settle_backup_step", self.job, self.attempt, proposal)
         if step is None or uri is None:
             if not plan["ever_committed"]:
                 return None
@@ -538,7 +557,7 @@ class Checkpointer:
         self._restored_bytes = data.size
         t2 = time.perf_counter()
         state = self._load(data)
-        ray.get(self._registry.rollback.remote(self.job, step), timeout=settings.peer_timeout_s())
+        self._ask_registry("rollback", self.job, step)
         logger.warning(
             "job %r rank %d: restored backup step %d (peer memory could not serve)", self.job, self.rank, step
         )
