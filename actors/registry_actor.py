@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import naming
+from ray_ckpt import metrics, naming
 from ray_ckpt.events import EventLog
 from ray_ckpt.registry import Registry
 from ray_ckpt.shard import ShardMeta
@@ -42,6 +42,7 @@ class RegistryActor:
                 continue
             holdings.append((found_node, [ShardMeta.from_dict(m) for m in metas], marks))
         self._registry.rebuild(holdings)
+        self._observe_jobs()
 
     def ready(self) -> bool:
         return True
@@ -49,6 +50,21 @@ class RegistryActor:
     def record(self, event: dict[str, Any]) -> None:
         """Append one event (see ray_ckpt.events) to the log and its file."""
         self._events.append(event)
+        metrics.observe_event(event)
+        if event.get("kind") == "node_dead":
+            self._observe_jobs(live_only=True)
+
+    def _observe_jobs(self, jobs: list[str] | None = None, live_only: bool = False) -> None:
+        """Export the jobs' (default: all) newest committed step and its protection; with
+        ``live_only`` shards on dead nodes do not count. Never raises (metrics must not)."""
+        try:
+            live = {str(n["NodeID"]) for n in naming.alive_nodes()} if live_only else None
+            for job in self._registry.jobs() if jobs is None else jobs:
+                step = self._registry.latest_committed(job)
+                if step is not None:
+                    metrics.observe_committed(job, step, self._registry.locate(job, step), live)
+        except Exception as error:
+            logger.debug("could not export job metrics: %s", error)
 
     def events(self, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
         """(next sequence number, events from sequence number ``since`` on)."""
@@ -80,6 +96,7 @@ class RegistryActor:
             local_node=local_node,
         )
         if decision.committed:
+            self._observe_jobs([job])
             for handle in naming.store_handles(self._namespace).values():
                 handle.mark_committed.remote(job, decision.keep_steps[-1], list(decision.keep_steps))
         return decision.committed

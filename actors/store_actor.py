@@ -8,6 +8,7 @@ import numpy as np
 import psutil
 import ray
 
+from ray_ckpt import metrics
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
 
@@ -21,6 +22,7 @@ class ShardStoreActor:
         if budget_bytes is None:
             budget_bytes = int(psutil.virtual_memory().total * budget_fraction)
         self._store = ShardStore(node_id=node_id, budget_bytes=budget_bytes)
+        metrics.observe_store(self._store.stats())
 
     def ready(self) -> str:
         return self._store.node_id
@@ -29,6 +31,7 @@ class ShardStoreActor:
         """Copy one shard (or a rank's local copy) into this store; ``data`` arrives as a
         read-only object-store view."""
         self._store.put(ShardMeta.from_dict(meta), data, local=local)
+        metrics.observe_store(self._store.stats())
 
     def get(
         self, job: str, step: int, rank: int, index: int, local: bool = False
@@ -37,10 +40,14 @@ class ShardStoreActor:
         return None if found is None else (found[0].to_dict(), found[1])
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
-        return self._store.mark_committed(job, step, keep_steps)
+        freed = self._store.mark_committed(job, step, keep_steps)
+        metrics.observe_store(self._store.stats())
+        return freed
 
     def drop(self, job: str, steps: list[int] | None = None) -> int:
-        return self._store.drop(job, steps)
+        freed = self._store.drop(job, steps)
+        metrics.observe_store(self._store.stats())
+        return freed
 
     def holdings(self) -> tuple[str, list[dict[str, Any]], dict[str, int]]:
         """(node id, metadata of every shard held, job -> newest committed step heard of)."""
@@ -55,3 +62,4 @@ class ShardStoreActor:
 
     def set_budget(self, budget_bytes: int) -> None:
         self._store.budget_bytes = int(budget_bytes)
+        metrics.observe_store(self._store.stats())

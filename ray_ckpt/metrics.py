@@ -2,8 +2,14 @@
 
 Ray prefixes every name with ``ray_``: ``ckpt_save_blocking_seconds`` is scraped as
 ``ray_ckpt_save_blocking_seconds_bucket`` / ``_sum`` / ``_count``; a counter is exported with
-a ``_total`` suffix (the names below already end with it). Every series carries ``job``
-and/or ``node_id`` tags (Ray adds ``SessionName``, ``NodeAddress``, ``WorkerId``, ...).
+a ``_total`` suffix (the names below already end with it). Every series carries a
+``ckpt_job`` (the ray_ckpt job name) and/or ``node_id`` tag; Ray adds ``SessionName``,
+``NodeAddress``, ``WorkerId``, ... The job tag is not called ``job``: Prometheus sets ``job``
+on every scraped series to its scrape job's name (``ray`` in Ray's config) and would rename
+ours to ``exported_job``.
+
+Ray drops a gauge from its export some 20-30 s after its last ``set``; every gauge set here
+is therefore set again every ``GAUGE_REFRESH_S`` seconds by a daemon thread of the process.
 
 Who records what:
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -54,7 +61,7 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "ckpt_save_blocking_seconds",
         "histogram",
         "Time save() blocked the training loop (waiting for the previous save + snapshot copy).",
-        ("job", "node_id"),
+        ("ckpt_job", "node_id"),
         SECONDS_BUCKETS,
     ),
     MetricDef(
@@ -62,55 +69,59 @@ DEFINITIONS: tuple[MetricDef, ...] = (
         "histogram",
         "Duration of each save phase: wait_previous, snapshot, blocking (caller), encode, scatter, stage, "
         "backup (background).",
-        ("job", "node_id", "phase"),
+        ("ckpt_job", "node_id", "phase"),
         SECONDS_BUCKETS,
     ),
-    MetricDef("ckpt_save_bytes", "gauge", "Blob size of the newest recorded save of a rank.", ("job", "node_id")),
+    MetricDef("ckpt_save_bytes", "gauge", "Blob size of the newest recorded save of a rank.", ("ckpt_job", "node_id")),
     MetricDef(
-        "ckpt_backups_total", "counter", "Persistent backups written (one per rank and step).", ("job", "node_id")
+        "ckpt_backups_total", "counter", "Persistent backups written (one per rank and step).", ("ckpt_job", "node_id")
     ),
-    MetricDef("ckpt_backup_bytes_total", "counter", "Bytes written to persistent backups.", ("job", "node_id")),
+    MetricDef("ckpt_backup_bytes_total", "counter", "Bytes written to persistent backups.", ("ckpt_job", "node_id")),
     # restores and recoveries
     MetricDef(
         "ckpt_restore_phase_seconds",
         "histogram",
         "Duration of each restore phase of one rank: locate, fetch, decode, load.",
-        ("job", "node_id", "phase"),
+        ("ckpt_job", "node_id", "phase"),
         SECONDS_BUCKETS,
     ),
     MetricDef(
         "ckpt_restores_total",
         "counter",
         "Ranks restored, by source (local, peers, backup).",
-        ("job", "node_id", "source"),
+        ("ckpt_job", "node_id", "source"),
     ),
-    MetricDef("ckpt_restore_bytes_total", "counter", "Shard bytes fetched by restores.", ("job", "node_id")),
+    MetricDef("ckpt_restore_bytes_total", "counter", "Shard bytes fetched by restores.", ("ckpt_job", "node_id")),
     MetricDef(
         "ckpt_steps_lost_total",
         "counter",
         "Steps of training lost by recoveries (newest staged step - restored step).",
-        ("job",),
+        ("ckpt_job",),
     ),
-    MetricDef("ckpt_recoveries_total", "counter", "Recoveries completed (first step done after a restore).", ("job",)),
+    MetricDef(
+        "ckpt_recoveries_total", "counter", "Recoveries completed (first step done after a restore).", ("ckpt_job",)
+    ),
     MetricDef(
         "ckpt_time_to_resume_seconds",
         "histogram",
         "Per recovery: kill -> first checkpointed step of the new attempt done.",
-        ("job",),
+        ("ckpt_job",),
         RESUME_BUCKETS,
     ),
-    MetricDef("ckpt_last_time_to_resume_seconds", "gauge", "Time to resume of the job's latest recovery.", ("job",)),
+    MetricDef(
+        "ckpt_last_time_to_resume_seconds", "gauge", "Time to resume of the job's latest recovery.", ("ckpt_job",)
+    ),
     MetricDef(
         "ckpt_last_recovery_phase_seconds",
         "gauge",
         "Phases of the job's latest recovery: detect, restart, locate, fetch, decode, load, first_step.",
-        ("job", "phase"),
+        ("ckpt_job", "phase"),
     ),
     MetricDef(
         "ckpt_recovery_steps_lost",
         "histogram",
         "Per recovery: steps lost.",
-        ("job",),
+        ("ckpt_job",),
         STEPS_BUCKETS,
     ),
     # failures
@@ -120,24 +131,27 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("ckpt_store_used_bytes", "gauge", "Bytes a node's store holds (shards + metadata).", ("node_id",)),
     MetricDef("ckpt_store_budget_bytes", "gauge", "Bytes a node's store may hold.", ("node_id",)),
     MetricDef("ckpt_store_shards", "gauge", "Shards (and local copies) a node's store holds.", ("node_id",)),
-    MetricDef("ckpt_store_job_bytes", "gauge", "Bytes a node's store holds for one job.", ("node_id", "job")),
+    MetricDef("ckpt_store_job_bytes", "gauge", "Bytes a node's store holds for one job.", ("node_id", "ckpt_job")),
     # jobs
-    MetricDef("ckpt_committed_step", "gauge", "Newest committed step of a job.", ("job",)),
+    MetricDef("ckpt_committed_step", "gauge", "Newest committed step of a job.", ("ckpt_job",)),
     MetricDef(
         "ckpt_protection",
         "gauge",
         "How many more node failures the newest committed step survives (min over ranks of live shards - k; "
         "negative: some rank can no longer be rebuilt from memory).",
-        ("job",),
+        ("ckpt_job",),
     ),
     MetricDef("ckpt_events_total", "counter", "Events recorded by the registry, by kind.", ("kind",)),
 )
 
 NAMES = tuple(d.name for d in DEFINITIONS)
+GAUGE_REFRESH_S = 5.0
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
 _store_jobs: dict[str, set[str]] = {}  # node id -> jobs whose per-job gauge this process set
+_gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (name, tags) -> value to keep exporting
+_refresher: threading.Thread | None = None
 
 
 def _create() -> dict[str, Any]:
@@ -180,10 +194,40 @@ def _observe(name: str, value: float, **tags: Any) -> None:
         metric.observe(float(value), tags=_tags(**tags))
 
 
-def _set(name: str, value: float, **tags: Any) -> None:
+def _set(name: str, value: float, keep: bool = True, **tags: Any) -> None:
+    """Set a gauge; with ``keep`` it is set again every GAUGE_REFRESH_S (else it ages out)."""
     metric = _get().get(name)
-    if metric is not None:
-        metric.set(float(value), tags=_tags(**tags))
+    if metric is None:
+        return
+    labels = _tags(**tags)
+    metric.set(float(value), tags=labels)
+    key = (name, tuple(sorted(labels.items())))
+    with _lock:
+        if keep:
+            _gauges[key] = float(value)
+        else:
+            _gauges.pop(key, None)
+    _start_refresher()
+
+
+def _start_refresher() -> None:
+    global _refresher
+    with _lock:
+        if _refresher is None:
+            _refresher = threading.Thread(target=_refresh_gauges, name="ray_ckpt-metrics", daemon=True)
+            _refresher.start()
+
+
+def _refresh_gauges() -> None:
+    while True:
+        time.sleep(GAUGE_REFRESH_S)
+        with _lock:
+            kept = list(_gauges.items())
+        for (name, labels), value in kept:
+            try:
+                _get()[name].set(value, tags=dict(labels))
+            except Exception as error:
+                logger.debug("ray_ckpt metrics: could not refresh %s: %s", name, error)
 
 
 def _inc(name: str, value: float = 1.0, **tags: Any) -> None:
@@ -275,40 +319,41 @@ def _observe_event(event: dict[str, Any]) -> None:
             seconds = _number(value)
             if seconds is None or phase == "skipped":
                 continue
-            _observe("ckpt_save_phase_seconds", seconds, job=job, node_id=node_id, phase=phase)
+            _observe("ckpt_save_phase_seconds", seconds, ckpt_job=job, node_id=node_id, phase=phase)
             if phase == "blocking":
-                _observe("ckpt_save_blocking_seconds", seconds, job=job, node_id=node_id)
+                _observe("ckpt_save_blocking_seconds", seconds, ckpt_job=job, node_id=node_id)
         size = _number(event.get("bytes"))
         if size is not None:
-            _set("ckpt_save_bytes", size, job=job, node_id=node_id)
+            _set("ckpt_save_bytes", size, ckpt_job=job, node_id=node_id)
     elif kind == "restore" and event.get("step") is not None and int(event["step"]) >= 0:
         for phase, value in phases.items():
             seconds = _number(value)
             if seconds is not None:
-                _observe("ckpt_restore_phase_seconds", seconds, job=job, node_id=node_id, phase=phase)
-        _inc("ckpt_restores_total", job=job, node_id=node_id, source=event.get("source"))
-        _inc("ckpt_restore_bytes_total", _number(event.get("bytes")) or 0.0, job=job, node_id=node_id)
+                _observe("ckpt_restore_phase_seconds", seconds, ckpt_job=job, node_id=node_id, phase=phase)
+        _inc("ckpt_restores_total", ckpt_job=job, node_id=node_id, source=event.get("source"))
+        _inc("ckpt_restore_bytes_total", _number(event.get("bytes")) or 0.0, ckpt_job=job, node_id=node_id)
     elif kind == "kill":
         _inc("ckpt_kills_total", mode=event.get("mode"), node_id=node_id)
     elif kind == "node_dead":
         _inc("ckpt_node_deaths_total", node_id=node_id)
     steps_lost, done = _recoveries.add(event)
     if steps_lost:
-        _inc("ckpt_steps_lost_total", steps_lost, job=job)
+        _inc("ckpt_steps_lost_total", steps_lost, ckpt_job=job)
     for recovery in done:
         _observe_recovery(recovery)
 
 
 def _observe_recovery(recovery: dict[str, Any]) -> None:
     job = recovery["job"]
-    _inc("ckpt_recoveries_total", job=job)
-    _observe("ckpt_recovery_steps_lost", recovery.get("steps_lost") or 0, job=job)
+    _inc("ckpt_recoveries_total", ckpt_job=job)
+    _observe("ckpt_recovery_steps_lost", recovery.get("steps_lost") or 0, ckpt_job=job)
     resume = _number(recovery.get("time_to_resume_s"))
     if resume is not None:
-        _observe("ckpt_time_to_resume_seconds", resume, job=job)
-        _set("ckpt_last_time_to_resume_seconds", resume, job=job)
+        _observe("ckpt_time_to_resume_seconds", resume, ckpt_job=job)
+        _set("ckpt_last_time_to_resume_seconds", resume, ckpt_job=job)
     for phase in timeline.PHASES:
-        _set("ckpt_last_recovery_phase_seconds", _number(recovery["phases_s"].get(phase)) or 0.0, job=job, phase=phase)
+        seconds = _number(recovery["phases_s"].get(phase)) or 0.0
+        _set("ckpt_last_recovery_phase_seconds", seconds, ckpt_job=job, phase=phase)
 
 
 def observe_store(stats: dict[str, Any]) -> None:
@@ -322,10 +367,10 @@ def observe_store(stats: dict[str, Any]) -> None:
         with _lock:
             gone = _store_jobs.get(node_id, set()) - set(jobs)
             _store_jobs[node_id] = set(jobs)
-        for job in gone:
-            jobs[job] = 0
+        for job in gone:  # 0 once, then the series ages out
+            _set("ckpt_store_job_bytes", 0, keep=False, node_id=node_id, ckpt_job=job)
         for job, used in jobs.items():
-            _set("ckpt_store_job_bytes", used, node_id=node_id, job=job)
+            _set("ckpt_store_job_bytes", used, node_id=node_id, ckpt_job=job)
     except Exception as error:
         logger.debug("ray_ckpt metrics: could not observe store stats: %s", error)
 
@@ -334,9 +379,9 @@ def observe_job(job: str, committed_step: int | None, protection: int | None) ->
     """Set a job's committed-step and protection gauges (None leaves a gauge as it is). Never raises."""
     try:
         if committed_step is not None:
-            _set("ckpt_committed_step", committed_step, job=job)
+            _set("ckpt_committed_step", committed_step, ckpt_job=job)
         if protection is not None:
-            _set("ckpt_protection", protection, job=job)
+            _set("ckpt_protection", protection, ckpt_job=job)
     except Exception as error:
         logger.debug("ray_ckpt metrics: could not observe job %s: %s", job, error)
 
@@ -374,7 +419,7 @@ def observe_backup(job: str, size: int, node_id: str | None = None) -> None:
             import ray
 
             node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        _inc("ckpt_backups_total", job=job, node_id=node_id)
-        _inc("ckpt_backup_bytes_total", size, job=job, node_id=node_id)
+        _inc("ckpt_backups_total", ckpt_job=job, node_id=node_id)
+        _inc("ckpt_backup_bytes_total", size, ckpt_job=job, node_id=node_id)
     except Exception as error:
         logger.debug("ray_ckpt metrics: could not observe a backup of %s: %s", job, error)

@@ -15,6 +15,7 @@ from typing import Any
 from ray_ckpt import timeline
 
 VERSION = 1
+MAX_STALL_POINTS = 5000  # the newest recorded saves drawn in the save stall chart
 
 
 def build(
@@ -48,7 +49,7 @@ def build(
         }
         for e in saves
         if isinstance((e.get("phases_s") or {}).get("blocking"), (int, float))
-    ]
+    ][-MAX_STALL_POINTS:]
     kills = [
         {"time": e.get("time"), "node_id": e.get("node_id"), "mode": e.get("mode"), "by": e.get("by")}
         for e in ordered

@@ -15,7 +15,7 @@ from ray_ckpt.errors import InsufficientShardsError, StoreFullError
 
 pytestmark = pytest.mark.cluster
 
-CODE = {"data_shards": 4, "parity_shards": 2}
+CODE = {"data_shards": 4, "parity_shards": 2, "local_copy": False}  # the peers path
 JOB = "job-a"
 
 

@@ -119,7 +119,7 @@
   }
 
   // "nice" axis ticks between lo and hi
-  function ticks(lo, hi, count) {
+  function ticks(lo, hi, count, minStep) {
     if (!(hi > lo)) hi = lo + 1;
     var span = hi - lo;
     var step = Math.pow(10, Math.floor(Math.log10(span / count)));
@@ -127,6 +127,7 @@
     if (err <= 0.15) step *= 10;
     else if (err <= 0.35) step *= 5;
     else if (err <= 0.75) step *= 2;
+    if (minStep && step < minStep) step = minStep;
     var out = [];
     for (var v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toFixed(10));
     return { values: out, step: step };
@@ -146,7 +147,7 @@
     if (opts.xPad) { var pad = (x1 - x0) * opts.xPad; x0 -= pad; x1 += pad; }
     var yt = ticks(0, Math.max.apply(null, ys) * 1.1 || 1, 5);
     var y1 = yt.values[yt.values.length - 1];
-    var xt = ticks(x0, x1, Math.max(2, Math.floor((W - m.left - m.right) / 110)));
+    var xt = ticks(x0, x1, Math.max(2, Math.floor((W - m.left - m.right) / 110)), opts.xInteger ? 1 : 0);
     function sx(v) { return m.left + ((v - x0) / (x1 - x0)) * (W - m.left - m.right); }
     function sy(v) { return H - m.bottom - (v / y1) * (H - m.top - m.bottom); }
     var root = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img" });
@@ -372,7 +373,7 @@
           title: name + " · step " + s.step + " · attempt " + s.attempt + " · blocked " + fmtSeconds(s.blocking_s) };
       }) };
     });
-    lineChart(body, series, { xTime: false, xFormat: function (v) { return String(Math.round(v)); },
+    lineChart(body, series, { xTime: false, xInteger: true, xFormat: function (v) { return String(Math.round(v)); },
       yFormat: function (v) { return v === 0 ? "0" : (v >= 10 ? v.toFixed(0) : v.toFixed(1)) + " ms"; },
       xLabel: "step", yLabel: "save() blocked", dot: 2.5 });
   }

@@ -1,0 +1,65 @@
+"""The dashboard's live data from a real one-node Ray head: memory, shard placement, protection
+and the registry's events (what `ray-ckpt dashboard --address ...` shows)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import ray
+import torch
+
+import ray_ckpt
+from ray_ckpt import CheckpointConfig
+from ray_ckpt.cli import main
+from ray_ckpt.dashboard import server
+
+BUDGET = 64 << 20
+
+
+@pytest.fixture
+def local_ray(ray_tmpdir: str) -> Iterator[str]:
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield str(ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+
+
+def test_live_data_and_export(local_ray: str, tmp_path: pathlib.Path) -> None:
+    namespace = f"dash-{uuid.uuid4().hex[:8]}"
+    dashboard = server.Dashboard(live=server.LiveCluster(namespace))
+    before = dashboard.data()  # no service yet: empty, not an error
+    assert before["live"] is True and before["memory"] == [] and before["protection"] == {}
+
+    ray_ckpt.start(store_budget_bytes=BUDGET, namespace=namespace)
+    node_id = ray.get_runtime_context().get_node_id()
+    config = CheckpointConfig(data_shards=1, parity_shards=0, local_copy=True)
+    ckpt = ray_ckpt.Checkpointer(job="live", rank=0, world_size=1, config=config, namespace=namespace)
+    for step in range(3):
+        ckpt.save(step, {"w": torch.full((1024,), float(step))}).wait(timeout_s=60)
+    ckpt.close()
+
+    dashboard = server.Dashboard(live=server.LiveCluster(namespace))
+    data = dashboard.data()
+    assert data["error"] is None and data["namespace"] == namespace
+    assert [m["node_id"] for m in data["memory"]] == [node_id]
+    assert data["memory"][0]["budget_bytes"] == BUDGET and data["memory"][0]["used_bytes"] > 0
+    assert data["protection"]["live"]["value"] == 0 and data["protection"]["live"]["latest_committed"] == 2
+    placement = data["placement"]["live"]
+    assert placement["step"] == 2 and placement["ranks"] == [0]
+    assert placement["nodes"] == [{"node_id": node_id, "alive": True}]
+    assert [(c["rank"], c["indices"], c["local"], c["lost"]) for c in placement["cells"]] == [(0, [0], True, False)]
+    assert data["summary"]["saves"] >= 1 and data["save_stall"][0]["job"] == "live"
+
+    report = tmp_path / "live.html"
+    assert main(["dashboard", "--address", local_ray, "--namespace", namespace, "--export", str(report)]) == 0
+    page = report.read_text()
+    start = page.index("window.RAY_CKPT_DATA = ") + len("window.RAY_CKPT_DATA = ")
+    inlined = json.loads(page[start : page.index(";</script>", start)])
+    assert inlined["live"] is True and "live" in inlined["placement"]
+    assert ray.is_initialized()  # the CLI did not disconnect a connection it did not make
+    ray_ckpt.shutdown(namespace=namespace)
