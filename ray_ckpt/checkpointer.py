@@ -545,13 +545,7 @@ class Checkpointer:
         if step is None or uri is None:
             if not plan["ever_committed"]:
                 return None
-            raise InsufficientShardsError(
-                f"job {self.job!r}: no committed step can be rebuilt from peer memory (more than "
-                f"parity_shards nodes holding some rank's shards are gone) and there is no complete "
-                f"backup{'' if uri else ' (backup_uri is not set)'}; refusing to start from scratch",
-                job=self.job,
-                rank=self.rank,
-            )
+            raise self._unrebuildable(plan.get("newest_committed"), uri)
         t1 = time.perf_counter()
         data = backup.read(uri, self.job, step, self.rank)
         self._restored_bytes = data.size
@@ -562,6 +556,34 @@ class Checkpointer:
             "job %r rank %d: restored backup step %d (peer memory could not serve)", self.job, self.rank, step
         )
         return Restored(step, state, "backup", self._phases(t0, t1, t2, t2, time.perf_counter()))
+
+    def _unrebuildable(self, step: int | None, uri: str | None) -> InsufficientShardsError:
+        """The error for a committed ``step`` that no rank can restore from memory or backup,
+        naming the ranks whose shards are gone and this rank's lost shards."""
+        lost_by_rank: dict[int, list[int]] = {}
+        needed = 0
+        if step is not None:
+            located = self._ask_registry("locate", self.job, step)
+            for rank, record in sorted(located.items()):
+                nodes = {int(i): n for i, n in record["nodes"].items()}
+                live = naming.store_handles(self.namespace, sorted(set(nodes.values())))
+                needed = next(iter(record["metas"].values()))["data_shards"]
+                lost = sorted(i for i, n in nodes.items() if n not in live)
+                if len(nodes) - len(lost) < needed:
+                    lost_by_rank[int(rank)] = lost
+        mine = lost_by_rank.get(self.rank, [])
+        return InsufficientShardsError(
+            f"job {self.job!r} rank {self.rank} step {step}: the committed step cannot be rebuilt from peer "
+            f"memory: ranks {sorted(lost_by_rank)} have fewer than the {needed} shards needed on live nodes "
+            f"(lost shard indices by rank: {lost_by_rank}); this rank lost shards {mine}. There is no "
+            f"complete backup{'' if uri else ' (backup_uri is not set)'}; refusing to start from scratch",
+            job=self.job,
+            rank=self.rank,
+            step=step,
+            lost=mine,
+            lost_by_rank=lost_by_rank,
+            needed=needed,
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 
