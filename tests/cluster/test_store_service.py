@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -116,16 +118,22 @@ def test_killed_registry_restarts_with_the_same_view(sim_cluster: SimCluster) ->
     registry = naming.registry_handle(sim_cluster.namespace)
     before = ray.get(registry.jobs.remote())
     located_before = ray.get(registry.locate.remote(JOB, 2))
+    pid_of = lambda _actor: __import__("os").getpid()  # noqa: E731 (a lambda ships by value)
+    old_pid = ray.get(registry.__ray_call__.remote(pid_of))
     ray.kill(registry, no_restart=False)
-    after = None
+    # ray.kill is asynchronous: wait until a new registry process answers, not the dying one.
     for _ in range(100):
         try:
-            after = ray.get(naming.registry_handle(sim_cluster.namespace).jobs.remote(), timeout=5)
-            break
+            if ray.get(naming.registry_handle(sim_cluster.namespace).__ray_call__.remote(pid_of), timeout=5) != old_pid:
+                break
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            continue
-    assert after == before
-    assert ray.get(naming.registry_handle(sim_cluster.namespace).locate.remote(JOB, 2)) == located_before
+            pass
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed registry was not restarted")
+    registry = naming.registry_handle(sim_cluster.namespace)
+    assert ray.get(registry.jobs.remote()) == before
+    assert ray.get(registry.locate.remote(JOB, 2)) == located_before
     results = restore_all(sim_cluster, world_size=2)
     assert [r["digest"] for r in results] == [digest(make_state(r, 2)) for r in range(2)]
 
