@@ -8,16 +8,13 @@ without any error. Verify each shard's checksum (``ray_ckpt.checksum``) before h
 from __future__ import annotations
 
 import functools
-import os
-import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from ray_ckpt import gf256, settings
+from ray_ckpt import gf256, settings, workpool
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
 
 try:
@@ -35,16 +32,6 @@ except ImportError:  # pragma: no cover - only without a compiler at install tim
     )
 
 _ALIGN = 64  # split work between threads on cache-line boundaries
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _thread_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="ray_ckpt-codec")
-        return _pool
 
 
 def as_bytes(buffer: Any) -> np.ndarray:
@@ -284,12 +271,9 @@ class ReedSolomon:
             step = -(-length // threads)
             step = -(-step // _ALIGN) * _ALIGN
             bounds = [(lo, min(lo + step, length)) for lo in range(0, length, step)]
-            futures = [
-                _thread_pool().submit(_gf256.dot, coefficients, rows, cols, inputs, outputs, lo, hi)
-                for lo, hi in bounds
-            ]
-            for future in futures:
-                future.result()
+            workpool.run_all(
+                functools.partial(_gf256.dot, coefficients, rows, cols, inputs, outputs, lo, hi) for lo, hi in bounds
+            )
         else:
             _gf256.dot(coefficients, rows, cols, inputs, outputs, 0, length)
 

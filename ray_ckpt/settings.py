@@ -41,6 +41,17 @@ def codec_parallel_min_bytes() -> int:
     return _read("RAY_CKPT_CODEC_PARALLEL_MIN_BYTES", 8 << 20, int)
 
 
+def copy_threads() -> int:
+    """RAY_CKPT_COPY_THREADS: threads that copy CPU tensors into the host buffer during the
+    blocking part of a save (default: all cores, up to 4; the training loop is paused then)."""
+    return max(1, _read("RAY_CKPT_COPY_THREADS", min(4, os.cpu_count() or 1), int))
+
+
+def copy_parallel_min_bytes() -> int:
+    """RAY_CKPT_COPY_PARALLEL_MIN_BYTES: below this many bytes of CPU tensors, a save copies on one thread."""
+    return _read("RAY_CKPT_COPY_PARALLEL_MIN_BYTES", 16 << 20, int)
+
+
 def peer_timeout_s() -> float:
     """RAY_CKPT_PEER_TIMEOUT_S: how long one call to a store or the registry may take."""
     return _read("RAY_CKPT_PEER_TIMEOUT_S", 30.0, float)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import gc
 import math
 import types
@@ -40,6 +41,7 @@ import msgpack
 import numpy as np
 import torch
 
+from ray_ckpt import settings, workpool
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
 MAGIC = "ray_ckpt.snapshot"
@@ -160,18 +162,76 @@ def write_payload(layout: SnapshotLayout, out: Any) -> None:
     if buf.numel() < layout.payload_size:
         raise ValueError(f"out holds {buf.numel()} bytes, the payload needs {layout.payload_size}")
     end = 0
+    on_cpu: list[tuple[torch.Tensor, int, int]] = []
     for tensor, offset in zip(layout.tensors, layout.offsets):
         nbytes = tensor.numel() * tensor.element_size()
         if not nbytes:
             continue
         if offset > end:
             buf[end:offset].zero_()
-        # non_blocking only matters for device tensors into pinned memory: the copy is queued on
-        # the current stream, so later kernels cannot overwrite the source before it ran
-        buf[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=pinned)
         end = offset + nbytes
+        if tensor.device.type == "cpu":
+            on_cpu.append((tensor, offset, nbytes))
+        else:
+            # non_blocking only matters for device tensors into pinned memory: the copy is queued
+            # on the current stream, so later kernels cannot overwrite the source before it ran
+            _typed_view(buf, tensor, offset, nbytes).copy_(tensor, non_blocking=pinned)
     if layout.payload_size > end:
         buf[end : layout.payload_size].zero_()
+    _copy_cpu(buf, on_cpu)
+
+
+def _typed_view(buf: torch.Tensor, tensor: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+    return buf[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+
+
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor | None:
+    """A flat uint8 view of a CPU tensor's bytes when it has one (contiguous, no lazy conj/neg)."""
+    if not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+        return None
+    try:
+        return tensor.detach().reshape(-1).view(torch.uint8)
+    except RuntimeError:
+        return None
+
+
+def _copy_cpu(buf: torch.Tensor, items: list[tuple[torch.Tensor, int, int]]) -> None:
+    """Copy CPU tensors to their offsets in ``buf``, split into equal byte spans over
+    ``settings.copy_threads()`` threads when there is enough to copy (one memory stream per
+    thread copies at a fraction of the machine's memory bandwidth)."""
+    total = sum(nbytes for _, _, nbytes in items)
+    threads = settings.copy_threads()
+    if threads <= 1 or total < settings.copy_parallel_min_bytes():
+        for tensor, offset, nbytes in items:
+            _typed_view(buf, tensor, offset, nbytes).copy_(tensor)
+        return
+    share = -(-total // threads)
+    spans: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
+    filled = 0
+    for tensor, offset, nbytes in items:
+        flat = _flat_bytes(tensor)
+        if flat is None:  # copied whole, by whichever thread's span it starts in
+            spans[-1].append((_typed_view(buf, tensor, offset, nbytes), tensor))
+            filled += nbytes
+        else:
+            start = 0
+            while start < nbytes:
+                take = min(share - filled, nbytes - start)
+                spans[-1].append((buf[offset + start : offset + start + take], flat[start : start + take]))
+                filled += take
+                start += take
+                if filled >= share and start < nbytes:
+                    spans.append([])
+                    filled = 0
+        if filled >= share:
+            spans.append([])
+            filled = 0
+    workpool.run_all(functools.partial(_copy_span, span) for span in spans if span)
+
+
+def _copy_span(span: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for target, source in span:
+        target.copy_(source)
 
 
 def snapshot(state: State) -> tuple[bytes, np.ndarray]:

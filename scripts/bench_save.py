@@ -26,7 +26,10 @@ in place (``add_(1)``) before every timed save, as a training step would.
   ``torch.save(state, dir/state.pt)`` + ``ray.train.report(metrics, checkpoint=
   Checkpoint.from_directory(dir))`` with a local ``storage_path``: the time of those two calls.
   Ray Train runs with its DEFAULT controller poll interval (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``
-  unset: 2 s); each report blocks for about one interval, which is what users get.
+  unset: 2 s); a report blocks until the controller's next poll, which is what users get.
+  Between reports the worker "trains" for a random time (uniform in 0-2 s, seeded), as a real
+  loop computes between checkpoints: back-to-back reports would phase-lock with the poll and
+  each wait only for the rest of the interval after ``torch.save``, whatever its length.
 
 ``torch_save`` and ``dcp_async_save`` run in this process after the simulated cluster is shut
 down, with torch's intra-op thread count set to the one the rank actor had (Ray gives a 1-CPU
@@ -59,6 +62,7 @@ import contextlib
 import json
 import os
 import pathlib
+import random
 import shutil
 import statistics
 import sys
@@ -82,6 +86,7 @@ CLUSTER_BASE_BYTES = 4 << 30
 FIT_FRACTION = 0.75  # memory in use now + the estimate must stay under this share of the machine's
 GUARD_FRACTION = 0.85  # abort (shutting the cluster down) when the machine's memory in use passes this
 JOB = "bench-save"
+TRAIN_POLL_S = 2.0  # Ray Train's default controller poll interval
 GAP_S = 0.25  # pause after the previous save finished, before the next timed one
 IMPLS = ("ray_ckpt", "ray_ckpt_back_to_back", "memcpy", "torch_save", "dcp_async_save", "ray_train_report")
 GOALS = (  # (numerator, denominator, label, passes(ratio))
@@ -342,11 +347,13 @@ def _train_loop(config: dict[str, Any]) -> None:
     import torch
 
     results = []
+    training = random.Random(config["seed"])
     for size in config["sizes"]:
         state = make_state(size)
         save_s, report_s = [], []
         for attempt in range(config["repeats"] + 1):
             mutate(state)
+            time.sleep(training.uniform(0.0, TRAIN_POLL_S))  # the training steps between checkpoints
             with tempfile.TemporaryDirectory(prefix="ckpt") as folder:
                 started = time.perf_counter()
                 torch.save(state, os.path.join(folder, "state.pt"))
@@ -382,7 +389,7 @@ def bench_ray_train(sizes: list[int], repeats: int, folder: pathlib.Path) -> lis
     try:
         trainer = TorchTrainer(
             _train_loop,
-            train_loop_config={"sizes": sizes, "repeats": repeats, "out": str(out)},
+            train_loop_config={"sizes": sizes, "repeats": repeats, "out": str(out), "seed": 0},
             scaling_config=ScalingConfig(num_workers=1, use_gpu=False),
             run_config=RunConfig(
                 name="bench_save",

@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ray_ckpt import settings as settings_knobs
 from ray_ckpt import snapshot as snap
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
@@ -290,6 +291,33 @@ def test_same_state_gives_identical_bytes_with_zeroed_padding() -> None:
     assert layout.header == header1
     assert garbage.tobytes() == payload1.tobytes()
     assert not payload1[3:64].any()
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_parallel_copy_writes_the_same_bytes_as_one_thread(threads: int) -> None:
+    """Spans split across tensor boundaries, whole non-contiguous/conj/neg tensors and tiny
+    tensors all land at their offsets; the gaps stay zeroed."""
+    state = {
+        "big": make_tensor(torch.float32, (1000, 37), seed=1),
+        "view": make_tensor(torch.float64, (40, 30), seed=2).t(),
+        "conj": make_tensor(torch.complex64, (50,), seed=3).conj(),
+        "neg": torch._neg_view(make_tensor(torch.float32, (33,), seed=4)),
+        "flags": make_tensor(torch.bool, (101,), seed=5),
+        "scalar": torch.tensor(2.5, dtype=torch.bfloat16),
+        "empty": torch.empty(0, 3),
+        "tail": make_tensor(torch.int16, (4099,), seed=6),
+    }
+    layout = snap.plan(state)
+    with settings_knobs.override(RAY_CKPT_COPY_THREADS=1):
+        expected = np.full(layout.payload_size, 0xAB, dtype=np.uint8)
+        snap.write_payload(layout, expected)
+    with settings_knobs.override(RAY_CKPT_COPY_THREADS=threads, RAY_CKPT_COPY_PARALLEL_MIN_BYTES=0):
+        parallel = np.full(layout.payload_size, 0xCD, dtype=np.uint8)
+        snap.write_payload(layout, parallel)
+    assert parallel.tobytes() == expected.tobytes()
+    restored = snap.restore(layout.header, parallel)
+    for key, tensor in state.items():
+        assert tensor_bytes(restored[key]) == tensor_bytes(tensor.resolve_conj().resolve_neg()), key
 
 
 def test_plan_references_tensors_without_copying() -> None:
