@@ -130,6 +130,7 @@ class Checkpointer:
         self._parity: list[np.ndarray] = []
         self._last_step: int | None = None
         self._saves = 0
+        self._placement_checked = False
         self._restored_bytes = 0
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
@@ -139,7 +140,9 @@ class Checkpointer:
 
     def save(self, step: int, state: Any) -> SaveHandle:
         """Checkpoint ``state`` as ``step`` (steps must increase). Returns once the state is
-        copied; see SaveHandle for completion. Raises the previous save's background error."""
+        copied; see SaveHandle for completion. Raises the previous save's background error, and
+        on this Checkpointer's first save PlacementError when fewer nodes run a store than
+        ``data_shards + parity_shards`` (nothing is saved then)."""
         self._check_open()
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"step must be an int >= 0, got {step!r}")
@@ -147,6 +150,14 @@ class Checkpointer:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
         layout = snapshot.plan(state)  # validates before anything is waited for or touched
+        if not self._placement_checked:  # k+m larger than the cluster: an error at the call
+            place(
+                service.storage_nodes(self.namespace, self.config.failure_domain_label),
+                shards=self.config.total_shards,
+                rank=self.rank,
+                rank_node_id=self.node_id,
+            )
+            self._placement_checked = True
         if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
             self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
             return SaveHandle(self, step, None)

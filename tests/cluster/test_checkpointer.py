@@ -12,9 +12,9 @@ from conftest import SimCluster
 from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
 
 import ray_ckpt
-from ray_ckpt import backup, naming
+from ray_ckpt import backup, naming, service
 from ray_ckpt.checkpointer import Checkpointer
-from ray_ckpt.errors import PlacementError
+from ray_ckpt.errors import PlacementError, StoreFullError
 
 pytestmark = pytest.mark.cluster
 
@@ -110,10 +110,33 @@ def test_losing_more_than_m_shards_falls_back_to_the_newest_backup_on_every_rank
     assert step == 2 and digest(state) == digest(make_state(1, 2))
 
 
-@pytest.mark.nodes(2)
+@pytest.mark.nodes(6)
 def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimCluster) -> None:
-    """A save whose background placement fails (k+m larger than the cluster) raises
-    PlacementError on the next save and on close, never silently."""
+    """A save whose background scatter fails (the stores filled up after it was accepted)
+    raises StoreFullError on the next save, on wait and on close, never silently; the
+    committed step stays restorable."""
+    config = ray_ckpt.CheckpointConfig(data_shards=4, parity_shards=2, local_copy=False)
+    checkpointer = Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace)
+    checkpointer.save(0, make_state(0, 0, 100)).wait(timeout_s=60)
+    for store in naming.store_handles(sim_cluster.namespace).values():
+        ray.get(store.set_budget.remote(1))  # below what step 0 holds: every further put fails
+    checkpointer.save(1, make_state(0, 1, 100))
+    with pytest.raises(StoreFullError, match="budget"):
+        checkpointer.save(2, make_state(0, 2, 100))
+    handle = checkpointer.save(3, make_state(0, 3, 100))
+    with pytest.raises(StoreFullError):
+        handle.wait(timeout_s=60)
+    with pytest.raises(StoreFullError):
+        checkpointer.close()
+    restored = Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace).restore()
+    assert restored is not None and restored.step == 0
+    assert digest(restored.state) == digest(make_state(0, 0, 100))
+
+
+@pytest.mark.nodes(2)
+def test_k_plus_m_larger_than_the_cluster_fails_at_the_first_save(sim_cluster: SimCluster) -> None:
+    """RS(4,2) on a cluster with 3 stores: PlacementError at the save call, naming the numbers
+    and what to change; nothing was stored."""
     checkpointer = Checkpointer(
         job=JOB,
         rank=0,
@@ -121,14 +144,12 @@ def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimClust
         config=ray_ckpt.CheckpointConfig(data_shards=4, parity_shards=2),
         namespace=sim_cluster.namespace,
     )
-    checkpointer.save(0, make_state(0, 0, 100))
-    with pytest.raises(PlacementError, match="data_shards"):
-        checkpointer.save(1, make_state(0, 1, 100))
-    handle = checkpointer.save(2, make_state(0, 2, 100))
-    with pytest.raises(PlacementError):
-        handle.wait(timeout_s=30)
-    with pytest.raises(PlacementError):
-        checkpointer.close()
+    with pytest.raises(PlacementError, match="only 3 node") as raised:
+        checkpointer.save(0, make_state(0, 0, 100))
+    assert "data_shards + parity_shards" in str(raised.value)
+    assert checkpointer.latest_step() is None
+    assert all(not s["shards"] for s in service.status(namespace=sim_cluster.namespace)["nodes"].values())
+    checkpointer.close()
 
 
 @pytest.mark.nodes(6)
