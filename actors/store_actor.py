@@ -8,7 +8,7 @@ import numpy as np
 import psutil
 import ray
 
-from ray_ckpt import metrics
+from ray_ckpt import metrics, settings
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
 
@@ -21,7 +21,12 @@ class ShardStoreActor:
     def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float) -> None:
         if budget_bytes is None:
             budget_bytes = int(psutil.virtual_memory().total * budget_fraction)
-        self._store = ShardStore(node_id=node_id, budget_bytes=budget_bytes)
+        self._store = ShardStore(
+            node_id=node_id,
+            budget_bytes=budget_bytes,
+            memory_ceiling=settings.node_memory_ceiling(),
+            node_memory=_node_memory,
+        )
         metrics.observe_store(self._store.stats())
 
     def ready(self) -> str:
@@ -60,6 +65,16 @@ class ShardStoreActor:
     def stats(self) -> dict[str, Any]:
         return self._store.stats()
 
+    def set_memory_ceiling(self, fraction: float) -> None:
+        """Change the node-memory ceiling (see ShardStore) of this running store."""
+        self._store.memory_ceiling = float(fraction)
+
     def set_budget(self, budget_bytes: int) -> None:
         self._store.budget_bytes = int(budget_bytes)
         metrics.observe_store(self._store.stats())
+
+
+def _node_memory() -> tuple[int, int]:
+    """(bytes in use, total bytes) of this node, as Ray's memory monitor counts them."""
+    memory = psutil.virtual_memory()
+    return memory.total - memory.available, memory.total

@@ -83,6 +83,13 @@ class CheckpointConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, object]) -> CheckpointConfig:
+        """The config ``to_dict`` gave; ConfigError names any key that is not a field."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(
+                f"{', '.join(map(repr, unknown))} not a CheckpointConfig field; the fields are "
+                f"{', '.join(f.name for f in dataclasses.fields(cls))}"
+            )
         return cls(**values)  # type: ignore[arg-type]
 
 

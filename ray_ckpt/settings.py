@@ -63,6 +63,15 @@ def store_budget_fraction() -> float:
     return _read("RAY_CKPT_STORE_BUDGET_FRACTION", 0.25, float)
 
 
+def node_memory_ceiling() -> float:
+    """RAY_CKPT_NODE_MEMORY_CEILING: a store refuses to allocate a shard when its node's memory
+    in use would pass this fraction of the total (Ray's memory monitor acts at 0.95)."""
+    ceiling = _read("RAY_CKPT_NODE_MEMORY_CEILING", 0.9, float)
+    if not 0 < ceiling <= 1:
+        raise ValueError(f"RAY_CKPT_NODE_MEMORY_CEILING must be in (0, 1], got {ceiling}")
+    return ceiling
+
+
 def save_event_every() -> int:
     """RAY_CKPT_SAVE_EVENT_EVERY: send a save event to the registry every N saves (the first
     save after a restore always sends one)."""

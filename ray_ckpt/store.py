@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +33,31 @@ class ShardStore:
       * ``put`` copies the bytes (never keeps a reference to a caller-owned buffer) and
         reserves budget before copying, so concurrent puts can never overshoot the budget.
       * A put that would exceed the budget raises StoreFullError and changes nothing.
+      * A put that needs new memory (no spare array of its size to reuse) while the node's
+        memory in use would pass ``memory_ceiling`` of its total raises StoreFullError too,
+        so a store never pushes its node into Ray's memory monitor (which kills workers at
+        95% by default). Reused arrays need no new memory, so steady-state saves go on.
       * Putting an existing key replaces it (a retried save).
       * Only ``mark_committed``/``drop`` evict, and only the named job's superseded steps.
       * All methods are safe to call from many threads at once; copies run outside the lock,
         so a large put does not block gets.
     """
 
-    def __init__(self, *, node_id: str, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        budget_bytes: int,
+        memory_ceiling: float = 1.0,
+        node_memory: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        """``node_memory()`` returns the node's (bytes in use, total bytes); None: no guard."""
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
         self.node_id = node_id
         self.budget_bytes = int(budget_bytes)
+        self.memory_ceiling = memory_ceiling
+        self._node_memory = node_memory
         self._lock = threading.Lock()
         self._entries: dict[ShardKey, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
@@ -80,6 +95,9 @@ class ShardStore:
             self._reserved += need
         try:
             owned = self._take_spare(view.size)
+            if owned is None:
+                self._check_node_memory(meta, need)
+                owned = hostmem.allocate(view.size)
             np.copyto(owned, view)
         except BaseException:
             with self._lock:
@@ -168,7 +186,7 @@ class ShardStore:
         self._trim_spare_locked()
         return freed
 
-    def _take_spare(self, size: int) -> np.ndarray:
+    def _take_spare(self, size: int) -> np.ndarray | None:
         with self._lock:
             arrays = self._spare.get(size, [])
             while arrays:
@@ -176,7 +194,25 @@ class ShardStore:
                 # reuse only if nobody else still holds it (e.g. a get being serialized)
                 if sys.getrefcount(candidate) <= 2:
                     return candidate
-        return hostmem.allocate(size)
+        return None
+
+    def _check_node_memory(self, meta: ShardMeta, need: int) -> None:
+        if self._node_memory is None:
+            return
+        in_use, total = self._node_memory()
+        if in_use + need > self.memory_ceiling * total:
+            raise StoreFullError(
+                f"store on node {self.node_id} cannot take shard {meta.index} of rank {meta.rank}, step "
+                f"{meta.step} of job {meta.job!r} ({need} bytes): the node's memory in use "
+                f"({in_use} of {total} bytes, {in_use / total:.0%}) would pass the ceiling of "
+                f"{self.memory_ceiling:.0%} (RAY_CKPT_NODE_MEMORY_CEILING), which keeps the node clear of "
+                "Ray's memory monitor. Free memory on the node, lower the store budget or keep_committed, "
+                "or add nodes",
+                node_id=self.node_id,
+                used_bytes=in_use,
+                budget_bytes=int(self.memory_ceiling * total),
+                requested_bytes=need,
+            )
 
     def _trim_spare_locked(self) -> None:
         """Free spare arrays until live data, puts in flight and spares fit the budget."""

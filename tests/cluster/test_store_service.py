@@ -156,6 +156,37 @@ def test_a_put_over_budget_fails_cleanly_and_the_store_keeps_serving(sim_cluster
 
 
 @pytest.mark.nodes(6)
+def test_under_memory_pressure_saves_evict_only_superseded_steps_or_fail_cleanly(sim_cluster: SimCluster) -> None:
+    """Stores with room for two steps of a rank: a run of saves goes on by evicting superseded
+    steps only, never past any budget. With the node-memory ceiling reached, a save that needs
+    new memory fails with StoreFullError naming the ceiling, and the committed step stays
+    restorable bit-exact."""
+    config = {**CODE, "keep_committed": 1}
+    save_all(sim_cluster, [0], world_size=1, config=config)
+    stores = naming.store_handles(sim_cluster.namespace)
+    per_step = max(ray.get(h.stats.remote())["used_bytes"] for h in stores.values())
+    for handle in stores.values():
+        ray.get(handle.set_budget.remote(2 * per_step))
+    for step in range(1, 6):
+        save_all(sim_cluster, [step], world_size=1, config=config)
+        for node in service.status(namespace=sim_cluster.namespace)["nodes"].values():
+            assert node["used_bytes"] <= node["budget_bytes"]
+    registry = naming.registry_handle(sim_cluster.namespace)
+    assert ray.get(registry.committed_steps.remote(JOB)) == [5]
+    for handle in stores.values():
+        ray.get(handle.set_budget.remote(1 << 30))
+        ray.get(handle.set_memory_ceiling.remote(0.001))  # the node is "full"
+    with pytest.raises(StoreFullError, match="ceiling"):
+        ray.get(
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(0))).remote(
+                sim_cluster.namespace, JOB, 0, 1, [6], config, 80_000
+            )
+        )
+    result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, config))
+    assert result["step"] == 5 and result["digest"] == digest(make_state(0, 5))
+
+
+@pytest.mark.nodes(6)
 def test_peer_memory_per_step_is_k_plus_m_over_k_plus_under_one_percent(sim_cluster: SimCluster) -> None:
     """status(): bytes held for one committed step are (k+m)/k of the payload, with < 1%
     metadata and padding on top."""
@@ -186,14 +217,24 @@ def _tensors(state: object) -> list:
     return []
 
 
-@pytest.mark.nodes(1)
-def test_checkpointer_rejects_bad_input_before_touching_the_service(sim_cluster: SimCluster) -> None:
-    """Wrong rank/world size and unsupported leaves fail at the call with clear errors."""
+@pytest.mark.nodes(6)
+def test_checkpointer_rejects_bad_input_at_the_call_and_loses_nothing(sim_cluster: SimCluster) -> None:
+    """Wrong rank/world size, bad steps and unsupported leaves fail at the call with clear
+    errors; the committed step stays the latest and restores bit-exact."""
     with pytest.raises(ray_ckpt.ConfigError, match="rank"):
         Checkpointer(job=JOB, rank=4, world_size=4, namespace=sim_cluster.namespace)
-    checkpointer = Checkpointer(job=JOB, rank=0, world_size=1, namespace=sim_cluster.namespace)
+    config = ray_ckpt.CheckpointConfig(**CODE)
+    checkpointer = Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace)
     with pytest.raises(ray_ckpt.UnsupportedLeafError, match="opt"):
         checkpointer.save(0, {"opt": {1, 2}})
     assert checkpointer.latest_step() is None
-    assert checkpointer.restore() is None
+    checkpointer.save(3, make_state(0, 3)).wait(timeout_s=60)
+    for step, words in [(-1, "step must be"), ("4", "step must be"), (True, "step must be"), (3, "not newer")]:
+        with pytest.raises(ray_ckpt.ConfigError, match=words):
+            checkpointer.save(step, make_state(0, 9))
+    with pytest.raises(ray_ckpt.UnsupportedLeafError, match=r"state\['w'\]\[1\]"):
+        checkpointer.save(4, {"w": [1, object()]})
     checkpointer.close()
+    assert ray.get(naming.registry_handle(sim_cluster.namespace).committed_steps.remote(JOB)) == [3]
+    result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, CODE))
+    assert result["step"] == 3 and result["digest"] == digest(make_state(0, 3))

@@ -585,3 +585,33 @@ def test_random_nested_states_round_trip(state: Any) -> None:
     assert_same(state, snap.restore(header, payload))
     header2, payload2 = snap.snapshot(state)
     assert header2 == header and payload2.tobytes() == payload.tobytes()
+
+
+_BAD_LEAVES = st.sampled_from(
+    [
+        lambda: {1, 2},
+        lambda: np.zeros(2),
+        lambda: object(),
+        lambda: Point(1, 2),
+        lambda: 2**64,
+        lambda: collections.defaultdict(list),
+        lambda: {(1, 2): "tuple key"},
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(state=_STATES, steps=st.lists(_KEYS, min_size=1, max_size=4), bad=_BAD_LEAVES)
+def test_an_unsupported_leaf_anywhere_is_refused_naming_its_path(state: Any, steps: list[Any], bad: Any) -> None:
+    """Property: one unsupported value put at a random key path in a valid state fails at
+    plan time with UnsupportedLeafError, and the message names that path."""
+    tree: dict[Any, Any] = {"ok": state}
+    node = tree
+    for key in steps[:-1]:
+        node[key] = {}
+        node = node[key]
+    node[steps[-1]] = bad()
+    path = "state" + "".join(f"[{key!r}]" for key in steps)
+    with pytest.raises(UnsupportedLeafError) as raised:
+        snap.plan(tree)
+    assert str(raised.value).startswith(path) or path in str(raised.value)

@@ -287,3 +287,44 @@ def test_stats_fields_add_up() -> None:
     assert stats["jobs"] == {"a": cost(shards[0]) + cost(shards[1]), "b": cost(shards[2])}
     assert sorted(m.key for m in store.inventory()) == sorted(m.key for m in shards)
     assert [m.key for m in store.inventory("b")] == [shards[2].key]
+
+
+def test_a_put_needing_new_memory_past_the_node_ceiling_is_refused_and_changes_nothing() -> None:
+    """The node at 89% of its memory, ceiling 90%: a shard that would pass it is refused with
+    StoreFullError naming the node's memory; what the store held is untouched."""
+    in_use = {"bytes": 0}
+    total = 10_000
+    store = ShardStore(
+        node_id="n1", budget_bytes=1 << 20, memory_ceiling=0.9, node_memory=lambda: (in_use["bytes"], total)
+    )
+    first = meta(step=1, size=64)
+    store.put(first, data(64, fill=1))
+    in_use["bytes"] = 8_900
+    with pytest.raises(StoreFullError, match=r"node's memory in use \(8900 of 10000 bytes, 89%\).*90%"):
+        store.put(meta(step=2, size=200), data(200))
+    assert store.stats()["shards"] == 1
+    found = store.get("job", 1, 0, 0)
+    assert found is not None and (found[1] == 1).all()
+    in_use["bytes"] = 8_000
+    store.put(meta(step=2, size=200), data(200))  # room again: accepted
+    assert store.stats()["shards"] == 2
+
+
+def test_reusing_an_evicted_array_needs_no_new_memory_so_saves_go_on_at_the_ceiling() -> None:
+    """Steady state under memory pressure: the next step's shard reuses the evicted step's array."""
+    full = {"on": False}
+    store = ShardStore(
+        node_id="n1",
+        budget_bytes=1 << 20,
+        memory_ceiling=0.9,
+        node_memory=lambda: (10_000 if full["on"] else 0, 10_000),
+    )
+    store.put(meta(step=1, size=128), data(128, fill=1))
+    store.put(meta(step=2, size=128), data(128, fill=2))
+    store.mark_committed("job", 2, keep_steps=[2])  # step 1 evicted: its array becomes a spare
+    full["on"] = True
+    store.put(meta(step=3, size=128), data(128, fill=3))
+    with pytest.raises(StoreFullError, match="ceiling"):
+        store.put(meta(step=3, index=1, size=128), data(128))  # no spare left: refused
+    found = store.get("job", 3, 0, 0)
+    assert found is not None and (found[1] == 3).all()
