@@ -130,6 +130,18 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
     assert document["ratio"] == pytest.approx(
         document["ray_train"]["wasted_per_failure_s"] / document["ray_ckpt"]["wasted_per_failure_s"]
     )
+    # the equal-stall replay: same kill, same resume time, steps lost for checkpoints every E
+    every = document["equal_stall_every"]
+    assert isinstance(every, int) and every >= 1
+    assert _positive(document["baseline_stall_per_checkpoint_s"])
+    measured = document["ray_train"]["failures"][0]
+    replayed = document["ray_train_equal_stall"]["failures"][0]
+    newest = measured["restored_step"] + measured["steps_lost"]
+    assert replayed["steps_lost"] == newest - ((newest + 1) // every * every - 1)
+    assert replayed["time_to_resume_s"] == measured["time_to_resume_s"]
+    assert document["ratio_equal_stall"] == pytest.approx(
+        document["ray_train_equal_stall"]["wasted_per_failure_s"] / document["ray_ckpt"]["wasted_per_failure_s"]
+    )
 
 
 @pytest.mark.parametrize(
