@@ -59,6 +59,7 @@ class ShardStore:
         self.memory_ceiling = memory_ceiling
         self._node_memory = node_memory
         self._lock = threading.Lock()
+        self._allocating = threading.Lock()
         self._entries: dict[ShardKey, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
@@ -96,8 +97,9 @@ class ShardStore:
         try:
             owned = self._take_spare(view.size)
             if owned is None:
-                self._check_node_memory(meta, need)
-                owned = hostmem.allocate(view.size)
+                with self._allocating:  # one at a time, so concurrent puts see each other's memory
+                    self._check_node_memory(meta, need)
+                    owned = hostmem.allocate(view.size)
             np.copyto(owned, view)
         except BaseException:
             with self._lock:

@@ -19,11 +19,12 @@ nodes, all on this machine, fast failure detection, dashboard off, a private RAY
    restore at the same time. ``seconds`` is the slowest rank's ``restore()`` wall time. Each
    restored tensor's XXH3 checksum must equal the saved one (else exit status 1). Then a
    second node is killed (m=2 in all) and the restore is repeated with fresh processes.
-5. Raw Ray transfer of the same bytes: on two surviving worker nodes, actors ``ray.put`` an
-   array of the per-rank size; actors on the two rank nodes ``ray.get`` them at the same time
-   (timed inside each receiver, slowest reported), twice with new objects; the second (warm)
-   pull is reported as ``raw_ray_transfer``. One more pull to rank 0's node alone:
-   ``raw_ray_transfer_single``.
+5. Raw Ray transfer of the same bytes: on two surviving worker nodes, actors hold an array of
+   the per-rank size in their memory (as a store holds a shard); actors on the two rank nodes
+   ``ray.get`` them through a method call at the same time (Ray serializes each array into its
+   holder's object store and pulls it across; timed inside each receiver, slowest reported),
+   twice with new arrays; the second (warm) time is reported as ``raw_ray_transfer``. One more
+   to rank 0's node alone: ``raw_ray_transfer_single``.
 6. Ray Train's own restore: a ``TorchTrainer`` with 2 workers, ``RunConfig(storage_path=<local
    folder>)``. Attempt 1: each worker ``torch.save``s a state of the size and reports it with
    ``ray.train.report(checkpoint=...)``, then raises; Ray Train restarts the worker group
@@ -151,21 +152,28 @@ def _remote_classes() -> tuple[Any, Any, Any]:
 
     @ray.remote(num_cpus=0, max_restarts=0)
     class Holder:
-        """Puts arrays into its node's object store."""
+        """Holds arrays in its memory, as a store does."""
 
-        def make(self, size: int, seed: int) -> list[Any]:
-            import numpy as np
+        def __init__(self) -> None:
+            self.arrays: dict[int, Any] = {}
 
-            array = np.full(size, seed % 256, dtype=np.uint8)
-            return [ray.put(array)]  # in a list: the caller gets the reference, not the value
+        def make(self, size: int, seed: int) -> None:
+            from ray_ckpt import hostmem
+
+            array = hostmem.allocate(size)
+            array[:] = seed % 256
+            self.arrays[seed] = array
+
+        def get(self, seed: int) -> Any:
+            return self.arrays.pop(seed)
 
     @ray.remote(num_cpus=0, max_restarts=0)
     class Receiver:
-        """Pulls an object to its node; returns the seconds ``ray.get`` took and the size."""
+        """Fetches a holder's array to its node; returns the seconds ``ray.get`` took and the size."""
 
-        def fetch(self, refs: list[Any]) -> tuple[float, int]:
+        def fetch(self, holder: Any, seed: int) -> tuple[float, int]:
             started = time.perf_counter()
-            array = ray.get(refs[0])
+            array = ray.get(holder.get.remote(seed))
             elapsed = time.perf_counter() - started
             return elapsed, int(array.nbytes)
 
@@ -267,9 +275,8 @@ def _raw_transfers(Holder: Any, Receiver: Any, holder_nodes: list[str], rank_nod
     receivers = [Receiver.options(scheduling_strategy=_on(n)).remote() for n in rank_nodes]
 
     def pull(pairs: list[int], seed: int) -> float:
-        refs = [ray.get(holders[i].make.remote(size, seed + i)) for i in pairs]
-        timings = ray.get([receivers[i].fetch.remote(ref) for i, ref in zip(pairs, refs)])
-        del refs
+        ray.get([holders[i].make.remote(size, seed + i) for i in pairs])
+        timings = ray.get([receivers[i].fetch.remote(holders[i], seed + i) for i in pairs])
         if any(received != size for _, received in timings):
             raise BenchError(f"raw transfer moved {timings}, expected {size} bytes each")
         return max(seconds for seconds, _ in timings)
