@@ -22,7 +22,12 @@ machine, fast failure detection, dashboard off, a private RAY_TMPDIR):
    timed) and the receiver pulls the finished object ("object pull"). Each is done twice with
    distinct arrays; the second (warm) time is reported.
 
-Rows: ``{"size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s"}`` with
+6. Fan-in: the same bytes moved the way the restore moves them: actors on the k surviving nodes
+   the restore read from each hold size/k bytes, and the rank's node fetches all of them at
+   once (warm time reported). On one machine, k sending nodes share the same two cores, so
+   this is slower than one stream here; on real hosts each sender has its own.
+
+Rows: ``{"size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s", "fan_in_s"}`` with
 ``ratio = raw_transfer_s / restore_s`` (>= 0.7: restore runs at >= 70% of raw transfer speed).
 The printed table adds the restore phases from ``Restored.phases_s`` (locate, fetch, decode,
 load) and the ratio against the object pull. The restore runs in a fresh process (cold), as
@@ -150,6 +155,12 @@ def _remote_classes() -> tuple[Any, Any, Any]:
             elapsed = time.perf_counter() - started
             return elapsed, int(array.nbytes)
 
+        def fetch_all(self, holders: list[Any], seed: int) -> tuple[float, int]:
+            started = time.perf_counter()
+            arrays = ray.get([holder.get.remote(seed) for holder in holders])
+            elapsed = time.perf_counter() - started
+            return elapsed, sum(int(a.nbytes) for a in arrays)
+
         def pull(self, refs: list[Any]) -> tuple[float, int]:
             started = time.perf_counter()
             array = ray.get(refs[0])
@@ -245,6 +256,17 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
                 raise BenchError(f"raw transfer moved {received} and {pulled_bytes} bytes, expected {size}")
             raw.append(seconds)
             pulled.append(pull_s)
+        # the same bytes the way a restore moves them: a quarter from each of the k nodes it read
+        sources = sorted({nodes[i] for i in range(len(nodes)) if nodes[i] not in victims})[: CODE["data_shards"]]
+        part = -(-size // CODE["data_shards"])
+        fan_holders = [Holder.options(scheduling_strategy=_on(n)).remote() for n in sources]
+        fan_in = []
+        for attempt in range(2):
+            ray.get([h.make.remote(part, 100 + attempt) for h in fan_holders])
+            seconds, received = ray.get(receiver.fetch_all.remote(fan_holders, 100 + attempt))
+            if received != part * len(fan_holders):
+                raise BenchError(f"fan-in transfer moved {received} bytes, expected {part * len(fan_holders)}")
+            fan_in.append(seconds)
         return {
             "size_bytes": size,
             "restore_s": restored["restore_s"],
@@ -255,6 +277,7 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
             "save_phases_s": saved["phases_s"],
             "raw_cold_s": raw[0],
             "object_pull_s": pulled[-1],
+            "fan_in_s": fan_in[-1],
             "detect_s": detect_s,
             "killed": sorted(i for i, n in nodes.items() if n in victims),
         }
@@ -277,6 +300,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
         "ratio",
         "pull s",
         "ratio",
+        "fan-in s",
+        "ratio",
         "locate s",
         "fetch s",
         "decode s",
@@ -296,6 +321,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
                 f"{r['ratio']:.2f}",
                 f"{r['object_pull_s']:.3f}",
                 f"{r['object_pull_s'] / r['restore_s']:.2f}",
+                f"{r['fan_in_s']:.3f}",
+                f"{r['fan_in_s'] / r['restore_s']:.2f}",
                 *(f"{phases.get(p, float('nan')):.3f}" for p in ("locate", "fetch", "decode", "load")),
                 ",".join(str(i) for i in r["killed"]),
             )
@@ -372,10 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     print(
         "raw = ray.get of an array an actor holds in memory (the goal's baseline); pull = ray.get of an\n"
-        "object already in the holder's object store (a lower bound); ratio = that time / restore s\n"
+        "object already in the holder's object store (a lower bound); fan-in = k actors on the nodes the\n"
+        "restore read from each send size/k at once (the restore's traffic); ratio = that time / restore s\n"
         "(>= 0.7: restore at >= 70% of that transfer speed); GB/s = 1e9 B/s"
     )
-    rows = [{k: r[k] for k in ("size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s")} for r in results]
+    keys = ("size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s", "fan_in_s")
+    rows = [{k: r[k] for k in keys} for r in results]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

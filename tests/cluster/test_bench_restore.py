@@ -11,7 +11,7 @@ import sys
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_restore.py"
-FIELDS = {"size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s"}
+FIELDS = {"size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s", "fan_in_s"}
 
 
 def _env() -> dict[str, str]:
@@ -44,7 +44,7 @@ def test_quick_run_restores_bit_exact_and_writes_rows(tmp_path: pathlib.Path) ->
     row = rows[0]
     assert set(row) == FIELDS
     assert row["size_bytes"] == 16 << 20
-    for key in ("restore_s", "raw_transfer_s", "ratio", "object_pull_s"):
+    for key in ("restore_s", "raw_transfer_s", "ratio", "object_pull_s", "fan_in_s"):
         assert isinstance(row[key], float)
         assert row[key] > 0
     assert row["ratio"] == pytest.approx(row["raw_transfer_s"] / row["restore_s"])

@@ -21,13 +21,15 @@ CODE = {"data_shards": 4, "parity_shards": 2, "local_copy": False}  # the peers 
 JOB = "job-a"
 
 
-def save_all(sim: SimCluster, steps: list[int], world_size: int = 4, config: dict | None = None) -> list[str]:
+def save_all(
+    sim: SimCluster, steps: list[int], world_size: int = 4, config: dict | None = None, size: int = 50_000
+) -> list[str]:
     """Each rank r saves from worker node r; returns the ranks' node ids."""
     config = config or CODE
     return ray.get(
         [
             save_steps.options(scheduling_strategy=on_node(sim.node_id(rank))).remote(
-                sim.namespace, JOB, rank, world_size, steps, config, 50_000
+                sim.namespace, JOB, rank, world_size, steps, config, size
             )
             for rank in range(world_size)
         ]
@@ -146,11 +148,7 @@ def test_a_put_over_budget_fails_cleanly_and_the_store_keeps_serving(sim_cluster
     for handle in naming.store_handles(sim_cluster.namespace).values():
         ray.get(handle.set_budget.remote(60_000))  # holds step 0's shard, not another
     with pytest.raises(StoreFullError, match="budget"):
-        ray.get(
-            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(0))).remote(
-                sim_cluster.namespace, JOB, 0, 1, [1], CODE, 50_000
-            )
-        )
+        save_all(sim_cluster, [1], world_size=1)
     result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, CODE))
     assert result["step"] == 0 and result["digest"] == digest(make_state(0, 0))
 
@@ -177,11 +175,7 @@ def test_under_memory_pressure_saves_evict_only_superseded_steps_or_fail_cleanly
         ray.get(handle.set_budget.remote(1 << 30))
         ray.get(handle.set_memory_ceiling.remote(0.001))  # the node is "full"
     with pytest.raises(StoreFullError, match="ceiling"):
-        ray.get(
-            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(0))).remote(
-                sim_cluster.namespace, JOB, 0, 1, [6], config, 80_000
-            )
-        )
+        save_all(sim_cluster, [6], world_size=1, config=config, size=80_000)
     result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, config))
     assert result["step"] == 5 and result["digest"] == digest(make_state(0, 5))
 
@@ -191,14 +185,7 @@ def test_peer_memory_per_step_is_k_plus_m_over_k_plus_under_one_percent(sim_clus
     """status(): bytes held for one committed step are (k+m)/k of the payload, with < 1%
     metadata and padding on top."""
     size = 1_000_000  # float32 elements: 4 MB of tensors per rank
-    ray.get(
-        [
-            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
-                sim_cluster.namespace, JOB, r, 2, [0], {**CODE, "keep_committed": 1}, size
-            )
-            for r in range(2)
-        ]
-    )
+    save_all(sim_cluster, [0], world_size=2, config={**CODE, "keep_committed": 1}, size=size)
     status = service.status(namespace=sim_cluster.namespace)
     tensor_bytes = sum(sum(t.numel() * t.element_size() for t in _tensors(make_state(r, 0, size))) for r in range(2))
     used = sum(node["used_bytes"] for node in status["nodes"].values())
