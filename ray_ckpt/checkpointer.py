@@ -131,6 +131,7 @@ class Checkpointer:
         self._last_step: int | None = None
         self._saves = 0
         self._placement_checked = False
+        self._stores: dict[str, Any] = {}  # node id -> store handle (see _store_handles)
         self._restored_bytes = 0
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
@@ -291,7 +292,7 @@ class Checkpointer:
             ]
             targets = place(nodes, shards=len(shards), rank=self.rank, rank_node_id=self.node_id)
             wanted = [*targets, self.node_id] if self.config.local_copy else targets
-            stores = naming.store_handles(self.namespace, sorted(set(wanted) - excluded))
+            stores = self._store_handles(set(wanted) - excluded)
             refs = {
                 stores[node_id].put.remote(meta.to_dict(), ray.put(shard)): node_id
                 for node_id, meta, shard in zip(targets, metas, shards)
@@ -314,6 +315,7 @@ class Checkpointer:
                 except (ray.exceptions.RayError, TimeoutError) as error:
                     logger.warning("rank %d: store on node %s failed during a save: %s", self.rank, node_id, error)
                     failed.add(node_id)
+                    self._stores.pop(node_id, None)  # look it up again next time (it may be a new store)
             if not failed:
                 return targets, local
             if failed == {self.node_id} and local is not None:
@@ -326,6 +328,14 @@ class Checkpointer:
             rank=self.rank,
             step=common["step"],
         )
+
+    def _store_handles(self, node_ids: set[str]) -> dict[str, Any]:
+        """Handles of these nodes' stores, resolved once per Checkpointer (a save looks up only
+        the stores it has not used before, not every node of the cluster)."""
+        missing = sorted(node_ids - set(self._stores))
+        if missing:
+            self._stores.update(naming.store_handles(self.namespace, missing))
+        return {n: self._stores[n] for n in node_ids if n in self._stores}
 
     def _wait_committed(self, step: int, timeout_s: float) -> None:
         if ray.get(

@@ -26,16 +26,26 @@ def head_node_id() -> str | None:
     return None
 
 
+def store_node_ids(namespace: str) -> set[str]:
+    """Ids of the nodes whose store is registered (alive) in ``namespace``: one GCS call, however
+    many nodes the cluster has."""
+    return {
+        entry["name"][len(STORE_PREFIX) :]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == namespace and entry["name"].startswith(STORE_PREFIX)
+    }
+
+
 def store_handles(namespace: str, node_ids: list[str] | None = None) -> dict[str, Any]:
-    """node id -> store actor handle, for the given nodes (default: every alive node) that
-    have a store. Nodes without a store are left out."""
-    if node_ids is None:
-        node_ids = [str(n["NodeID"]) for n in alive_nodes()]
+    """node id -> store actor handle, for the given nodes (default: every node) whose store is
+    alive. Nodes without a live store are left out. One GCS call to list the stores plus one
+    lookup per store returned: pass ``node_ids`` on hot paths."""
+    live = store_node_ids(namespace)
     handles = {}
-    for node_id in node_ids:
+    for node_id in sorted(live if node_ids is None else live.intersection(node_ids)):
         try:
             handles[node_id] = ray.get_actor(store_name(node_id), namespace=namespace)
-        except ValueError:
+        except ValueError:  # died since the listing
             continue
     return handles
 

@@ -87,8 +87,9 @@ def shutdown(*, namespace: str | None = None) -> None:
 
 
 def storage_nodes(namespace: str, failure_domain_label: str | None) -> list[Node]:
-    """The alive nodes that run a store, with their failure domain from the node label."""
-    stores = set(naming.store_handles(namespace))
+    """The alive nodes that run a store, with their failure domain from the node label (two
+    GCS calls, whatever the cluster's size)."""
+    stores = naming.store_node_ids(namespace)
     result = []
     for node in naming.alive_nodes():
         node_id = str(node["NodeID"])
