@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: lint
-	$(PY) -m pytest
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest  # a native crash, even at exit, prints every thread's stack
 
 bench: $(STAMP)
 	$(PY) scripts/bench_codec.py --json artifacts/bench_codec.json

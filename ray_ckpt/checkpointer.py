@@ -619,6 +619,7 @@ class Checkpointer:
             self._background.shutdown(wait=True)
             self._buffer = torch.empty(0, dtype=torch.uint8)
             self._parity = []
+            self._stores.clear()
 
     def _check_open(self) -> None:
         if self._closed:

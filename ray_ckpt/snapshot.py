@@ -196,42 +196,43 @@ def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor | None:
 
 
 def _copy_cpu(buf: torch.Tensor, items: list[tuple[torch.Tensor, int, int]]) -> None:
-    """Copy CPU tensors to their offsets in ``buf``, split into equal byte spans over
-    ``settings.copy_threads()`` threads when there is enough to copy (one memory stream per
-    thread copies at a fraction of the machine's memory bandwidth)."""
+    """Copy CPU tensors to their offsets in ``buf``. With enough bytes to copy, the plain byte
+    ranges of contiguous tensors are split into equal spans copied by numpy on
+    ``settings.copy_threads()`` threads (one memory stream per thread reaches only part of the
+    machine's memory bandwidth); tensors that need torch to copy (strided views, lazy conj/neg)
+    are copied on the calling thread, so no torch code runs on the pool's threads."""
     total = sum(nbytes for _, _, nbytes in items)
     threads = settings.copy_threads()
     if threads <= 1 or total < settings.copy_parallel_min_bytes():
         for tensor, offset, nbytes in items:
             _typed_view(buf, tensor, offset, nbytes).copy_(tensor)
         return
-    share = -(-total // threads)
-    spans: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
-    filled = 0
+    flat: list[tuple[np.ndarray, np.ndarray]] = []
     for tensor, offset, nbytes in items:
-        flat = _flat_bytes(tensor)
-        if flat is None:  # copied whole, by whichever thread's span it starts in
-            spans[-1].append((_typed_view(buf, tensor, offset, nbytes), tensor))
-            filled += nbytes
+        source = _flat_bytes(tensor)
+        if source is None:
+            _typed_view(buf, tensor, offset, nbytes).copy_(tensor)
         else:
-            start = 0
-            while start < nbytes:
-                take = min(share - filled, nbytes - start)
-                spans[-1].append((buf[offset + start : offset + start + take], flat[start : start + take]))
-                filled += take
-                start += take
-                if filled >= share and start < nbytes:
-                    spans.append([])
-                    filled = 0
-        if filled >= share:
-            spans.append([])
-            filled = 0
+            flat.append((buf[offset : offset + nbytes].numpy(), source.numpy()))
+    share = -(-sum(src.size for _, src in flat) // threads)
+    spans: list[list[tuple[np.ndarray, np.ndarray]]] = [[]]
+    filled = 0
+    for dst, src in flat:
+        start = 0
+        while start < src.size:
+            if filled == share:
+                spans.append([])
+                filled = 0
+            take = min(share - filled, src.size - start)
+            spans[-1].append((dst[start : start + take], src[start : start + take]))
+            filled += take
+            start += take
     workpool.run_all(functools.partial(_copy_span, span) for span in spans if span)
 
 
-def _copy_span(span: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+def _copy_span(span: list[tuple[np.ndarray, np.ndarray]]) -> None:
     for target, source in span:
-        target.copy_(source)
+        np.copyto(target, source)
 
 
 def snapshot(state: State) -> tuple[bytes, np.ndarray]:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from benchutil import BenchError
 
 from ray_ckpt import codec, settings
 from ray_ckpt.codec import ReedSolomon
@@ -49,10 +50,6 @@ from ray_ckpt.codec import ReedSolomon
 CODES = [(4, 1), (4, 2), (8, 2), (6, 3)]
 IMPLS = ("ray_ckpt", "memcpy", "zfec", "pyeclib")
 PYECLIB_TYPE = "isa_l_rs_vand"
-
-
-class BenchError(RuntimeError):
-    """A codec returned a payload different from the one encoded."""
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:

@@ -55,6 +55,8 @@ import sys
 import tempfile
 from typing import Any
 
+from benchutil import render_table
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIN_GAP = 5
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
@@ -213,13 +215,7 @@ def format_table(result: dict[str, Any]) -> str:
                 "-",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = []
-    for n, line in enumerate(lines):
-        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(lines)
 
 
 def plot(result: dict[str, Any], path: pathlib.Path) -> None:

@@ -32,14 +32,12 @@ import time
 import uuid
 from typing import Any
 
+from benchutil import BenchError, on_node, render_table
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 WORKERS = 10  # RS(8,2): 10 shards on distinct nodes other than the rank's (the head has a store too)
 CODES = ((2, 1), (4, 2), (6, 3), (8, 2))
-
-
-class BenchError(RuntimeError):
-    """The cluster misbehaved or the stores did not settle."""
 
 
 def codes() -> list[tuple[str, int, int]]:
@@ -70,12 +68,6 @@ def _rank_class() -> Any:
             return {"ok": True}
 
     return Rank
-
-
-def _on(node_id: str) -> Any:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
 def _usage(namespace: str) -> tuple[int, int, dict[str, int]]:
@@ -125,7 +117,7 @@ def run(size: int) -> list[dict[str, Any]]:
         rank_node = str(workers[0].node_id)
         for scheme, k, m in codes():
             job = f"mem-k{k}m{m}"
-            rank = Rank.options(scheduling_strategy=_on(rank_node)).remote()
+            rank = Rank.options(scheduling_strategy=on_node(rank_node)).remote()
             ray.get(rank.run.remote(namespace, job, k, m, size))
             ray.kill(rank, no_restart=True)
             used, per_node = _settle(namespace, k + m)
@@ -185,13 +177,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 f"{rep['peer_bytes'] / r['peer_bytes']:.2f}x" if rep and r["scheme"] == "rs" else "",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = []
-    for n, line in enumerate(lines):
-        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(lines)
 
 
 def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:

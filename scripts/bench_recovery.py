@@ -60,6 +60,8 @@ import time
 import uuid
 from typing import Any
 
+from benchutil import BenchError, on_node, render_table, sizes_mib, transfer_actors, wait_dead
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 WORKERS = 7
@@ -84,10 +86,6 @@ IMPLS = ("ray_ckpt", "raw_ray_transfer", "raw_ray_transfer_single", "ray_train_s
 # its host buffer (3x each), next to the surviving shards (~1.5x); ~2 GiB for the Ray processes.
 PEAK_MULTIPLE = 9
 RAY_OVERHEAD = 2 << 30
-
-
-class BenchError(RuntimeError):
-    """A restored state differs from the saved one, or the cluster misbehaved."""
 
 
 def _state(size: int, seed: int) -> Any:
@@ -150,33 +148,7 @@ def _remote_classes() -> tuple[Any, Any, Any]:
                 "size": int(tensor.numel()),
             }
 
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Holder:
-        """Holds arrays in its memory, as a store does."""
-
-        def __init__(self) -> None:
-            self.arrays: dict[int, Any] = {}
-
-        def make(self, size: int, seed: int) -> None:
-            from ray_ckpt import hostmem
-
-            array = hostmem.allocate(size)
-            array[:] = seed % 256
-            self.arrays[seed] = array
-
-        def get(self, seed: int) -> Any:
-            return self.arrays.pop(seed)
-
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Receiver:
-        """Fetches a holder's array to its node; returns the seconds ``ray.get`` took and the size."""
-
-        def fetch(self, holder: Any, seed: int) -> tuple[float, int]:
-            started = time.perf_counter()
-            array = ray.get(holder.get.remote(seed))
-            elapsed = time.perf_counter() - started
-            return elapsed, int(array.nbytes)
-
+    Holder, Receiver = transfer_actors()
     return Rank, Holder, Receiver
 
 
@@ -209,24 +181,6 @@ def ray_train_loop(config: dict[str, Any]) -> None:
     (out / f"load-{rank}.json").write_text(json.dumps(result))
 
 
-def _on(node_id: str) -> Any:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-def _wait_dead(node_ids: set[str], timeout_s: float = 60.0) -> float:
-    from ray_ckpt import naming
-
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
-        if not alive & node_ids:
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise BenchError(f"nodes {sorted(node_ids)} were not declared dead within {timeout_s:.0f}s")
-
-
 def choose_victims(located: dict[int, dict[str, Any]], spare: set[str], count: int) -> list[str]:
     """``count`` nodes from ``spare`` holding data shards, those holding data shards of the most
     ranks first (ties: more data shards, then node id)."""
@@ -248,7 +202,7 @@ def _restore_all(Rank: Any, namespace: str, rank_nodes: list[str], expected: lis
     import ray
 
     ranks = [
-        Rank.options(scheduling_strategy=_on(node)).remote(namespace, rank) for rank, node in enumerate(rank_nodes)
+        Rank.options(scheduling_strategy=on_node(node)).remote(namespace, rank) for rank, node in enumerate(rank_nodes)
     ]
     ray.get([r.ready.remote() for r in ranks])  # fresh processes, Checkpointer constructed
     began = time.perf_counter()
@@ -271,8 +225,8 @@ def _restore_all(Rank: Any, namespace: str, rank_nodes: list[str], expected: lis
 def _raw_transfers(Holder: Any, Receiver: Any, holder_nodes: list[str], rank_nodes: list[str], size: int) -> Any:
     import ray
 
-    holders = [Holder.options(scheduling_strategy=_on(n)).remote() for n in holder_nodes]
-    receivers = [Receiver.options(scheduling_strategy=_on(n)).remote() for n in rank_nodes]
+    holders = [Holder.options(scheduling_strategy=on_node(n)).remote() for n in holder_nodes]
+    receivers = [Receiver.options(scheduling_strategy=on_node(n)).remote() for n in rank_nodes]
 
     def pull(pairs: list[int], seed: int) -> float:
         ray.get([holders[i].make.remote(size, seed + i) for i in pairs])
@@ -378,7 +332,7 @@ def bench_size(size: int, scratch: str) -> dict[str, Any]:
         expected = []
         saves = []
         for rank, node in enumerate(rank_nodes):
-            saver = Rank.options(scheduling_strategy=_on(node)).remote(namespace, rank)
+            saver = Rank.options(scheduling_strategy=on_node(node)).remote(namespace, rank)
             saved = ray.get(saver.save.remote(size))
             ray.kill(saver, no_restart=True)
             expected.append(saved["checksum"])
@@ -395,7 +349,7 @@ def bench_size(size: int, scratch: str) -> dict[str, Any]:
         restores = []
         for killed, victim in enumerate(victims, 1):
             cluster.remove_node(by_id[victim], allow_graceful=False)
-            detect = _wait_dead({victim})
+            detect = wait_dead({victim})
             result = _restore_all(Rank, namespace, rank_nodes, expected, size)
             result.update(killed=killed, victim=victim[:8], detect_s=detect)
             restores.append(result)
@@ -456,13 +410,7 @@ def rows_and_ratios(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
 
 def _table(header: tuple[str, ...], lines: list[tuple[str, ...]]) -> str:
     everything = [header, *lines]
-    widths = [max(len(line[i]) for line in everything) for i in range(len(header))]
-    out = []
-    for n, line in enumerate(everything):
-        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(everything)
 
 
 def format_tables(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
@@ -521,23 +469,13 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of MiB counts: {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("sizes must be >= 1 MiB")
-    return sizes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").splitlines()[0], epilog="See the module docstring for exactly what is timed."
     )
     parser.add_argument(
         "--sizes-mib",
-        type=_sizes,
+        type=sizes_mib,
         default=[256, 1024],
         metavar="LIST",
         help="comma-separated per-rank state sizes in MiB (default 256,1024); one fresh cluster each",

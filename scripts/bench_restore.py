@@ -48,6 +48,8 @@ import time
 import uuid
 from typing import Any
 
+from benchutil import BenchError, on_node, render_table, sizes_mib, transfer_actors, wait_dead
+
 MIB = 1 << 20
 WORKERS = 7
 CODE = {"data_shards": 4, "parity_shards": 2}
@@ -59,10 +61,6 @@ FAST_FAILURE_DETECTION = {
     "health_check_timeout_ms": 600,
     "health_check_failure_threshold": 3,
 }
-
-
-class BenchError(RuntimeError):
-    """The restored state differs from the saved one, or the cluster misbehaved."""
 
 
 def _remote_classes() -> tuple[Any, Any, Any]:
@@ -90,7 +88,6 @@ def _remote_classes() -> tuple[Any, Any, Any]:
             )
 
         def save(self, size: int, seed: int) -> dict[str, Any]:
-            import numpy as np
             import torch
 
             from ray_ckpt.checksum import checksum
@@ -125,67 +122,8 @@ def _remote_classes() -> tuple[Any, Any, Any]:
                 "size": int(tensor.numel()),
             }
 
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Holder:
-        """Holds arrays in its memory, as a store does; can also put them in its object store."""
-
-        def __init__(self) -> None:
-            self.arrays: dict[int, Any] = {}
-
-        def make(self, size: int, seed: int) -> None:
-            from ray_ckpt import hostmem
-
-            array = hostmem.allocate(size)
-            array[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
-            self.arrays[seed] = array
-
-        def get(self, seed: int) -> Any:
-            return self.arrays.pop(seed)
-
-        def put(self, seed: int) -> list[Any]:
-            return [ray.put(self.arrays.pop(seed))]  # in a list: the caller gets the reference
-
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Receiver:
-        """Pulls an array to its node; returns the seconds ``ray.get`` took and the size."""
-
-        def fetch(self, holder: Any, seed: int) -> tuple[float, int]:
-            started = time.perf_counter()
-            array = ray.get(holder.get.remote(seed))
-            elapsed = time.perf_counter() - started
-            return elapsed, int(array.nbytes)
-
-        def fetch_all(self, holders: list[Any], seed: int) -> tuple[float, int]:
-            started = time.perf_counter()
-            arrays = ray.get([holder.get.remote(seed) for holder in holders])
-            elapsed = time.perf_counter() - started
-            return elapsed, sum(int(a.nbytes) for a in arrays)
-
-        def pull(self, refs: list[Any]) -> tuple[float, int]:
-            started = time.perf_counter()
-            array = ray.get(refs[0])
-            elapsed = time.perf_counter() - started
-            return elapsed, int(array.nbytes)
-
+    Holder, Receiver = transfer_actors()
     return Rank, Holder, Receiver
-
-
-def _on(node_id: str) -> Any:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-def _wait_dead(node_ids: set[str], timeout_s: float = 60.0) -> float:
-    from ray_ckpt import naming
-
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
-        if not alive & node_ids:
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise BenchError(f"nodes {sorted(node_ids)} were not declared dead within {timeout_s:.0f}s")
 
 
 def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
@@ -217,7 +155,7 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
         assert cluster.head_node is not None
         head_node = str(cluster.head_node.node_id)
 
-        saver = Rank.options(scheduling_strategy=_on(rank_node)).remote(namespace)
+        saver = Rank.options(scheduling_strategy=on_node(rank_node)).remote(namespace)
         saved = ray.get(saver.save.remote(size, seed))
         ray.kill(saver, no_restart=True)
 
@@ -230,9 +168,9 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
         by_id = {str(n.node_id): n for n in workers}
         for node_id in victims:
             cluster.remove_node(by_id[node_id], allow_graceful=False)
-        detect_s = _wait_dead(set(victims))
+        detect_s = wait_dead(set(victims))
 
-        restorer = Rank.options(scheduling_strategy=_on(rank_node)).remote(namespace)
+        restorer = Rank.options(scheduling_strategy=on_node(rank_node)).remote(namespace)
         restored = ray.get(restorer.restore.remote())
         ray.kill(restorer, no_restart=True)
         if restored["size"] != size or restored["checksum"] != saved["checksum"]:
@@ -243,8 +181,8 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
 
         survivors = [str(n.node_id) for n in workers if str(n.node_id) not in victims]
         holder_node = next(n for n in survivors if n != rank_node)
-        holder = Holder.options(scheduling_strategy=_on(holder_node)).remote()
-        receiver = Receiver.options(scheduling_strategy=_on(rank_node)).remote()
+        holder = Holder.options(scheduling_strategy=on_node(holder_node)).remote()
+        receiver = Receiver.options(scheduling_strategy=on_node(rank_node)).remote()
         raw, pulled = [], []
         for attempt in range(2):  # the first time warms up both processes
             ray.get([holder.make.remote(size, 10 * seed + 2 * attempt + n) for n in (1, 2)])
@@ -259,7 +197,7 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
         # the same bytes the way a restore moves them: a quarter from each of the k nodes it read
         sources = sorted({nodes[i] for i in range(len(nodes)) if nodes[i] not in victims})[: CODE["data_shards"]]
         part = -(-size // CODE["data_shards"])
-        fan_holders = [Holder.options(scheduling_strategy=_on(n)).remote() for n in sources]
+        fan_holders = [Holder.options(scheduling_strategy=on_node(n)).remote() for n in sources]
         fan_in = []
         for attempt in range(2):
             ray.get([h.make.remote(part, 100 + attempt) for h in fan_holders])
@@ -327,23 +265,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
                 ",".join(str(i) for i in r["killed"]),
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = []
-    for n, line in enumerate(lines):
-        text.append("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
-        if n == 0:
-            text.append("  ".join("-" * w for w in widths))
-    return "\n".join(text)
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of MiB counts: {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("sizes must be >= 1 MiB")
-    return sizes
+    return render_table(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sizes-mib",
-        type=_sizes,
+        type=sizes_mib,
         default=[256, 1024],
         metavar="LIST",
         help="comma-separated payload sizes in MiB (default 256,1024); one fresh cluster each",

@@ -73,6 +73,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from benchutil import BenchError, render_table, sizes_mib
+
 MIB = 1 << 20
 WORKERS = 6
 CODE = {"data_shards": 4, "parity_shards": 2}
@@ -94,10 +96,6 @@ GOALS = (  # (numerator, denominator, label, passes(ratio))
     ("dcp_async_save", "ray_ckpt", "dcp/ckpt", ">= 3", lambda r: r >= 3.0),
     ("ray_train_report", "ray_ckpt", "train/ckpt", ">= 20", lambda r: r >= 20.0),
 )
-
-
-class BenchError(RuntimeError):
-    """The cluster or a comparator misbehaved."""
 
 
 # ---- the state (used in this process, the rank actor and the Ray Train worker) ------------------
@@ -465,7 +463,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             ratio = impls[numerator] / impls[denominator] if impls[denominator] > 0 else float("inf")
             ratios.append(f"{ratio:.2f} {'ok' if passes(ratio) else 'MISS'}")
         lines.append((f"{size / MIB:.0f}", *(_ms(impls[i]) if i in impls else "-" for i in IMPLS), *ratios))
-    return _render(lines)
+    return render_table(lines)
 
 
 def format_phases(details: list[dict[str, Any]]) -> str:
@@ -492,27 +490,7 @@ def format_phases(details: list[dict[str, Any]]) -> str:
             config = detail["config"]
             note = f"keep_committed={config['keep_committed']} local_copy={config['local_copy']}"
             lines.append((f"{detail['size_bytes'] / MIB:.0f}", series, *cells, note))
-    return _render(lines)
-
-
-def _render(lines: list[tuple[str, ...]]) -> str:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    text = []
-    for n, line in enumerate(lines):
-        text.append("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
-        if n == 0:
-            text.append("  ".join("-" * w for w in widths))
-    return "\n".join(text)
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of MiB counts: {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("sizes must be >= 1 MiB")
-    return sizes
+    return render_table(lines)
 
 
 def _repeats(text: str) -> int:
@@ -591,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sizes-mib",
-        type=_sizes,
+        type=sizes_mib,
         default=[100, 1024],
         metavar="LIST",
         help="comma-separated state sizes in MiB (default 100,1024); one fresh simulated cluster each",

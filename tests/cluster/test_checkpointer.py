@@ -128,7 +128,8 @@ def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimClust
         handle.wait(timeout_s=60)
     with pytest.raises(StoreFullError):
         checkpointer.close()
-    restored = Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace).restore()
+    with Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace) as fresh:
+        restored = fresh.restore()
     assert restored is not None and restored.step == 0
     assert digest(restored.state) == digest(make_state(0, 0, 100))
 

@@ -1,0 +1,110 @@
+"""Helpers the benchmark scripts share: errors, node pinning, waiting for node deaths, tables.
+
+Registered with Ray's pickler by value: the scripts' actors (defined in ``__main__``) may refer
+to what is here, and Ray workers cannot import this folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import ray.cloudpickle
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class BenchError(RuntimeError):
+    """A result differs from what was saved, or the cluster misbehaved: the run is void."""
+
+
+def on_node(node_id: str) -> Any:
+    """A scheduling strategy that pins a task or actor to ``node_id`` (hard)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+def wait_dead(node_ids: set[str], timeout_s: float = 60.0) -> float:
+    """Seconds until Ray declared every node in ``node_ids`` dead; BenchError past ``timeout_s``."""
+    from ray_ckpt import naming
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
+        if not alive & node_ids:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise BenchError(f"nodes {sorted(node_ids)} were not declared dead within {timeout_s:.0f}s")
+
+
+def render_table(lines: list[tuple[str, ...]]) -> str:
+    """Right-aligned columns; the first line is the header, underlined."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    text = []
+    for n, line in enumerate(lines):
+        text.append("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+        if n == 0:
+            text.append("  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def sizes_mib(text: str) -> list[int]:
+    """argparse type: a comma-separated list of sizes in MiB, each >= 1."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of MiB counts: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("sizes must be >= 1 MiB")
+    return sizes
+
+
+def transfer_actors() -> tuple[Any, Any]:
+    """(Holder, Receiver): the actors that measure raw Ray transfers. A Holder keeps arrays in
+    its memory, as a store keeps shards (or puts them in its object store); a Receiver on
+    another node fetches them and times ``ray.get`` (seconds, bytes)."""
+    import numpy as np
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Holder:
+        def __init__(self) -> None:
+            self.arrays: dict[int, Any] = {}
+
+        def make(self, size: int, seed: int) -> None:
+            from ray_ckpt import hostmem
+
+            array = hostmem.allocate(size)
+            array[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+            self.arrays[seed] = array
+
+        def get(self, seed: int) -> Any:
+            return self.arrays.pop(seed)
+
+        def put(self, seed: int) -> list[Any]:
+            return [ray.put(self.arrays.pop(seed))]  # in a list: the caller gets the reference
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Receiver:
+        def fetch(self, holder: Any, seed: int) -> tuple[float, int]:
+            """An array a holder keeps in memory, through a method call."""
+            started = time.perf_counter()
+            array = ray.get(holder.get.remote(seed))
+            return time.perf_counter() - started, int(array.nbytes)
+
+        def fetch_all(self, holders: list[Any], seed: int) -> tuple[float, int]:
+            """One array from each holder, all at once."""
+            started = time.perf_counter()
+            arrays = ray.get([holder.get.remote(seed) for holder in holders])
+            return time.perf_counter() - started, sum(int(a.nbytes) for a in arrays)
+
+        def pull(self, refs: list[Any]) -> tuple[float, int]:
+            """An object already in a holder's object store."""
+            started = time.perf_counter()
+            array = ray.get(refs[0])
+            return time.perf_counter() - started, int(array.nbytes)
+
+    return Holder, Receiver
