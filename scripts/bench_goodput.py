@@ -5,13 +5,17 @@ Reuses the demo (scripts/demo.py: its ``train_loop``, ``run_job``, ``Killer``,
 a head with no CPUs plus one-CPU worker nodes, all on this machine, fast failure detection,
 dashboard off, a private RAY_TMPDIR). The job (a small transformer LM, ``TorchTrainer`` with 2
 workers, DDP over gloo) trains ``--steps`` steps; each step sleeps ``--step-sleep-s`` on top of
-its compute, to stand in for a larger model's step time.
+its compute, to stand in for a larger model's step time, and ``--state-mib`` adds that many MiB
+of float32 state per rank (one element changed per step) that both sides save and restore, to
+stand in for a larger model's parameters and optimizer state.
 
 Failures come at a fixed mean time between failures, in steps: the failure steps are the
 running sums of gaps drawn from an exponential distribution with mean ``--mtbf-steps``
 (``random.Random(--seed)``; gaps of at least 5 steps, at most ``--max-failures`` failures, none
 in the last 5 steps). At each failure step the node of one rank (rank 1, then 0, alternately)
-is hard-killed. The same schedule hits two runs of the same job:
+is hard-killed, a seeded uniform 0..``--step-sleep-s`` seconds after that step's save (a random
+point of the next step, where a real failure would fall). The same schedule, delays included,
+hits two runs of the same job:
 
 * ray_ckpt: RS(2,2) every step (``ray_ckpt.train.Checkpointer``), restore from peer memory;
 * Ray Train: ``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path
@@ -263,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-failures", type=int, default=3, help="at most this many failures (default 3)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the failure schedule (default 1)")
     parser.add_argument("--step-sleep-s", type=float, default=0.2, help="extra seconds per step (default 0.2)")
+    parser.add_argument(
+        "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
+    )
     parser.add_argument("--quick", action="store_true", help="30 steps, 1 failure, 0.05 s steps, no plot (tests)")
     parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the report as JSON")
     parser.add_argument(
@@ -275,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-failures must be in 1..4 (the demo's FailureConfig allows 4 restarts)")
     if args.step_sleep_s < 0:
         parser.error("--step-sleep-s must be >= 0")
+    if not 0 <= args.state_mib <= 2048:
+        parser.error("--state-mib must be in 0..2048")
     try:
         schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures)
     except ValueError as error:
@@ -297,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = len(schedule)
     nodes = failures + 5  # after every kill: 2 ranks + RS(2,2) on 4 other nodes, one spare
     print(
-        f"{args.steps} steps, step sleep {args.step_sleep_s:.2f}s, MTBF {args.mtbf_steps:g} steps (seed {args.seed}): "
+        f"{args.steps} steps, step sleep {args.step_sleep_s:.2f}s, +{args.state_mib} MiB state/rank, "
+        f"MTBF {args.mtbf_steps:g} steps (seed {args.seed}): "
         f"kills after steps {[s for s, _, _ in schedule]} (ranks {[r[0] for _, r, _ in schedule]}); "
         f"1 head + {nodes} one-CPU nodes on one machine ({os.cpu_count()} cores)",
         flush=True,
@@ -312,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        ray_ckpt.start(store_budget_bytes=256 << 20)
-        extra = {"step_sleep_s": args.step_sleep_s}
+        # a store may hold shards of both ranks for the kept, staged and replaced steps
+        ray_ckpt.start(store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20))
+        extra = {"step_sleep_s": args.step_sleep_s, "state_mib": args.state_mib, "kill_delay_s": args.step_sleep_s}
         print("1/2 ray_ckpt, RS(2,2) every step ...", flush=True)
         ours = demo.run_job(cluster, "goodput-ray_ckpt", "ray_ckpt", args.steps, schedule, **extra)
         ours_records = demo.job_events("goodput-ray_ckpt")
@@ -335,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             "mtbf_steps": args.mtbf_steps,
             "seed": args.seed,
             "step_sleep_s": args.step_sleep_s,
+            "state_mib": args.state_mib,
             "schedule": [{"step": s, "ranks": r} for s, r, _ in schedule],
             "baseline_every": baseline_every,
             "ray_ckpt": summarize("goodput-ray_ckpt", ours_records, demo, ours),

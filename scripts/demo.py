@@ -24,6 +24,7 @@ import json
 import math
 import os
 import pathlib
+import random
 import sys
 import tempfile
 import threading
@@ -123,6 +124,9 @@ def train_loop(config: dict[str, Any]) -> None:
     job = context.get_experiment_name()
     node_id = ray.get_runtime_context().get_node_id()
     mode = config["mode"]
+    # an optional stand-in for a larger model's parameters and optimizer state: saved and
+    # restored by both kinds of checkpointing, one element changed every step
+    pad = torch.rand(config.get("state_mib", 0) << 18, generator=torch.Generator().manual_seed(rank))
     start = 0
     ckpt = None
     if mode == "ray_ckpt":
@@ -132,6 +136,7 @@ def train_loop(config: dict[str, Any]) -> None:
         if restored is not None:
             model.load_state_dict(restored.state["model"])
             optim.load_state_dict(restored.state["optim"])
+            pad = restored.state["pad"]
             start = restored.step + 1
     else:
         created = time.time()
@@ -145,6 +150,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 state = torch.load(pathlib.Path(folder) / "state.pt", weights_only=True)
             model.load_state_dict(state["model"])
             optim.load_state_dict(state["optim"])
+            pad = state["pad"]
             start = state["step"] + 1
         # recorded at every start, so that a restart from scratch shows up as a recovery too
         registry.record.remote(
@@ -169,16 +175,18 @@ def train_loop(config: dict[str, Any]) -> None:
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         optim.step()
+        if pad.numel():
+            pad[step % pad.numel()] += 1.0
         began = time.perf_counter()
         if ckpt is not None:
-            ckpt.save(step, {"model": model.state_dict(), "optim": optim.state_dict()})
+            ckpt.save(step, {"model": model.state_dict(), "optim": optim.state_dict(), "pad": pad})
             stall = ckpt.last_save_phases_s["blocking"]
         else:
             stall = 0.0
             if (step + 1) % config["baseline_every"] == 0:
                 with tempfile.TemporaryDirectory() as folder:
                     torch.save(
-                        {"model": model.state_dict(), "optim": optim.state_dict(), "step": step},
+                        {"model": model.state_dict(), "optim": optim.state_dict(), "pad": pad, "step": step},
                         pathlib.Path(folder) / "state.pt",
                     )
                     ray.train.report({"step": step}, checkpoint=ray.train.Checkpoint.from_directory(folder))
@@ -208,11 +216,16 @@ def train_loop(config: dict[str, Any]) -> None:
 
 class Killer(threading.Thread):
     """Watches the job's save events and hard-kills nodes when given steps are reached:
-    ``schedule`` is a list of (step, [ranks whose nodes die], extra shard-holder nodes)."""
+    ``schedule`` is a list of (step, [ranks whose nodes die], extra shard-holder nodes). With
+    ``delay_s`` > 0 each kill comes a seeded uniform 0..delay_s seconds after its step's save,
+    i.e. at a random point of the next step, as a real failure would."""
 
-    def __init__(self, cluster: Any, job: str, schedule: list[tuple[int, list[int], int]]) -> None:
+    def __init__(
+        self, cluster: Any, job: str, schedule: list[tuple[int, list[int], int]], delay_s: float = 0.0, seed: int = 0
+    ) -> None:
         super().__init__(daemon=True)
         self.cluster, self.job, self.schedule = cluster, job, list(schedule)
+        self.delay_s, self.rng = delay_s, random.Random(seed)
         self.kills: list[dict[str, Any]] = []
         self.error: BaseException | None = None
 
@@ -240,6 +253,7 @@ class Killer(threading.Thread):
                     step = int(record["step"])
                     if self.schedule and step >= self.schedule[0][0]:
                         _, ranks, extra = self.schedule.pop(0)
+                        time.sleep(self.rng.uniform(0.0, self.delay_s))
                         victims = {nodes_of[r] for r in ranks if r in nodes_of}
                         holders = self._shard_holders(registry)
                         for node_id in holders:
@@ -275,13 +289,19 @@ class Killer(threading.Thread):
 
 
 def run_job(
-    cluster: Any, name: str, mode: str, steps: int, kills: list[tuple[int, list[int], int]], **extra: Any
+    cluster: Any,
+    name: str,
+    mode: str,
+    steps: int,
+    kills: list[tuple[int, list[int], int]],
+    kill_delay_s: float = 0.0,
+    **extra: Any,
 ) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     out_dir = tempfile.mkdtemp(prefix="rckdemo-out")
-    killer = Killer(cluster, name, kills)
+    killer = Killer(cluster, name, kills, delay_s=kill_delay_s)
     killer.start()
     began = time.time()
     TorchTrainer(
