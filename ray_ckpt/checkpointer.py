@@ -185,7 +185,8 @@ class Checkpointer:
         phases = {"wait_previous": copy_start - started, "snapshot": time.perf_counter() - copy_start}
         phases["blocking"] = time.perf_counter() - started
         self.last_save_phases_s = phases
-        future = self._background.submit(self._encode_scatter_stage, step, array, size, copied, phases)
+        returned = time.time()  # training goes on from here; the event says so after the commit
+        future = self._background.submit(self._encode_scatter_stage, step, array, size, copied, phases, returned)
         self._in_flight = future
         return SaveHandle(self, step, future)
 
@@ -195,7 +196,7 @@ class Checkpointer:
             future.result()  # re-raises a background failure
 
     def _encode_scatter_stage(
-        self, step: int, buffer: np.ndarray, size: int, copied: Any, phases: dict[str, float]
+        self, step: int, buffer: np.ndarray, size: int, copied: Any, phases: dict[str, float], returned: float
     ) -> bool:
         if copied is not None:
             copied.synchronize()
@@ -240,7 +241,7 @@ class Checkpointer:
                 backup.prune(self.config.backup_uri, self.job, self.config.backup_keep)
             phases["backup"] = time.perf_counter() - t3
         if self._saves == 1 or self._saves % settings.save_event_every() == 0:
-            self._record("save", step=step, phases_s=dict(phases), bytes=size)
+            self._record("save", step=step, phases_s=dict(phases), bytes=size, returned=returned)
         return bool(committed)
 
     def _ask_registry(self, method: str, *args: Any) -> Any:

@@ -3,8 +3,9 @@
 Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus:
 
 - ``save``: job, rank, step, attempt, phases_s {wait_previous, snapshot, blocking, encode,
-  scatter, stage[, backup]}, bytes. Sent for the first save of each attempt and every
-  RAY_CKPT_SAVE_EVENT_EVERY-th save.
+  scatter, stage[, backup]}, bytes, returned (when ``save()`` returned and training went on;
+  the event's time is when the step committed). Sent for the first save of each attempt and
+  every RAY_CKPT_SAVE_EVENT_EVERY-th save.
 - ``kill``: node_id, mode ("node", "store", ...), by (the tool that killed).
 - ``node_dead``: node_id, the time Ray declared the node dead.
 - ``restore``: job, rank, attempt, step, source, steps_lost, bytes, started (when this

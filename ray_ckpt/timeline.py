@@ -8,7 +8,8 @@ Phases, in seconds, on the critical path (the slowest rank):
     detect      kill -> Ray declared the killed node(s) dead (``node_dead``)
     restart     dead -> the new worker group was running (its checkpointers were created)
     locate, fetch, decode, load    the restore itself (slowest rank per phase)
-    first_step  restore done -> first checkpointed step of the new attempt
+    first_step  restore done -> the first step of the new attempt done (its save returned:
+                a save event's ``returned``, else its time)
 
 ``time_to_resume_s`` spans kill -> first step done. Without a recorded kill (a crash the kill
 tool did not cause) the phases before the restore are None.
@@ -38,7 +39,8 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in ordered:
         if record["kind"] == "save":
             key = (record["job"], str(record.get("attempt")))
-            first_saves.setdefault(key, {}).setdefault(int(record["rank"]), float(record["time"]))
+            done = float(record.get("returned", record["time"]))
+            first_saves.setdefault(key, {}).setdefault(int(record["rank"]), done)
     result = []
     began: list[float] = []  # per record: its first kill, else its first worker start
     # a failure of a job lies after the job was first seen and after its previous recovery

@@ -104,7 +104,7 @@ def step_time(name: str, records: list[dict[str, Any]]) -> float:
     saves: dict[str, dict[int, float]] = {}
     for r in records:
         if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0:
-            saves.setdefault(str(r.get("attempt")), {})[int(r["step"])] = float(r["time"])
+            saves.setdefault(str(r.get("attempt")), {})[int(r["step"])] = float(r.get("returned", r["time"]))
     gaps = [times[s + 1] - times[s] for times in saves.values() for s in sorted(times) if s + 1 in times]
     return statistics.median(gaps) if gaps else float("nan")
 

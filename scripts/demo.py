@@ -217,8 +217,9 @@ def train_loop(config: dict[str, Any]) -> None:
 class Killer(threading.Thread):
     """Watches the job's save events and hard-kills nodes when given steps are reached:
     ``schedule`` is a list of (step, [ranks whose nodes die], extra shard-holder nodes). With
-    ``delay_s`` > 0 each kill comes a seeded uniform 0..delay_s seconds after its step's save,
-    i.e. at a random point of the next step, as a real failure would."""
+    ``delay_s`` > 0 each kill comes a seeded uniform 0..delay_s seconds after its step's save
+    returned (or at once, if that time has passed), i.e. at a random point of the next step, as a
+    real failure would."""
 
     def __init__(
         self, cluster: Any, job: str, schedule: list[tuple[int, list[int], int]], delay_s: float = 0.0, seed: int = 0
@@ -253,7 +254,9 @@ class Killer(threading.Thread):
                     step = int(record["step"])
                     if self.schedule and step >= self.schedule[0][0]:
                         _, ranks, extra = self.schedule.pop(0)
-                        time.sleep(self.rng.uniform(0.0, self.delay_s))
+                        # ray_ckpt logs a save once it committed; the step was done when save() returned
+                        done = float(record.get("returned", record["time"]))
+                        time.sleep(max(0.0, done + self.rng.uniform(0.0, self.delay_s) - time.time()))
                         victims = {nodes_of[r] for r in ranks if r in nodes_of}
                         holders = self._shard_holders(registry)
                         for node_id in holders:
@@ -347,7 +350,7 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
         if recovery["kill_time"] is None:  # the baseline's first start, not a failure
             continue
         kill_time = recovery["kill_time"]
-        before = [int(s["step"]) for s in saves if s["time"] <= kill_time]
+        before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
         newest = max(before) if before else recovery["step"]
         result.append(
             {

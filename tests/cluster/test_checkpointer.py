@@ -57,6 +57,9 @@ def test_a_crash_during_a_save_restores_the_previous_step(sim_cluster: SimCluste
         )
     registry = naming.registry_handle(sim_cluster.namespace)
     assert ray.get(registry.latest_committed.remote(JOB)) == 1
+    _, records = ray.get(registry.events.remote(0))
+    saves = [r for r in records if r["kind"] == "save" and r.get("job") == JOB]
+    assert saves and all(r["returned"] <= r["time"] for r in saves)  # save() returned before the commit
     results = ray.get([restore_rank.remote(sim_cluster.namespace, JOB, r, 2, code) for r in range(2)])
     assert [r["step"] for r in results] == [1, 1]
     assert [r["digest"] for r in results] == [digest(make_state(r, 1)) for r in range(2)]

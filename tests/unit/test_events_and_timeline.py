@@ -281,6 +281,17 @@ def test_restore_without_kill_has_no_kill_phases() -> None:
     )
 
 
+def test_first_step_ends_when_the_first_save_returned_not_when_it_committed() -> None:
+    """A save event is sent once its step committed; training went on when save() returned."""
+    committed_late = {**save(40, 0, 11, "B"), "returned": T0 + 31.5}
+    history = [save(1, 0, 10, "A"), kill(10, "n1"), dead(11, "n1"), restore(30, 0, "B", started=20, step=10)]
+    (record,) = recoveries([*history, committed_late])
+    assert record["phases_s"]["first_step"] == pytest.approx(1.5)
+    assert record["time_to_resume_s"] == pytest.approx(31.5 - 10)
+    (without_returned,) = recoveries([*history, save(40, 0, 11, "B")])  # older events: their time
+    assert without_returned["phases_s"]["first_step"] == pytest.approx(10)
+
+
 def test_kill_without_node_dead_measures_restart_from_the_kill() -> None:
     """A kill never followed by node_dead (e.g. a store kill) leaves detect None and restart = start - kill."""
     history = [save(0, 0, 10, "A"), kill(10, "s1"), restore(30, 0, "B", started=20, step=10)]
