@@ -312,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         f"1 head + {nodes} one-CPU nodes on one machine ({os.cpu_count()} cores)",
         flush=True,
     )
+    node_args: dict[str, Any] = {"num_cpus": 1}
+    if args.state_mib:
+        # the simulated nodes' default object store (150 MiB) cannot hold a rank's shards and local
+        # copy in flight, and Ray would put them in files on disk instead
+        node_args["object_store_memory"] = 3 * (args.state_mib << 20) + (128 << 20)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": demo.FAST_FAILURE_DETECTION},
@@ -319,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         for _ in range(nodes):
-            cluster.add_node(num_cpus=1)
+            cluster.add_node(**node_args)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
         # a store may hold shards of both ranks for the kept, staged and replaced steps
@@ -332,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         report_stall_s = 2 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"])
         baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
         for _ in range(failures):  # replace the killed nodes
-            cluster.add_node(num_cpus=1)
+            cluster.add_node(**node_args)
         cluster.wait_for_nodes()
         ray_ckpt.start()
         print(f"2/2 Ray Train checkpointing (torch.save + report) every {baseline_every} steps ...", flush=True)
