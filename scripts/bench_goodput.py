@@ -13,8 +13,8 @@ Failures come at a fixed mean time between failures, in steps: the failure steps
 running sums of gaps drawn from an exponential distribution with mean ``--mtbf-steps``
 (``random.Random(--seed)``; gaps of at least 5 steps, at most ``--max-failures`` failures, none
 in the last 5 steps). At each failure step the node of one rank (rank 1, then 0, alternately)
-is hard-killed, a seeded uniform 0..``--step-sleep-s`` seconds after that step's save (a random
-point of the next step, where a real failure would fall). The same schedule, delays included,
+is hard-killed, a seeded uniform 0..``--step-sleep-s`` seconds after that step's save returned
+(a random point of the next step, where a real failure would fall). The same schedule, delays included,
 hits two runs of the same job:
 
 * ray_ckpt: RS(2,2) every step (``ray_ckpt.train.Checkpointer``), restore from peer memory;
