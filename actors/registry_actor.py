@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 import ray
 
-from ray_ckpt import metrics, naming
+from actors import store_actor
+from ray_ckpt import metrics, naming, settings
 from ray_ckpt.events import EventLog
 from ray_ckpt.registry import Registry
 from ray_ckpt.shard import ShardMeta
@@ -18,17 +21,42 @@ logger = logging.getLogger(__name__)
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=64)  # type: ignore[call-overload]
 class RegistryActor:
     """On (re)start it rebuilds its view from every live store's self-describing shards, so a
-    killed registry comes back with the same committed steps. Threaded: ``wait_committed``
+    killed registry comes back with the same committed steps. A watch thread starts stores on
+    nodes that join later, with the budget ``ray_ckpt.start()`` was given. Threaded: ``wait_committed``
     blocks one thread while stage calls proceed on others."""
 
-    def __init__(self, namespace: str, events_path: str | None = None, rebuild_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        events_path: str | None = None,
+        rebuild_timeout_s: float = 10.0,
+        *,
+        store_budget_bytes: int | None = None,
+        store_budget_fraction: float | None = None,
+    ) -> None:
         self._namespace = namespace
         self._registry = Registry()
+        self._store_budget = (store_budget_bytes, store_budget_fraction or settings.store_budget_fraction())
         if events_path is None:  # next to Ray's own logs of this cluster, on the registry's node
             context = ray.get_runtime_context()
             events_path = f"{context.get_temp_dir()}/{context.get_session_name()}/ray_ckpt/events-{namespace}.jsonl"
         self._events = EventLog(events_path)
         self._rebuild(rebuild_timeout_s)
+        if settings.store_watch_interval_s() > 0:
+            threading.Thread(target=self._watch_stores, name="ray_ckpt-store-watch", daemon=True).start()
+
+    def _watch_stores(self) -> None:
+        """Start a store on every alive node that has none (a node joined or rejoined), so
+        saves return to full spreading without anyone calling ``ray_ckpt.start()`` again."""
+        while True:
+            time.sleep(settings.store_watch_interval_s())
+            try:
+                missing = {str(n["NodeID"]) for n in naming.alive_nodes()} - naming.store_node_ids(self._namespace)
+                for node_id in sorted(missing):
+                    store_actor.deploy(self._namespace, node_id, *self._store_budget)
+                    logger.info("started a ray_ckpt store on node %s, which joined the cluster", node_id)
+            except Exception as error:  # the watch must outlive GCS hiccups
+                logger.debug("store watch: %s", error)
 
     def _rebuild(self, timeout_s: float) -> None:
         stores = naming.store_handles(self._namespace)
@@ -151,7 +179,9 @@ class RegistryActor:
     def jobs(self) -> dict[str, dict[str, Any]]:
         return self._registry.jobs()
 
-    def forget(self, job: str) -> None:
+    def forget(self, job: str, timeout_s: float = 10.0) -> None:
+        """Forget ``job`` and wait until every live store dropped its shards (a store that does
+        not answer within ``timeout_s`` is skipped: its shards are unreachable anyway)."""
         self._registry.forget(job)
-        for handle in naming.store_handles(self._namespace).values():
-            handle.drop.remote(job, None)
+        refs = [handle.drop.remote(job, None) for handle in naming.store_handles(self._namespace).values()]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import psutil
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_ckpt import metrics, settings
+from ray_ckpt import metrics, naming, settings
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
 
@@ -72,6 +73,18 @@ class ShardStoreActor:
     def set_budget(self, budget_bytes: int) -> None:
         self._store.budget_bytes = int(budget_bytes)
         metrics.observe_store(self._store.stats())
+
+
+def deploy(namespace: str, node_id: str, budget_bytes: int | None, budget_fraction: float) -> Any:
+    """The store of ``node_id`` in ``namespace``, started there (detached, pinned) unless it
+    already runs; returns its handle without waiting for it to be ready."""
+    return ShardStoreActor.options(  # type: ignore[attr-defined]
+        name=naming.store_name(node_id),
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(node_id, budget_bytes, budget_fraction)
 
 
 def _node_memory() -> tuple[int, int]:

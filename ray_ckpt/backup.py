@@ -110,6 +110,13 @@ def complete_steps(uri: str, job: str) -> list[int]:
     return complete
 
 
+def saved_world_size(uri: str, job: str, step: int) -> int | None:
+    """The world size ``step`` was backed up at (rank 0's marker), or None without a marker."""
+    fs, root = _filesystem(uri)
+    marker = _marker(fs, _step_dir(root, job, step), 0)
+    return None if marker is None else int(marker["world_size"])
+
+
 def read(uri: str, job: str, step: int, rank: int) -> np.ndarray:
     """One rank's blob of ``step``, checked against its marker."""
     fs, root = _filesystem(uri)

@@ -24,6 +24,7 @@ from ray_ckpt.errors import (
     StoreUnavailableError,
 )
 from ray_ckpt.placement import place
+from ray_ckpt.protection import cluster_margin, rank_protection
 from ray_ckpt.shard import ShardMeta
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ class Checkpointer:
         self._last_step: int | None = None
         self._saves = 0
         self._placement_checked = False
+        self._degraded = False
+        self.last_protection: int | None = None  # node losses the last placement survives
         self._stores: dict[str, Any] = {}  # node id -> store handle (see _store_handles)
         self._restored_bytes = 0
         self._created = time.time()  # for the timeline: this rank's worker is running
@@ -151,14 +154,8 @@ class Checkpointer:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
         layout = snapshot.plan(state)  # validates before anything is waited for or touched
-        if not self._placement_checked:  # k+m larger than the cluster: an error at the call
-            place(
-                service.storage_nodes(self.namespace, self.config.failure_domain_label),
-                shards=self.config.total_shards,
-                rank=self.rank,
-                rank_node_id=self.node_id,
-            )
-            self._placement_checked = True
+        if not self._placement_checked:  # no store at all: an error at the call
+            self._check_placement()
         if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
             self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
             return SaveHandle(self, step, None)
@@ -189,6 +186,29 @@ class Checkpointer:
         future = self._background.submit(self._encode_scatter_stage, step, array, size, copied, phases, returned)
         self._in_flight = future
         return SaveHandle(self, step, future)
+
+    def _check_placement(self) -> None:
+        """At the first save: PlacementError if no store runs; rank 0 says how many node losses
+        the cluster absorbs before a step's protection drops below parity_shards."""
+        nodes = service.storage_nodes(self.namespace, self.config.failure_domain_label)
+        place(nodes, shards=self.config.total_shards, rank=self.rank, rank_node_id=self.node_id)
+        self._placement_checked = True
+        if self.rank == 0:
+            k, m = self.config.data_shards, self.config.parity_shards
+            spare, now = cluster_margin(len(nodes), k, m)
+            level = logging.WARNING if spare == 0 else logging.INFO
+            logger.log(
+                level,
+                "job %r, RS(%d,%d) on %d store node(s): a step survives %d node loss(es); the cluster can lose %d "
+                "node(s) before that drops%s",
+                self.job,
+                k,
+                m,
+                len(nodes),
+                now,
+                spare,
+                "" if spare else f" (add nodes beyond {k + m} for spares)",
+            )
 
     def _finish_in_flight(self) -> None:
         if self._in_flight is not None:
@@ -241,7 +261,9 @@ class Checkpointer:
                 backup.prune(self.config.backup_uri, self.job, self.config.backup_keep)
             phases["backup"] = time.perf_counter() - t3
         if self._saves == 1 or self._saves % settings.save_event_every() == 0:
-            self._record("save", step=step, phases_s=dict(phases), bytes=size, returned=returned)
+            self._record(
+                "save", step=step, phases_s=dict(phases), bytes=size, returned=returned, protection=self.last_protection
+            )
         return bool(committed)
 
     def _ask_registry(self, method: str, *args: Any) -> Any:
@@ -291,7 +313,10 @@ class Checkpointer:
                 for n in service.storage_nodes(self.namespace, self.config.failure_domain_label)
                 if n.node_id not in excluded
             ]
-            targets = place(nodes, shards=len(shards), rank=self.rank, rank_node_id=self.node_id)
+            targets = place(
+                nodes, shards=len(shards), rank=self.rank, rank_node_id=self.node_id, data_shards=self.code.data_shards
+            )
+            self._note_protection(targets, len(nodes))
             wanted = [*targets, self.node_id] if self.config.local_copy else targets
             stores = self._store_handles(set(wanted) - excluded)
             refs = {
@@ -329,6 +354,26 @@ class Checkpointer:
             rank=self.rank,
             step=common["step"],
         )
+
+    def _note_protection(self, targets: list[str], stores: int) -> None:
+        """Keep the protection of the placement just chosen, warning once when it drops below
+        parity_shards (fewer stores than k+m) and once when full spreading is back."""
+        self.last_protection = rank_protection(targets, self.code.data_shards)
+        degraded = self.last_protection < self.code.parity_shards
+        if degraded and not self._degraded:
+            logger.warning(
+                "job %r rank %d: only %d node(s) run a store for %d shards: shards share nodes and a step "
+                "survives %d node loss(es) instead of %d until nodes rejoin (they get stores by themselves)",
+                self.job,
+                self.rank,
+                stores,
+                len(targets),
+                self.last_protection,
+                self.code.parity_shards,
+            )
+        elif self._degraded and not degraded:
+            logger.warning("job %r rank %d: full protection is back (%d stores)", self.job, self.rank, stores)
+        self._degraded = degraded
 
     def _store_handles(self, node_ids: set[str]) -> dict[str, Any]:
         """Handles of these nodes' stores, resolved once per Checkpointer (a save looks up only
@@ -368,7 +413,27 @@ class Checkpointer:
         return None if latest is None else int(latest)
 
     def restore(self, step: int | None = None) -> Restored | None:
-        restored, plan = self._restore(step)
+        """Rebuild this rank's state of the newest step every rank can restore (or of ``step``),
+        from its local copy on this node, else any k checksum-valid shards on live peers, else
+        the newest complete persistent backup. All ranks of one attempt get the same step.
+
+        Returns None only when the job never committed a step and has no backup. Raises
+        ConfigError, the same on every rank, when the step was saved at another world size
+        (nothing is lost: it stays restorable at that size); InsufficientShardsError when a
+        committed step can no longer be rebuilt and no backup exists. A failed restore is
+        recorded as a failed recovery (a ``restore`` event with ``error``)."""
+        try:
+            restored, plan = self._restore(step)
+        except Exception as error:
+            self._record(
+                "restore",
+                step=None,
+                source=None,
+                error=f"{type(error).__name__}: {error}",
+                started=self._created,
+                phases_s={},
+            )
+            raise
         self._saves = 0  # the next save is this incarnation's first step: always recorded
         newest = plan.get("newest_staged")
         self._record(
@@ -383,15 +448,9 @@ class Checkpointer:
         return restored
 
     def _restore(self, step: int | None) -> tuple[Restored | None, dict[str, Any]]:
-        """Rebuild this rank's state, trying in order: its local copy on this node (no network),
-        any k checksum-valid shards on live peers, the newest complete persistent backup.
-
-        With ``step=None`` every rank of the job restores the same step: the registry decides
-        it once per attempt (the newest committed step that every rank can still rebuild from
-        memory, else the newest complete backup). Returns None only when the job never
-        committed a step (and has no backup). If a committed step can no longer be rebuilt and
-        no backup exists, raises InsufficientShardsError naming rank, step and lost shards.
-        """
+        """``restore`` without its event. With ``step=None`` the registry decides the step once
+        per attempt (the newest committed step that every rank can still rebuild from memory,
+        else the newest complete backup), so every rank restores the same one."""
         self._check_open()
         t0 = time.perf_counter()
         self._restored_bytes = 0
@@ -401,6 +460,7 @@ class Checkpointer:
         plan = self._ask_registry("plan_restore", self.job, self.attempt)
         if plan["source"] == "peers":
             chosen = int(plan["step"])
+            self._check_world_size(int(plan["world_size"]), chosen)
             try:
                 restored = self._restore_from_memory(chosen, self._locate(chosen), t0)
                 if plan.get("newest_committed") is not None and chosen < int(plan["newest_committed"]):
@@ -417,12 +477,24 @@ class Checkpointer:
 
     def _locate(self, step: int) -> dict[str, Any]:
         located = self._ask_registry("locate", self.job, step)
-        if self.rank not in located:
-            raise ConfigError(
-                f"job {self.job!r} step {step} was saved by ranks {sorted(located)}; rank {self.rank} "
-                f"is not among them (world size changed from {len(located)} to {self.world_size}?)"
-            )
+        self._check_world_size(len(located), step)
         return dict(located[self.rank])
+
+    def _check_world_size(self, saved: int, step: int) -> None:
+        """The same ConfigError on every rank when ``step`` was saved by another number of
+        ranks: per-rank state cannot be resharded, and restoring it silently would be wrong."""
+        if saved != self.world_size:
+            raise ConfigError(
+                f"job {self.job!r} step {step} was saved by {saved} rank(s), but this run has world size "
+                f"{self.world_size}: per-rank state cannot be restored into another world size. Restore at "
+                f"world size {saved}, start under a new job name, or drop this job's checkpoints "
+                f"(`ray-ckpt drop {self.job}` or ray_ckpt.drop({self.job!r})); the step stays restorable at "
+                f"world size {saved} until then",
+                job=self.job,
+                step=step,
+                saved_world_size=saved,
+                world_size=self.world_size,
+            )
 
     def _restore_from_memory(self, step: int, record: dict[str, Any], t0: float) -> Restored:
         t1 = time.perf_counter()
@@ -568,6 +640,9 @@ class Checkpointer:
             if not plan["ever_committed"]:
                 return None
             raise self._unrebuildable(plan.get("newest_committed"), uri)
+        saved = backup.saved_world_size(uri, self.job, step)
+        if saved is not None:
+            self._check_world_size(saved, step)
         t1 = time.perf_counter()
         data = backup.read(uri, self.job, step, self.rank)
         self._restored_bytes = data.size

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray_ckpt import timeline
+from ray_ckpt.protection import step_protection
 
 logger = logging.getLogger(__name__)
 
@@ -387,21 +388,20 @@ def observe_job(job: str, committed_step: int | None, protection: int | None) ->
 
 
 def protection(ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> int | None:
-    """How many more node failures a committed step survives: min over ranks of (shards on
-    live nodes - k), as ``ray_ckpt.status()`` computes it. ``ranks``: rank -> a record with
-    ``metas`` (index -> ShardMeta or its dict) and ``nodes`` (index -> node id), as returned
-    by the registry's ``locate``. ``live_nodes=None`` counts every shard as live."""
-    margins = []
-    for record in ranks.values():
+    """How many more node failures a committed step survives (``ray_ckpt.protection``: from
+    where its shards really are, the weakest rank counts), as ``ray_ckpt.status()`` reports
+    it. ``ranks``: rank -> a record with ``metas`` (index -> ShardMeta or its dict) and
+    ``nodes`` (index -> node id), as returned by the registry's ``locate``.
+    ``live_nodes=None`` counts every shard as live."""
+    placed = {}
+    for rank, record in ranks.items():
         metas = record["metas"] if isinstance(record, Mapping) else record.metas
         nodes = record["nodes"] if isinstance(record, Mapping) else record.nodes
-        if not metas:
-            continue
-        first = next(iter(metas.values()))
-        k = first["data_shards"] if isinstance(first, Mapping) else first.data_shards
-        live = sum(1 for n in nodes.values() if live_nodes is None or n in live_nodes)
-        margins.append(live - int(k))
-    return min(margins) if margins else None
+        if metas:
+            first = next(iter(metas.values()))
+            k = first["data_shards"] if isinstance(first, Mapping) else first.data_shards
+            placed[rank] = (nodes.values(), int(k))
+    return step_protection(placed, live_nodes)
 
 
 def observe_committed(job: str, step: int, ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> None:

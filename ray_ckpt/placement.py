@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from ray_ckpt.errors import PlacementError
+from ray_ckpt.protection import even_protection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,13 +21,20 @@ class Node:
         return self.domain if self.domain is not None else f"node:{self.node_id}"
 
 
-def place(nodes: Sequence[Node], *, shards: int, rank: int, rank_node_id: str | None) -> list[str]:
-    """The node ids for shard indices 0..shards-1 of ``rank``: all distinct.
+def place(
+    nodes: Sequence[Node], *, shards: int, rank: int, rank_node_id: str | None, data_shards: int | None = None
+) -> list[str]:
+    """The node ids for shard indices 0..shards-1 of ``rank``.
 
     Rules, in priority order:
-      1. distinct nodes (else PlacementError naming the numbers and the settings to change);
+      1. distinct nodes while at least ``shards`` nodes run a store; with fewer, shards double
+         up as evenly as the nodes allow (counts differ by at most one), so a save keeps
+         working on a shrunken cluster: its protection (``ray_ckpt.protection``) says how
+         many node losses the step really survives. PlacementError only when no node runs a
+         store;
       2. never the rank's own node while enough other nodes exist (its node dying must not take
-         both the rank and its shards);
+         both the rank and its shards); with too few others, the own node is left out only if
+         that costs no protection (judged with ``data_shards``; without it, all nodes are used);
       3. spread over failure domains: domains are used round-robin, so no domain holds more
          than ceil(shards / domains) shards of a rank;
       4. balance across ranks: each rank starts at a different offset, so ranks' shards land on
@@ -38,17 +46,36 @@ def place(nodes: Sequence[Node], *, shards: int, rank: int, rank_node_id: str | 
     if rank < 0:
         raise PlacementError(f"rank must be >= 0, got {rank}")
     unique = {node.node_id: node for node in nodes}
-    if len(unique) < shards:
+    if not unique:
         raise PlacementError(
-            f"cannot place {shards} shards of rank {rank} on distinct nodes: only {len(unique)} "
-            f"node(s) run a ray_ckpt store. Add nodes (and run ray_ckpt.start() again so they get "
-            f"stores) or lower data_shards + parity_shards in CheckpointConfig",
+            f"cannot place the {shards} shards of rank {rank}: no alive node runs a ray_ckpt store. "
+            "Run ray_ckpt.start() on the cluster (stores come back on nodes that rejoin by themselves)",
             shards=shards,
-            nodes=len(unique),
+            nodes=0,
         )
-    candidates = [n for n in unique.values() if n.node_id != rank_node_id]
-    if len(candidates) < shards:
-        candidates = list(unique.values())
+    others = [n for n in unique.values() if n.node_id != rank_node_id]
+    candidates = others
+    if len(others) < shards and len(others) < len(unique):
+        own_adds_protection = (
+            data_shards is None
+            or not others
+            or even_protection(shards, len(unique), data_shards) > even_protection(shards, len(others), data_shards)
+        )
+        if own_adds_protection:
+            candidates = list(unique.values())
+    chosen: list[str] = []
+    while len(chosen) < shards:  # each round puts at most one shard on every candidate
+        need = shards - len(chosen)
+        pool = candidates
+        if need < len(candidates) and len(others) >= need:
+            pool = [n for n in candidates if n.node_id != rank_node_id]  # a partial round spares the own node
+        chosen += _place_distinct(pool, min(need, len(pool)), rank, shards)
+    return chosen
+
+
+def _place_distinct(candidates: Sequence[Node], count: int, rank: int, shards: int) -> list[str]:
+    """``count`` distinct nodes out of ``candidates`` by rules 3 and 4 (``shards`` sets the
+    rank's rotation, so every round of a doubled-up placement starts at the same offset)."""
     by_domain: dict[str, list[Node]] = {}
     for node in sorted(candidates, key=lambda n: n.node_id):
         by_domain.setdefault(node.failure_domain, []).append(node)
@@ -63,7 +90,7 @@ def place(nodes: Sequence[Node], *, shards: int, rank: int, rank_node_id: str | 
         by_domain[domain] = members[turn:] + members[:turn]
     taken = dict.fromkeys(domains, 0)
     chosen: list[str] = []
-    for _ in range(shards):
+    for _ in range(count):
         # the least-used domain that still has a free node; ties go to the rank's rotation
         domain = min(
             (d for d in domains if taken[d] < len(by_domain[d])),

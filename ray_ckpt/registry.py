@@ -157,7 +157,8 @@ class Registry:
 
     def plan_restore(self, job: str, attempt: str | None, live_nodes: set[str]) -> dict[str, Any]:
         """The step every rank of ``attempt`` restores, decided once per attempt so that all
-        ranks agree: ``{"step", "source", "ever_committed"}``. source "peers": the newest
+        ranks agree: ``{"step", "source", "ever_committed"}``, plus ``world_size`` (the ranks
+        that saved the step) with source "peers". source "peers": the newest
         committed step whose every rank still has k shards (or its local copy) on live nodes
         and was not marked unrestorable; source "backup": none is, use the newest complete
         persistent backup; source None: nothing was ever committed. ``newest_staged``: the
@@ -180,7 +181,7 @@ class Registry:
             plan["ever_committed"] = plan["ever_committed"] or bool(state.unrestorable)
             for step in committed:
                 if step not in state.unrestorable and self._rebuildable(steps[step], live_nodes):
-                    plan.update(step=step, source="peers")
+                    plan.update(step=step, source="peers", world_size=steps[step].world_size)
                     break
             else:
                 if plan["ever_committed"]:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors import store_actor
 from actors.registry_actor import RegistryActor
-from actors.store_actor import ShardStoreActor
-from ray_ckpt import naming, settings
-from ray_ckpt.errors import ConfigError, StoreUnavailableError
+from ray_ckpt import metrics, naming, settings
+from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.errors import ConfigError, NoCheckpointError, StoreUnavailableError
 from ray_ckpt.placement import Node
+from ray_ckpt.protection import cluster_margin
+
+logger = logging.getLogger(__name__)
 
 
 def _require_ray() -> None:
@@ -29,12 +34,15 @@ def start(
 ) -> dict[str, Any]:
     """Deploy one store per alive node and the registry; idempotent.
 
-    Calling it again picks up nodes that joined since (and leaves existing stores untouched).
+    Calling it again picks up nodes that joined since (and leaves existing stores untouched);
+    the registry also starts a store on every node that joins later, by itself
+    (RAY_CKPT_STORE_WATCH_INTERVAL_S).
     ``events_path``: the JSON-lines events file the registry writes (default: under Ray's
     session folder on the registry's node; ``registry.events_path()`` tells where).
     Budget per store: ``store_budget_bytes`` if given, else ``store_budget_fraction`` (default
     RAY_CKPT_STORE_BUDGET_FRACTION) of the node's total memory. Returns
-    ``{"namespace", "stores": [node ids], "registry_node_id"}``.
+    ``{"namespace", "stores": [node ids], "registry_node_id", "margin"}``; ``margin`` says, also
+    in the log, how many node losses the cluster absorbs before a step's protection drops.
     """
     _require_ray()
     if store_budget_bytes is not None and (not isinstance(store_budget_bytes, int) or store_budget_bytes < 0):
@@ -43,19 +51,8 @@ def start(
     if not 0 < fraction <= 0.9:
         raise ConfigError(f"store_budget_fraction must be in (0, 0.9], got {fraction!r}")
     namespace = namespace or settings.namespace()
-    nodes = naming.alive_nodes()
-    handles = []
-    for node in nodes:
-        node_id = str(node["NodeID"])
-        handles.append(
-            ShardStoreActor.options(  # type: ignore[attr-defined]
-                name=naming.store_name(node_id),
-                namespace=namespace,
-                lifetime="detached",
-                get_if_exists=True,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(node_id, store_budget_bytes, fraction)
-        )
+    nodes = [str(node["NodeID"]) for node in naming.alive_nodes()]
+    handles = [store_actor.deploy(namespace, node_id, store_budget_bytes, fraction) for node_id in nodes]
     ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
     head = naming.head_node_id()
     # the head node: it hosts the GCS, so it lives exactly as long as the cluster
@@ -66,9 +63,34 @@ def start(
         lifetime="detached",
         get_if_exists=True,
         scheduling_strategy=strategy,
-    ).remote(namespace, events_path)
+    ).remote(namespace, events_path, store_budget_bytes=store_budget_bytes, store_budget_fraction=fraction)
     ray.get(registry.ready.remote(), timeout=timeout_s)
-    return {"namespace": namespace, "stores": [str(n["NodeID"]) for n in nodes], "registry_node_id": head}
+    default = CheckpointConfig()
+    spare, protection = cluster_margin(len(nodes), default.data_shards, default.parity_shards)
+    margin = (
+        f"{len(nodes)} store node(s): with the default RS({default.data_shards},{default.parity_shards}) a step "
+        f"survives {protection} node loss(es), and the cluster can lose {spare} node(s) before that drops "
+        f"(RS(k,m) keeps full protection with k+m store nodes; each node beyond absorbs one loss)"
+    )
+    logger.log(logging.WARNING if spare == 0 else logging.INFO, "ray_ckpt: %s", margin)
+    return {"namespace": namespace, "stores": nodes, "registry_node_id": head, "margin": margin}
+
+
+def drop(job: str, *, namespace: str | None = None, timeout_s: float = 10.0) -> None:
+    """Remove one job's checkpoints from the registry and every store; other jobs are
+    untouched. NoCheckpointError if the registry knows no such job."""
+    _require_ray()
+    namespace = namespace or settings.namespace()
+    try:
+        registry = naming.registry_handle(namespace)
+    except ValueError:
+        raise StoreUnavailableError(f"no ray_ckpt registry in namespace {namespace!r}: nothing to drop") from None
+    jobs = ray.get(registry.jobs.remote(), timeout=timeout_s)
+    if job not in jobs:
+        raise NoCheckpointError(
+            f"job {job!r} has no checkpoints in namespace {namespace!r} (jobs: {sorted(jobs)})", job=job
+        )
+    ray.get(registry.forget.remote(job, timeout_s), timeout=2 * timeout_s)
 
 
 def shutdown(*, namespace: str | None = None) -> None:
@@ -102,8 +124,9 @@ def storage_nodes(namespace: str, failure_domain_label: str | None) -> list[Node
 
 def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
     """Per node: bytes used / budget, shards, jobs. Per job: committed steps and how many more
-    node failures its latest committed step survives (``protection``: min over ranks of live
-    shards - k; negative means some rank can no longer be rebuilt from memory)."""
+    node failures its latest committed step survives (``protection``, from where its shards
+    really are, see ray_ckpt.protection; negative means some rank can no longer be rebuilt from
+    memory) against ``full_protection`` (parity_shards: less means degraded placement)."""
     _require_ray()
     namespace = namespace or settings.namespace()
     stores = naming.store_handles(namespace)
@@ -126,12 +149,8 @@ def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str
         info["protection"] = None
         if committed:
             located = ray.get(registry.locate.remote(job, committed[-1]), timeout=timeout_s)
-            margins = []
-            for record in located.values():
-                k = next(iter(record["metas"].values()))["data_shards"]
-                live = sum(1 for n in record["nodes"].values() if n in alive)
-                margins.append(live - k)
-            info["protection"] = min(margins) if margins else None
+            info["protection"] = metrics.protection(located, alive)
+            info["full_protection"] = next(iter(next(iter(located.values()))["metas"].values()))["parity_shards"]
             info["payload_bytes_per_step"] = sum(
                 next(iter(r["metas"].values()))["payload_size"] for r in located.values()
             )

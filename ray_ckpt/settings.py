@@ -78,6 +78,13 @@ def save_event_every() -> int:
     return max(1, _read("RAY_CKPT_SAVE_EVENT_EVERY", 10, int))
 
 
+def store_watch_interval_s() -> float:
+    """RAY_CKPT_STORE_WATCH_INTERVAL_S: how often the registry looks for alive nodes without a
+    store and starts one there (a node that joins or rejoins gets its store by itself); 0 turns
+    the watch off."""
+    return max(0.0, _read("RAY_CKPT_STORE_WATCH_INTERVAL_S", 2.0, float))
+
+
 @contextlib.contextmanager
 def override(**values: object) -> Iterator[None]:
     """Temporarily set knobs by env-var name, e.g. ``override(RAY_CKPT_CODEC_THREADS=1)``."""

@@ -14,7 +14,7 @@ from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nod
 import ray_ckpt
 from ray_ckpt import backup, naming, service
 from ray_ckpt.checkpointer import Checkpointer
-from ray_ckpt.errors import PlacementError, StoreFullError
+from ray_ckpt.errors import StoreFullError
 
 pytestmark = pytest.mark.cluster
 
@@ -135,25 +135,6 @@ def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimClust
         restored = fresh.restore()
     assert restored is not None and restored.step == 0
     assert digest(restored.state) == digest(make_state(0, 0, 100))
-
-
-@pytest.mark.nodes(2)
-def test_k_plus_m_larger_than_the_cluster_fails_at_the_first_save(sim_cluster: SimCluster) -> None:
-    """RS(4,2) on a cluster with 3 stores: PlacementError at the save call, naming the numbers
-    and what to change; nothing was stored."""
-    checkpointer = Checkpointer(
-        job=JOB,
-        rank=0,
-        world_size=1,
-        config=ray_ckpt.CheckpointConfig(data_shards=4, parity_shards=2),
-        namespace=sim_cluster.namespace,
-    )
-    with pytest.raises(PlacementError, match="only 3 node") as raised:
-        checkpointer.save(0, make_state(0, 0, 100))
-    assert "data_shards + parity_shards" in str(raised.value)
-    assert checkpointer.latest_step() is None
-    assert all(not s["shards"] for s in service.status(namespace=sim_cluster.namespace)["nodes"].values())
-    checkpointer.close()
 
 
 @pytest.mark.nodes(6)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ray_ckpt.errors import PlacementError
 from ray_ckpt.placement import Node, max_shards_per_domain, place
+from ray_ckpt.protection import even_protection, rank_protection
 
 
 def flat(count: int) -> list[Node]:
@@ -103,25 +104,51 @@ def test_equal_domains_hold_at_most_ceil_shards_over_domains(zones: tuple[int, .
             assert max_shards_per_domain(chosen, nodes) <= bound, (rank, host, chosen)
 
 
-@pytest.mark.parametrize(
-    ("nodes", "shards", "rank"),
-    [(flat(3), 4, 0), (flat(5), 6, 7), (zoned(2, 2), 6, 1), ([], 1, 0), ([Node("a"), Node("a")], 2, 0)],
-    ids=["3 nodes for 4", "5 nodes for 6", "4 zoned nodes for 6", "no nodes", "duplicate ids count once"],
-)
-def test_too_few_nodes_raises_placement_error_naming_numbers_and_settings(
-    nodes: list[Node], shards: int, rank: int
-) -> None:
-    """Fewer distinct nodes than shards: PlacementError naming both numbers and data_shards/parity_shards."""
-    distinct = len({n.node_id for n in nodes})
-    with pytest.raises(PlacementError) as caught:
-        place(nodes, shards=shards, rank=rank, rank_node_id=None)
-    message = str(caught.value)
-    assert f"{shards} shards" in message
-    assert f"only {distinct} node(s)" in message
-    assert "data_shards" in message
-    assert "parity_shards" in message
-    assert caught.value.shards == shards
-    assert caught.value.nodes == distinct
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("own", [True, False])
+def test_too_few_nodes_double_up_evenly_and_keep_every_shard(count: int, own: bool) -> None:
+    """Fewer nodes than shards (RS(4,2) on 1-5 stores): every shard is placed, node loads differ
+    by at most one, and the rank's own node is used only when leaving it out costs protection."""
+    nodes = flat(count)
+    for rank in range(4):
+        host = nodes[rank % count].node_id if own else None
+        chosen = place(nodes, shards=6, rank=rank, rank_node_id=host, data_shards=4)
+        assert len(chosen) == 6
+        loads = Counter(chosen)
+        if host is None or host not in loads:
+            assert max(loads.values()) - min(loads.values()) <= 1, chosen
+        else:
+            others = [c for n, c in loads.items() if n != host]
+            assert loads[host] <= min(others, default=loads[host]), chosen
+        best = max(even_protection(6, n, 4) for n in {count, count - 1} if n > 0)
+        assert rank_protection(chosen, 4) == best, chosen
+
+
+def test_degraded_placement_leaves_the_own_node_out_when_that_costs_no_protection() -> None:
+    """RS(4,2) on 5 stores: the 4 other nodes give the same protection (1) as all 5, so the
+    rank's own node holds nothing; on 3 stores the own node is needed for protection 1."""
+    chosen = place(flat(5), shards=6, rank=0, rank_node_id="n00", data_shards=4)
+    assert "n00" not in chosen
+    assert rank_protection(chosen, 4) == 1
+    chosen = place(flat(3), shards=6, rank=0, rank_node_id="n00", data_shards=4)
+    assert Counter(chosen) == {"n00": 2, "n01": 2, "n02": 2}
+    assert rank_protection(chosen, 4) == 1
+
+
+def test_degraded_placement_spreads_over_failure_domains() -> None:
+    """6 shards on 4 nodes in 2 zones: each zone holds 3 shards, each node 1 or 2."""
+    nodes = zoned(2, 2)
+    for rank in range(4):
+        chosen = place(nodes, shards=6, rank=rank, rank_node_id=None)
+        assert max_shards_per_domain(chosen, nodes) == 3, chosen
+        assert sorted(Counter(chosen).values()) == [1, 1, 2, 2], chosen
+
+
+def test_no_store_at_all_raises_placement_error_naming_the_fix() -> None:
+    """No node runs a store: PlacementError saying to run ray_ckpt.start()."""
+    with pytest.raises(PlacementError, match=r"ray_ckpt\.start\(\)") as caught:
+        place([], shards=3, rank=0, rank_node_id=None)
+    assert caught.value.nodes == 0
 
 
 @pytest.mark.parametrize(("shards", "rank"), [(0, 0), (-1, 0), (2, -1)])
