@@ -4,7 +4,9 @@ On a simulated cluster, each trial runs one job of ``--ranks`` ranks (RS(2,1) or
 or without local copies, with persistent backups every 3 steps) through a random sequence of:
 full saves, torn saves (some ranks never stage), hard kills of up to m nodes, hard kills of
 more than m nodes, store-actor kills, registry kills, shard corruption (bit flips written into a
-store), and restores by a fresh incarnation of every rank. Killed nodes are replaced.
+store), the cluster shrinking below k+m stores (saves must go on with the protection their real
+placement gives; rejoining nodes must get stores by themselves and bring full protection back),
+and restores by a fresh incarnation of every rank. Killed nodes are replaced.
 
 After every restore the invariant is checked: every rank restored the same step, that step was
 committed (or is a complete backup, all ranks alike), and every rank's state is bit-exact
@@ -12,7 +14,7 @@ the state it saved at that step; or the restore raised a specific ray_ckpt error
 is a violation: a partial or mixed state, another exception, or a call that outlived its
 timeout.
 
-    python scripts/fault_campaign.py --trials 20 --seed 1 [--ops 10] [--json PATH]
+    python scripts/fault_campaign.py --trials 20 --seed 1 [--ops 10] [--always shrink] [--json PATH]
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ FAST_FAILURE_DETECTION = {
     "health_check_failure_threshold": 3,
 }
 PEER_TIMEOUT_S = 15.0
+OPERATIONS = ["save", "torn", "kill_le_m", "kill_gt_m", "kill_store", "kill_registry", "corrupt", "shrink", "restore"]
 SLACK_S = 30.0
 
 
@@ -106,7 +109,9 @@ class Trial:
 
     # ---- operations ---------------------------------------------------------------------
 
-    def save(self, torn: bool = False) -> None:
+    def save(self, torn: bool = False, must_succeed: bool = False) -> None:
+        """Save the next step on every rank (``torn``: on some). ``must_succeed``: any error is
+        a violation (a save on a cluster below k+m stores must go on)."""
         import ray_ckpt
 
         step = self.next_step
@@ -117,7 +122,9 @@ class Trial:
                 handles.append(self.checkpointers[r].save(step, make_state(self.index, r, step, self.generation)))
             for handle in handles:
                 handle.staged(timeout_s=PEER_TIMEOUT_S + SLACK_S)
-        except ray_ckpt.RayCkptError as error:  # e.g. placement impossible after kills: a clean error
+        except ray_ckpt.RayCkptError as error:  # e.g. a store died mid-save: a clean error
+            if must_succeed:
+                self.campaign.violation(self, f"save of step {step} failed: {type(error).__name__}: {error}")
             self.campaign.count_error("save", error)
             self.checkpointers = self._incarnation()  # the failed ranks restart, as Ray Train would
             return
@@ -183,6 +190,35 @@ class Trial:
         self.committed = {s: g for s, g in self.committed.items() if s <= step}
         self.next_step = step + 1
 
+    def shrink_and_regrow(self) -> None:
+        """Kill worker nodes one at a time (at most m at once) until fewer than k+m stores are
+        alive; saves must go on, each with the protection its real placement gives, and the
+        restore must hold the invariant. Then add nodes without calling ``ray_ckpt.start()``:
+        their stores must start by themselves and the next save must be fully protected."""
+        total = self.config.data_shards + self.config.parity_shards
+        workers = self.campaign.store_count() - 1  # the head's store stays
+        target = self.rng.randint(0, min(workers, total - 2))  # worker stores left: target + 1 < k + m
+        while workers > target:
+            count = min(self.m, workers - target)
+            self.campaign.kill_nodes(count, replenish=False)
+            workers -= count
+            if workers > target:
+                self.save(must_succeed=True)  # each step is spread over the stores still alive
+        self.save(must_succeed=True)
+        protections = [c.last_protection for c in self.checkpointers]
+        if None in protections:  # the save failed: already a violation
+            return
+        low = min(protections)
+        if low >= self.m:
+            self.campaign.violation(self, f"{target + 1} stores for {total} shards, yet protection {low}")
+        self.restore()
+        self.campaign.regrow()
+        self.save(must_succeed=True)
+        if any(c.last_protection != self.m for c in self.checkpointers):
+            protections = [c.last_protection for c in self.checkpointers]
+            self.campaign.violation(self, f"full spreading did not return after nodes rejoined: {protections}")
+        self.campaign.faults["shrink"] += 1
+
     def corrupt(self) -> None:
         import numpy as np
         import ray
@@ -220,7 +256,7 @@ class Campaign:
         self.fallbacks = 0
         self.violations: list[str] = []
         self.errors_by_kind: dict[str, int] = {}
-        self.faults = {"kill_le_m": 0, "kill_gt_m": 0, "kill_store": 0, "kill_registry": 0, "corrupt": 0}
+        self.faults = {"kill_le_m": 0, "kill_gt_m": 0, "kill_store": 0, "kill_registry": 0, "corrupt": 0, "shrink": 0}
 
     def count_error(self, where: str, error: BaseException) -> None:
         key = f"{where}:{type(error).__name__}"
@@ -231,7 +267,7 @@ class Campaign:
 
     # ---- cluster faults -----------------------------------------------------------------
 
-    def kill_nodes(self, count: int) -> None:
+    def kill_nodes(self, count: int, replenish: bool = True) -> None:
         from ray_ckpt import naming
 
         victims = self.rng.sample(list(self.cluster.worker_nodes), count)
@@ -241,7 +277,27 @@ class Campaign:
         deadline = time.monotonic() + 60
         while {str(n["NodeID"]) for n in naming.alive_nodes()} & ids and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.replenish()
+        if replenish:
+            self.replenish()
+
+    def store_count(self) -> int:
+        """Alive nodes that run a store."""
+        from ray_ckpt import naming
+
+        return len(naming.store_node_ids(self.namespace) & {str(n["NodeID"]) for n in naming.alive_nodes()})
+
+    def regrow(self) -> None:
+        """Add worker nodes back up to ``--nodes`` without ``ray_ckpt.start()``; a violation
+        unless their stores start by themselves within 30 s."""
+        while len(self.cluster.worker_nodes) < self.nodes:
+            self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+        deadline = time.monotonic() + 30
+        while self.store_count() < self.nodes + 1:
+            if time.monotonic() > deadline:
+                self.violations.append(f"rejoined nodes got no store: {self.store_count()} of {self.nodes + 1}")
+                return
+            time.sleep(0.2)
 
     def replenish(self) -> None:
         import ray_ckpt
@@ -280,7 +336,7 @@ class Campaign:
 
     # ---- the campaign -------------------------------------------------------------------
 
-    def run(self, trials: int, ops: int) -> dict[str, Any]:
+    def run(self, trials: int, ops: int, always: tuple[str, ...] = ()) -> dict[str, Any]:
         import ray
         from ray.cluster_utils import Cluster
 
@@ -302,6 +358,8 @@ class Campaign:
             for index in range(trials):
                 trial = Trial(self, index, random.Random(self.rng.random()))
                 trial.save()
+                for choice in always:
+                    self.step(trial, choice)
                 for _ in range(ops):
                     self.step(trial)
                 trial.restore()
@@ -325,11 +383,10 @@ class Campaign:
             "faults": self.faults,
         }
 
-    def step(self, trial: Trial) -> None:
-        choice = self.rng.choices(
-            ["save", "torn", "kill_le_m", "kill_gt_m", "kill_store", "kill_registry", "corrupt", "restore"],
-            weights=[6, 1, 2, 1, 1, 1, 1, 3],
-        )[0]
+    def step(self, trial: Trial, choice: str | None = None) -> None:
+        """One operation on ``trial``: ``choice``, or one drawn at random."""
+        if choice is None:
+            choice = self.rng.choices(OPERATIONS, weights=[6, 1, 2, 1, 1, 1, 1, 1, 3])[0]
         if choice == "save":
             trial.save()
         elif choice == "torn":
@@ -347,6 +404,8 @@ class Campaign:
             self.kill_registry()
         elif choice == "corrupt":
             trial.corrupt()
+        elif choice == "shrink":
+            trial.shrink_and_regrow()
         else:
             trial.restore()
 
@@ -358,11 +417,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=10, help="random operations per trial")
     parser.add_argument("--nodes", type=int, default=6, help="simulated one-CPU worker nodes")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument(
+        "--always",
+        action="append",
+        default=[],
+        choices=OPERATIONS,
+        help="run this operation once in every trial, after its first save (repeatable)",
+    )
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckcampaign"))
     started = time.time()
-    report = Campaign(nodes=args.nodes, ranks=args.ranks, seed=args.seed).run(args.trials, args.ops)
+    report = Campaign(nodes=args.nodes, ranks=args.ranks, seed=args.seed).run(args.trials, args.ops, tuple(args.always))
     report["seed"] = args.seed
     report["wall_s"] = round(time.time() - started, 1)
     print(json.dumps({k: v for k, v in report.items() if k != "violation_details"}, indent=2))

@@ -12,7 +12,7 @@ from conftest import SimCluster
 from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
 
 import ray_ckpt
-from ray_ckpt import backup, naming, service
+from ray_ckpt import backup, naming
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.errors import StoreFullError
 

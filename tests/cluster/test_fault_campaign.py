@@ -16,11 +16,25 @@ SCRIPT = pathlib.Path(__file__).parents[2] / "scripts" / "fault_campaign.py"
 
 @pytest.mark.timeout(600)
 def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathlib.Path) -> None:
-    """Two random trials of saves, torn saves, node/store/registry kills, bit flips and
-    restores: every restore is bit-exact the committed (or backup) step, or a ray_ckpt error."""
+    """Two random trials of saves, torn saves, node/store/registry kills, bit flips, the cluster
+    shrinking below k+m stores and regrowing, and restores: every restore is bit-exact the
+    committed (or backup) step, or a ray_ckpt error; saves on the shrunken cluster never fail."""
     out = tmp_path / "campaign.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--trials", "2", "--ops", "6", "--seed", "7", "--json", str(out)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--trials",
+            "2",
+            "--ops",
+            "6",
+            "--seed",
+            "7",
+            "--always",
+            "shrink",
+            "--json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=560,
@@ -29,4 +43,5 @@ def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathl
     report = json.loads(out.read_text())
     assert report["violations"] == 0, report["violation_details"]
     assert report["restores"] >= 2
+    assert report["faults"]["shrink"] >= 2
     assert set(report) >= {"trials", "restores", "violations", "fallbacks", "errors_by_kind"}

@@ -176,6 +176,7 @@ def test_plan_picks_newest_committed_step_with_k_live_shards_per_rank() -> None:
         "ever_committed": True,
         "newest_committed": 2,
         "newest_staged": 2,
+        "world_size": 2,
     }
 
 
