@@ -10,10 +10,10 @@ from typing import Any
 import ray
 
 from actors import store_actor
-from ray_ckpt import metrics, naming, settings
-from ray_ckpt.events import EventLog
+from ray_ckpt import events, metrics, naming, settings
 from ray_ckpt.registry import Registry
 from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import StoreHoldings, ranks_to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class RegistryActor:
         if events_path is None:  # next to Ray's own logs of this cluster, on the registry's node
             context = ray.get_runtime_context()
             events_path = f"{context.get_temp_dir()}/{context.get_session_name()}/ray_ckpt/events-{namespace}.jsonl"
-        self._events = EventLog(events_path)
+        self._events = events.EventLog(events_path)
+        self._status_snapshots = events.Coalescer(self._record_status, events.STATUS_EVERY_S)
         self._rebuild(rebuild_timeout_s)
         if settings.store_watch_interval_s() > 0:
             threading.Thread(target=self._watch_stores, name="ray_ckpt-store-watch", daemon=True).start()
@@ -64,11 +65,9 @@ class RegistryActor:
         holdings = []
         for node_id, ref in refs.items():
             try:
-                found_node, metas, marks = ray.get(ref, timeout=timeout_s)
+                holdings.append(StoreHoldings.from_wire(ray.get(ref, timeout=timeout_s)))
             except Exception as error:  # a dead store is simply absent from the rebuilt view
                 logger.warning("registry rebuild: store on node %s did not answer: %s", node_id, error)
-                continue
-            holdings.append((found_node, [ShardMeta.from_dict(m) for m in metas], marks))
         self._registry.rebuild(holdings)
         self._observe_jobs()
 
@@ -127,7 +126,38 @@ class RegistryActor:
             self._observe_jobs([job])
             for handle in naming.store_handles(self._namespace).values():
                 handle.mark_committed.remote(job, decision.keep_steps[-1], list(decision.keep_steps))
+            self._status_snapshots.request(job)  # off the stage path, at most one per job a second
         return decision.committed
+
+    def _record_status(self, job: str) -> None:
+        """Record a ``status`` event of ``job``'s newest committed step (``events.status_event``):
+        placement, protection, store memory and hosts, so an events file alone shows them."""
+        step = self._registry.latest_committed(job)
+        if step is None:  # forgotten meanwhile
+            return
+        located = self._registry.locate(job, step)
+        refs = {node_id: h.stats.remote() for node_id, h in naming.store_handles(self._namespace).items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5.0) if refs else ([], [])
+        stores: dict[str, dict[str, Any]] = {}
+        for node_id, ref in refs.items():
+            try:
+                stores[node_id] = ray.get(ref, timeout=0) if ref in ready else {"error": "no answer within 5 s"}
+            except Exception as error:  # a dead store is reported, not fatal
+                stores[node_id] = {"error": f"{type(error).__name__}"}
+        meta = next(iter(located.values())).first
+        self.record(
+            events.status_event(
+                job,
+                step,
+                world_size=meta.world_size,
+                data_shards=meta.data_shards,
+                parity_shards=meta.parity_shards,
+                shards={rank: dict(r.nodes) for rank, r in located.items()},
+                local_nodes={rank: r.local_node if r.local is not None else None for rank, r in located.items()},
+                stores=stores,
+                ray_nodes=ray.nodes(),
+            )
+        )
 
     def _drop(self, job: str, steps: tuple[int, ...]) -> None:
         if steps:
@@ -135,11 +165,11 @@ class RegistryActor:
                 handle.drop.remote(job, list(steps))
 
     def plan_restore(self, job: str, attempt: str | None) -> dict[str, Any]:
-        """The step all ranks of ``attempt`` restore (see Registry.plan_restore)."""
+        """The step all ranks of ``attempt`` restore: a ``RestorePlan`` on the wire."""
         if attempt is not None:
             self._drop(job, self._registry.join(job, attempt))
         live = set(naming.store_handles(self._namespace))
-        return self._registry.plan_restore(job, attempt, live)
+        return self._registry.plan_restore(job, attempt, live).to_wire()
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
         return self._registry.settle_backup_step(job, attempt, step)
@@ -165,16 +195,8 @@ class RegistryActor:
         return self._registry.staged_ranks(job, step)
 
     def locate(self, job: str, step: int) -> dict[int, dict[str, Any]]:
-        """rank -> {"metas": {index: meta dict}, "nodes": {index: node id}} for a committed step."""
-        return {
-            rank: {
-                "metas": {i: m.to_dict() for i, m in r.metas.items()},
-                "nodes": dict(r.nodes),
-                "local": None if r.local is None else r.local.to_dict(),
-                "local_node": r.local_node,
-            }
-            for rank, r in self._registry.locate(job, step).items()
-        }
+        """rank -> its ``RankRecord`` on the wire, for a committed step."""
+        return ranks_to_wire(self._registry.locate(job, step))
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         return self._registry.jobs()

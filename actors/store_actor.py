@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray_ckpt import metrics, naming, settings
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
+from ray_ckpt.wire import StoreHoldings
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)  # type: ignore[call-overload]
@@ -55,13 +56,11 @@ class ShardStoreActor:
         metrics.observe_store(self._store.stats())
         return freed
 
-    def holdings(self) -> tuple[str, list[dict[str, Any]], dict[str, int]]:
-        """(node id, metadata of every shard held, job -> newest committed step heard of)."""
-        return (
-            self._store.node_id,
-            [m.to_dict() for m in self._store.inventory()],
-            self._store.committed_marks(),
-        )
+    def holdings(self) -> dict[str, Any]:
+        """What this store holds, a ``StoreHoldings`` on the wire (for rebuilding the registry)."""
+        return StoreHoldings(
+            self._store.node_id, tuple(self._store.inventory()), self._store.committed_marks()
+        ).to_wire()
 
     def stats(self) -> dict[str, Any]:
         return self._store.stats()

@@ -1,7 +1,12 @@
-"""The ray_ckpt exceptions: one base and one kind per recovery decision; all picklable."""
+"""The ray_ckpt exceptions: one base and one kind per recovery decision; all picklable.
+
+``unwrap_remote`` turns the RayTaskError that carries a ray_ckpt error out of a Ray actor back
+into that error. This module imports nothing but the standard library.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
@@ -70,3 +75,33 @@ class StaleAttemptError(RayCkptError):
 
 class StoreUnavailableError(RayCkptError):
     """The ray_ckpt service is not running or a store could not be reached."""
+
+
+class KillError(RayCkptError, RuntimeError):
+    """A kill could not be prepared or carried out (no crasher could be started on a node, or
+    no raylet was found there); nothing was killed when it is raised while arming."""
+
+
+class KillTimeoutError(KillError, TimeoutError):
+    """A kill happened, but its victim (node or store) was not seen dead within the wait given."""
+
+
+class CliError(RayCkptError):
+    """A command-line failure, reported as one line on stderr (exit status 1)."""
+
+
+class DashboardError(RayCkptError):
+    """The dashboard cannot read its events or serve its page; the message says which and why."""
+
+
+def unwrap_remote(error: BaseException) -> BaseException:
+    """The ray_ckpt error a Ray task or actor raised, if ``error`` is the ``RayTaskError`` that
+    carried it here (its ``cause``); else ``error`` unchanged. Use it where ray_ckpt calls its
+    own actors: ``except Exception as e: raise unwrap_remote(e) from None``, so callers see
+    ``NoCheckpointError`` with its details, not ``RayTaskError(NoCheckpointError)`` and a
+    remote traceback."""
+    exceptions = sys.modules.get("ray.exceptions")  # not loaded: no RayTaskError can exist
+    if exceptions is None or not isinstance(error, exceptions.RayTaskError):
+        return error
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, RayCkptError) else error

@@ -10,7 +10,15 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
 - ``node_dead``: node_id, the time Ray declared the node dead.
 - ``restore``: job, rank, attempt, step, source, steps_lost, bytes, started (when this
   rank's checkpointer was created: the new worker is running), phases_s {locate, fetch,
-  decode, load}. step -1 means the rank had to start from scratch.
+  decode, load}. step -1 means the rank had to start from scratch. A restore that raised
+  has ``error`` ("ErrorTypeName: message") with step and source None.
+- ``status``: a snapshot the registry takes when a step of ``job`` commits (at most one per
+  job every ``STATUS_EVERY_S``; the newest commit is always snapshotted): step (the job's
+  newest committed step), world_size, data_shards, parity_shards, protection (node losses the
+  step survives, ``ray_ckpt.protection.step_protection`` over shards on alive nodes with a
+  store), placement {rank: [node id of shard 0, 1, ...]}, local {rank: node id of its local
+  copy}, nodes {node id: {host, address, alive, store, used_bytes, budget_bytes, shards[,
+  error]}} (every store's memory, and any node holding a shard of the step).
 
 An events file holds one event per line (JSON lines); ``read`` skips lines it cannot parse,
 so a file cut by a crash stays readable.
@@ -19,15 +27,21 @@ so a file cut by a crash stays readable.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-KINDS = ("save", "kill", "node_dead", "restore")
+from ray_ckpt import protection
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("save", "kill", "node_dead", "restore", "status")
+STATUS_EVERY_S = 1.0  # the most frequent status snapshots of one job
 
 
 def event(kind: str, **fields: Any) -> dict[str, Any]:
@@ -92,3 +106,116 @@ def write(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> No
     with open(path, "w") as out:
         for record in records:
             out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+
+
+def status_event(
+    job: str,
+    step: int,
+    *,
+    world_size: int,
+    data_shards: int,
+    parity_shards: int,
+    shards: Mapping[int, Mapping[int, str]],
+    local_nodes: Mapping[int, str | None],
+    stores: Mapping[str, Mapping[str, Any]],
+    ray_nodes: Iterable[Mapping[str, Any]],
+    time: float | None = None,
+) -> dict[str, Any]:
+    """A ``status`` event for ``job``'s newest committed ``step``: ``shards`` rank -> shard index
+    -> node id, ``local_nodes`` rank -> node of its local copy (or None), ``stores`` node id ->
+    the store's ``stats()`` (or ``{"error": ...}``) for every registered store, ``ray_nodes``
+    Ray's node records (``ray.nodes()``). Protection counts shards on alive nodes with a store."""
+    known = {str(n.get("NodeID")): n for n in ray_nodes}
+    alive = {node_id for node_id, n in known.items() if n.get("Alive")}
+    live = alive & set(stores)
+    placement = {
+        str(rank): [by_index.get(i) for i in range(max(by_index, default=-1) + 1)]
+        for rank, by_index in sorted(shards.items())
+    }
+    value = protection.step_protection(
+        {rank: (by_index.values(), data_shards) for rank, by_index in shards.items()}, live
+    )
+    held = {n for by_index in shards.values() for n in by_index.values()}
+    held |= {n for n in local_nodes.values() if n}
+    nodes = {}
+    for node_id in sorted(set(stores) | held):
+        record = known.get(node_id, {})
+        stats = stores.get(node_id) or {}
+        nodes[node_id] = {
+            "host": record.get("NodeManagerHostname"),
+            "address": record.get("NodeManagerAddress"),
+            "alive": node_id in alive,
+            "store": node_id in stores,
+            "used_bytes": stats.get("used_bytes"),
+            "budget_bytes": stats.get("budget_bytes"),
+            "shards": stats.get("shards"),
+            **({"error": str(stats["error"])} if stats.get("error") else {}),
+        }
+    fields: dict[str, Any] = {} if time is None else {"time": time}
+    return event(
+        "status",
+        job=job,
+        step=step,
+        world_size=world_size,
+        data_shards=data_shards,
+        parity_shards=parity_shards,
+        protection=value,
+        placement=placement,
+        local={str(rank): node for rank, node in sorted(local_nodes.items()) if node},
+        nodes=nodes,
+        **fields,
+    )
+
+
+class Coalescer:
+    """Calls ``work(key)`` on a daemon thread, at most once per ``interval_s`` per key. Requests
+    for a key that arrive meanwhile merge into one call, made as soon as the interval allows, so
+    the newest state is always captured, at most ``interval_s`` late. Exceptions of ``work``
+    are logged and dropped. Thread-safe; the thread starts with the first request."""
+
+    def __init__(self, work: Callable[[str], None], interval_s: float) -> None:
+        self._work = work
+        self._interval_s = interval_s
+        self._due: dict[str, float] = {}  # key -> monotonic time it may run
+        self._last: dict[str, float] = {}  # key -> when its last call started
+        self._running = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def request(self, key: str) -> None:
+        with self._cond:
+            if key not in self._due:
+                self._due[key] = self._last.get(key, float("-inf")) + self._interval_s
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="ray_ckpt-coalescer", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once no request is pending or running (False after ``timeout_s``)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._due and not self._running, timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    ready = [key for key, due in self._due.items() if due <= now]
+                    if ready:
+                        break
+                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                for key in ready:
+                    del self._due[key]
+                    self._last[key] = now
+                self._running += 1
+            try:
+                for key in ready:
+                    try:
+                        self._work(key)
+                    except Exception:
+                        logger.warning("%s failed for %r", getattr(self._work, "__name__", "work"), key, exc_info=True)
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()

@@ -9,16 +9,7 @@ from typing import Any
 
 from ray_ckpt.errors import ConfigError, NoCheckpointError, StaleAttemptError
 from ray_ckpt.shard import ShardMeta
-
-
-@dataclasses.dataclass
-class RankRecord:
-    """One rank's shards of one step: metadata by shard index and the node holding each."""
-
-    metas: dict[int, ShardMeta]
-    nodes: dict[int, str]
-    local: ShardMeta | None = None  # the rank's full local copy, on local_node
-    local_node: str | None = None
+from ray_ckpt.wire import RankRecord, RestorePlan, StoreHoldings
 
 
 @dataclasses.dataclass
@@ -35,7 +26,8 @@ class _Incarnations:
 
     current: str | None = None
     seen: set[str] = dataclasses.field(default_factory=set)
-    plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    plans: dict[str, RestorePlan] = dataclasses.field(default_factory=dict)
+    backup_steps: dict[str, int | None] = dataclasses.field(default_factory=dict)
     unrestorable: set[int] = dataclasses.field(default_factory=set)
     newest_staged: int | None = None  # the newest step any rank ever staged
 
@@ -155,49 +147,42 @@ class Registry:
             del steps[step]
         return torn
 
-    def plan_restore(self, job: str, attempt: str | None, live_nodes: set[str]) -> dict[str, Any]:
+    def plan_restore(self, job: str, attempt: str | None, live_nodes: set[str]) -> RestorePlan:
         """The step every rank of ``attempt`` restores, decided once per attempt so that all
-        ranks agree: ``{"step", "source", "ever_committed"}``, plus ``world_size`` (the ranks
-        that saved the step) with source "peers". source "peers": the newest
-        committed step whose every rank still has k shards (or its local copy) on live nodes
-        and was not marked unrestorable; source "backup": none is, use the newest complete
-        persistent backup; source None: nothing was ever committed. ``newest_staged``: the
-        newest step any rank had staged, for counting the steps a failure lost."""
+        ranks agree (see RestorePlan). source "peers": the newest committed step whose every
+        rank still has k shards (or its local copy) on live nodes and was not marked
+        unrestorable; source "backup": none is, use the newest complete persistent backup;
+        source None: nothing was ever committed."""
         with self._lock:
             state = self._incarnations.setdefault(job, _Incarnations())
             if attempt is not None:
                 self._join_locked(job, attempt)
                 if attempt in state.plans:
-                    return dict(state.plans[attempt])
+                    return state.plans[attempt]
             steps = self._jobs.get(job, {})
             committed = sorted((s for s, r in steps.items() if r.committed), reverse=True)
-            plan: dict[str, Any] = {
-                "step": None,
-                "source": None,
-                "ever_committed": bool(committed),
-                "newest_committed": committed[0] if committed else None,
-                "newest_staged": state.newest_staged,
-            }
-            plan["ever_committed"] = plan["ever_committed"] or bool(state.unrestorable)
-            for step in committed:
-                if step not in state.unrestorable and self._rebuildable(steps[step], live_nodes):
-                    plan.update(step=step, source="peers", world_size=steps[step].world_size)
-                    break
-            else:
-                if plan["ever_committed"]:
-                    plan["source"] = "backup"
+            ever_committed = bool(committed) or bool(state.unrestorable)
+            chosen = next(
+                (s for s in committed if s not in state.unrestorable and self._rebuildable(steps[s], live_nodes)), None
+            )
+            plan = RestorePlan(
+                step=chosen,
+                source="peers" if chosen is not None else "backup" if ever_committed else None,
+                ever_committed=ever_committed,
+                newest_committed=committed[0] if committed else None,
+                newest_staged=state.newest_staged,
+                world_size=None if chosen is None else steps[chosen].world_size,
+            )
             if attempt is not None:
                 state.plans[attempt] = plan
-            return dict(plan)
+            return plan
 
     @staticmethod
     def _rebuildable(record: StepRecord, live_nodes: set[str]) -> bool:
-        for rank in record.ranks.values():
-            k = next(iter(rank.metas.values())).data_shards
-            live = sum(1 for node in rank.nodes.values() if node in live_nodes)
-            if live < k and rank.local_node not in live_nodes:
-                return False
-        return True
+        return all(
+            rank.live_shards(live_nodes) >= rank.data_shards or rank.local_node in live_nodes
+            for rank in record.ranks.values()
+        )
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
         """The backup step of ``attempt``'s plan: the first rank's proposal wins, later calls
@@ -205,8 +190,7 @@ class Registry:
         with self._lock:
             if attempt is None:
                 return step
-            plan = self._incarnations.setdefault(job, _Incarnations()).plans.setdefault(attempt, {})
-            return plan.setdefault("backup_step", step)
+            return self._incarnations.setdefault(job, _Incarnations()).backup_steps.setdefault(attempt, step)
 
     def mark_unrestorable(self, job: str, step: int) -> None:
         """A rank could not rebuild ``step`` (e.g. corrupted shards beyond m): no later plan
@@ -267,7 +251,7 @@ class Registry:
                 raise NoCheckpointError(
                     f"job {job!r} has no committed step {step} (committed: {known})", job=job, step=step
                 )
-            return {rank: dataclasses.replace(r) for rank, r in record.ranks.items()}
+            return dict(record.ranks)
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         """Per job: committed steps, staged-only steps with the ranks that staged them."""
@@ -288,25 +272,28 @@ class Registry:
 
     # ---- rebuilding ---------------------------------------------------------------------
 
-    def rebuild(self, holdings: Iterable[tuple[str, list[ShardMeta], dict[str, int]]]) -> None:
+    def rebuild(self, holdings: Iterable[StoreHoldings]) -> None:
         """Replace the whole view with one rebuilt from the stores' self-describing shards.
 
-        ``holdings``: per store (node id, shard metadata it holds, job -> newest committed step
-        it was told about). A step counts as committed when some store was told so, or when it
-        is not newer than such a step (commits are ordered); steps newer than every commit mark
-        come back as staged by the ranks whose shards are present.
+        ``holdings``: what every live store holds. A step counts as committed when some store
+        was told so, or when it is not newer than such a step (commits are ordered); steps
+        newer than every commit mark come back as staged by the ranks whose shards are present.
         """
-        rebuilt: dict[str, dict[int, StepRecord]] = {}
+        found: dict[str, dict[int, dict[int, tuple[dict[int, ShardMeta], dict[int, str]]]]] = {}
         marks: dict[str, int] = {}
-        for node_id, metas, committed in holdings:
-            for job, step in committed.items():
+        for held in holdings:
+            for job, step in held.committed.items():
                 marks[job] = max(step, marks.get(job, step))
-            for meta in metas:
-                steps = rebuilt.setdefault(meta.job, {})
-                record = steps.setdefault(meta.step, StepRecord(world_size=meta.world_size))
-                rank = record.ranks.setdefault(meta.rank, RankRecord({}, {}))
-                rank.metas[meta.index] = meta
-                rank.nodes[meta.index] = node_id
+            for meta in held.metas:
+                metas, nodes = found.setdefault(meta.job, {}).setdefault(meta.step, {}).setdefault(meta.rank, ({}, {}))
+                metas[meta.index] = meta
+                nodes[meta.index] = held.node_id
+        rebuilt: dict[str, dict[int, StepRecord]] = {}
+        for job, staged in found.items():
+            for step, ranks in staged.items():
+                world_size = next(iter(next(iter(ranks.values()))[0].values())).world_size
+                record = rebuilt.setdefault(job, {}).setdefault(step, StepRecord(world_size=world_size))
+                record.ranks = {rank: RankRecord(metas, nodes) for rank, (metas, nodes) in ranks.items()}
         for job, steps in rebuilt.items():
             mark = marks.get(job)
             for step, record in steps.items():

@@ -10,11 +10,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import store_actor
 from actors.registry_actor import RegistryActor
-from ray_ckpt import metrics, naming, settings
+from ray_ckpt import naming, remote, settings
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import ConfigError, NoCheckpointError, StoreUnavailableError
-from ray_ckpt.placement import Node
 from ray_ckpt.protection import cluster_margin
+from ray_ckpt.registry_client import RegistryClient
+from ray_ckpt.wire import step_protection
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def start(
     namespace = namespace or settings.namespace()
     nodes = [str(node["NodeID"]) for node in naming.alive_nodes()]
     handles = [store_actor.deploy(namespace, node_id, store_budget_bytes, fraction) for node_id in nodes]
-    ray.get([h.ready.remote() for h in handles], timeout=timeout_s)
+    remote.get([h.ready.remote() for h in handles], timeout=timeout_s)
     head = naming.head_node_id()
     # the head node: it hosts the GCS, so it lives exactly as long as the cluster
     strategy = NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
@@ -64,7 +65,7 @@ def start(
         get_if_exists=True,
         scheduling_strategy=strategy,
     ).remote(namespace, events_path, store_budget_bytes=store_budget_bytes, store_budget_fraction=fraction)
-    ray.get(registry.ready.remote(), timeout=timeout_s)
+    remote.get(registry.ready.remote(), timeout=timeout_s)
     default = CheckpointConfig()
     spare, protection = cluster_margin(len(nodes), default.data_shards, default.parity_shards)
     margin = (
@@ -81,16 +82,13 @@ def drop(job: str, *, namespace: str | None = None, timeout_s: float = 10.0) -> 
     untouched. NoCheckpointError if the registry knows no such job."""
     _require_ray()
     namespace = namespace or settings.namespace()
-    try:
-        registry = naming.registry_handle(namespace)
-    except ValueError:
-        raise StoreUnavailableError(f"no ray_ckpt registry in namespace {namespace!r}: nothing to drop") from None
-    jobs = ray.get(registry.jobs.remote(), timeout=timeout_s)
+    registry = RegistryClient(namespace)
+    jobs = registry.jobs()
     if job not in jobs:
         raise NoCheckpointError(
             f"job {job!r} has no checkpoints in namespace {namespace!r} (jobs: {sorted(jobs)})", job=job
         )
-    ray.get(registry.forget.remote(job, timeout_s), timeout=2 * timeout_s)
+    registry.forget(job, timeout_s)
 
 
 def shutdown(*, namespace: str | None = None) -> None:
@@ -108,20 +106,6 @@ def shutdown(*, namespace: str | None = None) -> None:
                 continue
 
 
-def storage_nodes(namespace: str, failure_domain_label: str | None) -> list[Node]:
-    """The alive nodes that run a store, with their failure domain from the node label (two
-    GCS calls, whatever the cluster's size)."""
-    stores = naming.store_node_ids(namespace)
-    result = []
-    for node in naming.alive_nodes():
-        node_id = str(node["NodeID"])
-        if node_id in stores:
-            labels = node.get("Labels") or {}
-            domain = labels.get(failure_domain_label) if failure_domain_label else None
-            result.append(Node(node_id, domain))
-    return result
-
-
 def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
     """Per node: bytes used / budget, shards, jobs. Per job: committed steps and how many more
     node failures its latest committed step survives (``protection``, from where its shards
@@ -134,24 +118,22 @@ def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str
     nodes: dict[str, Any] = {}
     for node_id, ref in refs.items():
         try:
-            nodes[node_id] = ray.get(ref, timeout=timeout_s)
+            nodes[node_id] = remote.get(ref, timeout=timeout_s)
         except Exception as error:  # an unreachable store is reported, not fatal
             nodes[node_id] = {"node_id": node_id, "error": repr(error)}
     try:
-        registry = naming.registry_handle(namespace)
-    except ValueError:
+        registry = RegistryClient(namespace)
+    except StoreUnavailableError:
         return {"namespace": namespace, "nodes": nodes, "jobs": {}, "registry": "missing"}
-    jobs = ray.get(registry.jobs.remote(), timeout=timeout_s)
+    jobs = registry.jobs()
     alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
     for job, info in jobs.items():
         committed = info["committed_steps"]
         info["latest_committed"] = committed[-1] if committed else None
         info["protection"] = None
         if committed:
-            located = ray.get(registry.locate.remote(job, committed[-1]), timeout=timeout_s)
-            info["protection"] = metrics.protection(located, alive)
-            info["full_protection"] = next(iter(next(iter(located.values()))["metas"].values()))["parity_shards"]
-            info["payload_bytes_per_step"] = sum(
-                next(iter(r["metas"].values()))["payload_size"] for r in located.values()
-            )
+            located = registry.locate(job, committed[-1])
+            info["protection"] = step_protection(located, alive)
+            info["full_protection"] = next(iter(located.values())).parity_shards
+            info["payload_bytes_per_step"] = sum(r.payload_size for r in located.values())
     return {"namespace": namespace, "nodes": nodes, "jobs": jobs, "registry": "alive"}

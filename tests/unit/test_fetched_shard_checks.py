@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.checksum import checksum
+from ray_ckpt.restore import check_shard
 from ray_ckpt.shard import ShardMeta
 
 DATA = np.arange(1000, dtype=np.uint8)
@@ -26,7 +26,7 @@ META = ShardMeta(
 
 def test_an_intact_shard_is_accepted() -> None:
     """Matching metadata, size and checksum: usable."""
-    assert Checkpointer._check_shard((META.to_dict(), DATA.copy()), META) is None
+    assert check_shard((META.to_dict(), DATA.copy()), META) is None
 
 
 @pytest.mark.parametrize(
@@ -44,5 +44,5 @@ def test_an_intact_shard_is_accepted() -> None:
 )
 def test_a_bad_shard_is_rejected_with_a_reason(found: object, reason: str) -> None:
     """Truncated, padded, mistyped, corrupted, mismatched or forged shards are refused."""
-    result = Checkpointer._check_shard(found, META)
+    result = check_shard(found, META)
     assert result is not None and reason in result

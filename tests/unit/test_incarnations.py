@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ray_ckpt.errors import ConfigError, StaleAttemptError
 from ray_ckpt.registry import CommitDecision, Registry
 from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import RestorePlan
 
 K, M = 2, 1
 JOB = "job"
@@ -132,7 +135,7 @@ def test_plan_and_join_from_superseded_attempt_raise() -> None:
             registry.plan_restore(JOB, stale, all_nodes(1))
         with pytest.raises(StaleAttemptError):
             registry.join(JOB, stale)
-    assert registry.plan_restore(JOB, "C", all_nodes(1))["step"] == 1
+    assert registry.plan_restore(JOB, "C", all_nodes(1)).step == 1
 
 
 # ---- restore plans ----------------------------------------------------------------------
@@ -144,14 +147,15 @@ def test_plan_is_decided_once_per_attempt_and_a_new_attempt_redecides() -> None:
     commit(registry, 1, "A")
     commit(registry, 2, "A")
     first = registry.plan_restore(JOB, "B", all_nodes(1) | all_nodes(2))
-    assert first["step"] == 2 and first["source"] == "peers"
+    assert first.step == 2 and first.source == "peers"
     assert registry.plan_restore(JOB, "B", set()) == first  # another rank, after the nodes died
     assert registry.plan_restore(JOB, "B", all_nodes(1)) == first
-    first["step"] = 99  # the caller's copy is not the registry's plan
-    assert registry.plan_restore(JOB, "B", set())["step"] == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):  # a caller cannot change the registry's plan
+        first.step = 99  # type: ignore[misc]
+    assert registry.plan_restore(JOB, "B", set()).step == 2
 
     again = registry.plan_restore(JOB, "C", all_nodes(1))
-    assert again["step"] == 1 and again["source"] == "peers"
+    assert again.step == 1 and again.source == "peers"
     assert registry.plan_restore(JOB, "C", all_nodes(2)) == again
 
 
@@ -159,8 +163,8 @@ def test_plan_without_attempt_is_not_cached() -> None:
     """plan_restore with attempt None decides afresh on every call."""
     registry = Registry()
     commit(registry, 1, None)
-    assert registry.plan_restore(JOB, None, all_nodes(1))["source"] == "peers"
-    assert registry.plan_restore(JOB, None, set())["source"] == "backup"
+    assert registry.plan_restore(JOB, None, all_nodes(1)).source == "peers"
+    assert registry.plan_restore(JOB, None, set()).source == "backup"
 
 
 def test_plan_picks_newest_committed_step_with_k_live_shards_per_rank() -> None:
@@ -170,14 +174,14 @@ def test_plan_picks_newest_committed_step_with_k_live_shards_per_rank() -> None:
     commit(registry, 2, "A")
     live = (all_nodes(1) | all_nodes(2)) - {node(2, 0, 0), node(2, 1, 2)}  # one shard of each rank lost
     plan = registry.plan_restore(JOB, "B", live)
-    assert plan == {
-        "step": 2,
-        "source": "peers",
-        "ever_committed": True,
-        "newest_committed": 2,
-        "newest_staged": 2,
-        "world_size": 2,
-    }
+    assert plan == RestorePlan(
+        step=2,
+        source="peers",
+        ever_committed=True,
+        newest_committed=2,
+        newest_staged=2,
+        world_size=2,
+    )
 
 
 def test_plan_falls_back_to_older_kept_step_when_newest_is_not_rebuildable() -> None:
@@ -187,7 +191,7 @@ def test_plan_falls_back_to_older_kept_step_when_newest_is_not_rebuildable() -> 
     commit(registry, 2, "A")
     live = (all_nodes(1) | all_nodes(2)) - {node(2, 1, 0), node(2, 1, 1)}  # rank 1 of step 2: 1 < k shards
     plan = registry.plan_restore(JOB, "B", live)
-    assert (plan["step"], plan["source"]) == (1, "peers")
+    assert (plan.step, plan.source) == (1, "peers")
 
 
 def test_plan_uses_local_copy_when_shards_are_gone_but_local_node_is_alive() -> None:
@@ -197,9 +201,9 @@ def test_plan_uses_local_copy_when_shards_are_gone_but_local_node_is_alive() -> 
     commit(registry, 2, "A", local_node="local")
     live_without_rank1 = all_nodes(1) | (all_nodes(2) - set(nodes_of(2, 1).values()))
     plan = registry.plan_restore(JOB, "B", live_without_rank1 | {"local"})
-    assert (plan["step"], plan["source"]) == (2, "peers")
+    assert (plan.step, plan.source) == (2, "peers")
     without_local = registry.plan_restore(JOB, "C", live_without_rank1)
-    assert (without_local["step"], without_local["source"]) == (1, "peers")
+    assert (without_local.step, without_local.source) == (1, "peers")
 
 
 def test_plan_skips_steps_marked_unrestorable() -> None:
@@ -208,12 +212,12 @@ def test_plan_skips_steps_marked_unrestorable() -> None:
     commit(registry, 1, "A")
     commit(registry, 2, "A")
     live = all_nodes(1) | all_nodes(2)
-    assert registry.plan_restore(JOB, "B", live)["step"] == 2
+    assert registry.plan_restore(JOB, "B", live).step == 2
     registry.mark_unrestorable(JOB, 2)
-    assert registry.plan_restore(JOB, "C", live)["step"] == 1
+    assert registry.plan_restore(JOB, "C", live).step == 1
     registry.mark_unrestorable(JOB, 1)
     plan = registry.plan_restore(JOB, "D", live)
-    assert plan["step"] is None and plan["source"] == "backup" and plan["ever_committed"]
+    assert plan.step is None and plan.source == "backup" and plan.ever_committed
 
 
 def test_plan_is_backup_when_nothing_is_rebuildable_but_something_committed() -> None:
@@ -222,34 +226,34 @@ def test_plan_is_backup_when_nothing_is_rebuildable_but_something_committed() ->
     commit(registry, 1, "A")
     commit(registry, 2, "A")
     plan = registry.plan_restore(JOB, "B", {"some-other-node"})
-    assert plan == {
-        "step": None,
-        "source": "backup",
-        "ever_committed": True,
-        "newest_committed": 2,
-        "newest_staged": 2,
-    }
+    assert plan == RestorePlan(
+        step=None,
+        source="backup",
+        ever_committed=True,
+        newest_committed=2,
+        newest_staged=2,
+    )
 
 
 def test_plan_is_none_when_nothing_was_ever_committed() -> None:
     """A job with only torn steps (or none at all) plans source None and ever_committed False."""
     registry = Registry()
-    assert registry.plan_restore(JOB, "A", set()) == {
-        "step": None,
-        "source": None,
-        "ever_committed": False,
-        "newest_committed": None,
-        "newest_staged": None,
-    }
+    assert registry.plan_restore(JOB, "A", set()) == RestorePlan(
+        step=None,
+        source=None,
+        ever_committed=False,
+        newest_committed=None,
+        newest_staged=None,
+    )
     stage(registry, 3, 0, "A")
     plan = registry.plan_restore(JOB, "B", all_nodes(3))
-    assert plan == {
-        "step": None,
-        "source": None,
-        "ever_committed": False,
-        "newest_committed": None,
-        "newest_staged": 3,
-    }
+    assert plan == RestorePlan(
+        step=None,
+        source=None,
+        ever_committed=False,
+        newest_committed=None,
+        newest_staged=3,
+    )
 
 
 def test_newest_staged_counts_a_torn_step_discarded_by_the_new_attempt() -> None:
@@ -259,7 +263,7 @@ def test_newest_staged_counts_a_torn_step_discarded_by_the_new_attempt() -> None
     stage(registry, 2, 0, "A")
     stage(registry, 3, 1, "A")
     plan = registry.plan_restore(JOB, "B", all_nodes(1))
-    assert (plan["step"], plan["newest_staged"]) == (1, 3)
+    assert (plan.step, plan.newest_staged) == (1, 3)
     assert registry.jobs()[JOB]["staged"] == {}  # the torn steps were discarded by B's join
 
 
@@ -270,11 +274,11 @@ def test_settle_backup_step_first_proposal_wins_within_an_attempt() -> None:
     """All ranks of an attempt get the first proposed backup step; a new attempt settles anew; None passes through."""
     registry = Registry()
     commit(registry, 4, "A")
-    assert registry.plan_restore(JOB, "B", set())["source"] == "backup"
+    assert registry.plan_restore(JOB, "B", set()).source == "backup"
     assert registry.settle_backup_step(JOB, "B", 3) == 3
     assert registry.settle_backup_step(JOB, "B", 2) == 3
     assert registry.settle_backup_step(JOB, "B", None) == 3
-    assert registry.plan_restore(JOB, "C", set())["source"] == "backup"
+    assert registry.plan_restore(JOB, "C", set()).source == "backup"
     assert registry.settle_backup_step(JOB, "C", 2) == 2
     assert registry.settle_backup_step(JOB, "B", 1) == 3
     assert registry.settle_backup_step(JOB, None, 7) == 7
@@ -289,7 +293,7 @@ def test_rollback_drops_newer_steps_of_earlier_attempts_only_and_allows_restagin
     registry = Registry()
     for step in (3, 4, 5):
         commit(registry, step, "A", keep=3)
-    assert registry.plan_restore(JOB, "B", set())["source"] == "backup"
+    assert registry.plan_restore(JOB, "B", set()).source == "backup"
     assert registry.settle_backup_step(JOB, "B", 3) == 3
     stage(registry, 6, 0, "B", keep=3)
 

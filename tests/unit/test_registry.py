@@ -10,6 +10,7 @@ import pytest
 from ray_ckpt.errors import ConfigError, NoCheckpointError
 from ray_ckpt.registry import CommitDecision, Registry
 from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import StoreHoldings
 
 K, M = 2, 1
 NODES = ["n0", "n1", "n2", "n3", "n4"]
@@ -207,7 +208,7 @@ def holdings_of(registry: Registry, job: str, marked: set[str], mark: int) -> li
         for record in registry.locate(job, step).values():
             for index, meta in record.metas.items():
                 held[record.nodes[index]].append(meta)
-    return [(node, held[node], {job: mark} if node in marked else {}) for node in NODES]
+    return [StoreHoldings(node, tuple(held[node]), {job: mark} if node in marked else {}) for node in NODES]
 
 
 def test_rebuild_from_store_holdings_reproduces_committed_steps_and_locations() -> None:
@@ -236,11 +237,11 @@ def test_rebuild_treats_steps_newer_than_the_mark_as_staged_only() -> None:
         (node, [m for r in range(3) for m in metas("job", 5, r, 3) if nodes_of(r)[m.index] == node]) for node in NODES
     ]
     rebuilt = Registry()
-    rebuilt.rebuild([(node, held, {"job": 4}) for node, held in staged])
+    rebuilt.rebuild([StoreHoldings(node, tuple(held), {"job": 4}) for node, held in staged])
     assert rebuilt.committed_steps("job") == []
     assert rebuilt.staged_ranks("job", 5) == [0, 1, 2]
     assert rebuilt.jobs()["job"]["staged"] == {5: [0, 1, 2]}
-    rebuilt.rebuild([(node, held, {}) for node, held in staged])  # no mark at all
+    rebuilt.rebuild([StoreHoldings(node, tuple(held), {}) for node, held in staged])  # no mark at all
     assert rebuilt.latest_committed("job") is None
 
 
@@ -250,7 +251,7 @@ def test_rebuild_does_not_commit_a_step_missing_a_rank() -> None:
     commit(original, 1)
     holdings = holdings_of(original, "job", marked=set(NODES), mark=2)
     torn = metas("job", 2, 0, 3) + metas("job", 2, 1, 3)  # rank 2 never stored step 2
-    holdings.append(("n9", torn, {"job": 2}))
+    holdings.append(StoreHoldings("n9", tuple(torn), {"job": 2}))
     rebuilt = Registry()
     rebuilt.rebuild(holdings)
     assert rebuilt.committed_steps("job") == [1]

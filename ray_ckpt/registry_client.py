@@ -1,0 +1,130 @@
+"""RegistryClient: every call to the registry actor, typed, and riding out a registry restart.
+
+Ray restarts a dead registry, which then rebuilds its view from the stores, and every registry
+method is idempotent, so a call that finds the registry unavailable is retried until
+RAY_CKPT_PEER_TIMEOUT_S. A ray_ckpt error the registry raised is raised here as itself
+(``ray_ckpt.remote``). Records come back parsed (``ray_ckpt.wire``). Used by the checkpointer,
+the service, the kill tool and the dashboard alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+
+from ray_ckpt import naming, remote, settings
+from ray_ckpt.errors import StoreUnavailableError
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import RankRecord, RestorePlan, ranks_from_wire
+
+logger = logging.getLogger(__name__)
+
+
+class RegistryClient:
+    """The registry of ``namespace``; StoreUnavailableError at construction if it is not
+    running (``ray_ckpt.start()`` deploys it)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        try:
+            self.handle = naming.registry_handle(namespace)
+        except ValueError:
+            raise StoreUnavailableError(
+                f"no ray_ckpt registry in namespace {namespace!r}: call ray_ckpt.start() on the cluster first",
+                namespace=namespace,
+            ) from None
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """``method(*args)`` on the registry; retried while Ray restarts it. StoreUnavailableError
+        if it does not answer within ``timeout_s`` (default RAY_CKPT_PEER_TIMEOUT_S) or is gone."""
+        budget = settings.peer_timeout_s() if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return remote.get(getattr(self.handle, method).remote(*args), timeout=max(0.1, remaining))
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as error:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"the ray_ckpt registry did not answer {method} within {budget:.0f}s "
+                        f"({type(error).__name__}); raise RAY_CKPT_PEER_TIMEOUT_S if it is only slow",
+                        method=method,
+                    ) from None
+                time.sleep(0.2)
+            except ray.exceptions.ActorDiedError:
+                raise StoreUnavailableError(
+                    f"the ray_ckpt registry is gone ({method}); run ray_ckpt.start() again to recreate it "
+                    "(it rebuilds its view from the stores)",
+                    method=method,
+                ) from None
+
+    def record(self, event: dict[str, Any]) -> None:
+        """Send an event to the registry's log: fire and forget, never raises."""
+        try:
+            self.handle.record.remote(event)
+        except Exception as error:  # observability must not break checkpointing
+            logger.debug("could not record a %s event: %s", event.get("kind"), error)
+
+    # ---- typed calls --------------------------------------------------------------------
+
+    def stage(
+        self,
+        metas: list[ShardMeta],
+        nodes: dict[int, str],
+        keep_committed: int,
+        attempt: str | None,
+        local: ShardMeta | None,
+        local_node: str | None,
+    ) -> bool:
+        """Stage one rank's shards of one step; True if the step committed with it."""
+        return bool(
+            self.call(
+                "stage",
+                [meta.to_dict() for meta in metas],
+                nodes,
+                keep_committed,
+                attempt,
+                None if local is None else local.to_dict(),
+                local_node,
+            )
+        )
+
+    def plan_restore(self, job: str, attempt: str | None) -> RestorePlan:
+        return RestorePlan.from_wire(self.call("plan_restore", job, attempt))
+
+    def locate(self, job: str, step: int) -> dict[int, RankRecord]:
+        """Every rank's record of a committed step (NoCheckpointError if it is not committed)."""
+        return ranks_from_wire(self.call("locate", job, step))
+
+    def latest_committed(self, job: str) -> int | None:
+        latest = self.call("latest_committed", job)
+        return None if latest is None else int(latest)
+
+    def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
+        """True once ``step`` (or a newer one) committed; False after ``timeout_s``."""
+        return bool(self.call("wait_committed", job, step, timeout_s, timeout_s=timeout_s + settings.peer_timeout_s()))
+
+    def staged_ranks(self, job: str, step: int) -> list[int]:
+        return [int(r) for r in self.call("staged_ranks", job, step)]
+
+    def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
+        return self.call("settle_backup_step", job, attempt, step)
+
+    def mark_unrestorable(self, job: str, step: int) -> None:
+        self.call("mark_unrestorable", job, step)
+
+    def rollback(self, job: str, step: int) -> list[int]:
+        return list(self.call("rollback", job, step))
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        return dict(self.call("jobs"))
+
+    def forget(self, job: str, timeout_s: float = 10.0) -> None:
+        self.call("forget", job, timeout_s, timeout_s=2 * timeout_s)
+
+    def events(self, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
+        following, records = self.call("events", since)
+        return int(following), list(records)

@@ -1,0 +1,334 @@
+"""Restore: rebuild one rank's state from its local copy, any k shards on peers, or a backup.
+
+The layered order (``Restorer.restore``):
+  1 plan    the registry decides once per attempt which step every rank restores (the newest
+            committed step every rank can rebuild from memory, else the newest backup);
+  2 local   this rank's full copy in its own node's store, checked against the registry's
+            checksum: no network;
+  3 peers   any k checksum-valid shards fetched in parallel, data shards first; a dead store,
+            a missing shard or a bad checksum is an erasure and the next shard is fetched;
+            missing data shards are decoded;
+  4 backup  the newest complete persistent backup, the same step on every rank.
+
+The restorer takes its collaborators (``RegistryView``, ``ShardSource``, ``Backup``) as
+arguments, so it runs against fakes in unit tests, without Ray. Shard checks are pure
+functions. No pickle: a peer's bytes are data, validated before use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Protocol
+
+import numpy as np
+
+from ray_ckpt import blob, hostmem, snapshot
+from ray_ckpt.backup import Backup
+from ray_ckpt.checksum import checksum
+from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import RankRecord, RestorePlan
+
+logger = logging.getLogger(__name__)
+
+Found = tuple[dict[str, Any], np.ndarray] | None  # what a store's get returns: (meta dict, bytes) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A restored checkpoint: the step, the state (CPU tensors), where it came from
+    (``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase durations in seconds
+    (``locate``, ``fetch``, ``decode``, ``load``)."""
+
+    step: int
+    state: Any
+    source: str
+    phases_s: dict[str, float]
+
+
+class RegistryView(Protocol):
+    """What restoring needs from the registry (``RegistryClient`` in production)."""
+
+    def plan_restore(self, job: str, attempt: str | None) -> RestorePlan: ...
+
+    def locate(self, job: str, step: int) -> dict[int, RankRecord]: ...
+
+    def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None: ...
+
+    def mark_unrestorable(self, job: str, step: int) -> None: ...
+
+    def rollback(self, job: str, step: int) -> list[int]: ...
+
+
+class ShardSource(Protocol):
+    """Where shards are read from (``StoreDirectory`` in production)."""
+
+    def live(self, node_ids: Iterable[str]) -> set[str]:
+        """Which of these nodes run a store that is alive now."""
+
+    def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Found]:
+        """The shard (or with ``local`` the rank's full copy) from that node's store; the
+        future fails if the store does."""
+
+
+def check_shard(found: Any, expected: ShardMeta) -> str | None:
+    """Why a fetched shard is unusable, or None if it matches its registered metadata."""
+    if found is None:
+        return "store no longer holds it"
+    meta_dict, data = found
+    try:
+        meta = ShardMeta.from_dict(meta_dict)
+    except RayCkptError:
+        return "malformed metadata"
+    if meta != expected:
+        return "metadata differs from the registry's"
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.size != expected.shard_size:
+        return "wrong size"
+    if checksum(data) != expected.checksum:
+        return "checksum mismatch (corrupted bytes)"
+    return None
+
+
+def load(data: np.ndarray) -> Any:
+    """The state in a blob; tensors are views into ``data``."""
+    header, payload = blob.split(data)
+    return snapshot.restore(header, payload, copy=False)
+
+
+def fetch_shards(
+    source: ShardSource,
+    record: RankRecord,
+    *,
+    job: str,
+    step: int,
+    rank: int,
+    buffer: Future[np.ndarray],
+    timeout_s: float,
+) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    """Any k checksum-valid shards of ``record``, fetched in parallel; data shards first (no
+    decode work). A dead store, a missing shard or a bad checksum is an erasure: the next
+    candidate is fetched instead. Valid data shards are copied into their place in the output
+    buffer (``buffer``'s result) as they arrive. Returns (shards by index, lost index ->
+    reason); InsufficientShardsError, naming rank, step and lost shards, if fewer than k are
+    valid."""
+    k, shard_size = record.data_shards, record.shard_size
+    live = source.live(set(record.nodes.values()))
+    lost: dict[int, str] = {}
+    candidates = []
+    for index in sorted(record.metas):
+        if record.nodes[index] in live:
+            candidates.append(index)
+        else:
+            lost[index] = f"node {record.nodes[index]} is dead or has no store"
+    pending: dict[Future[Found], int] = {}
+    valid: dict[int, np.ndarray] = {}
+    deadline = time.monotonic() + timeout_s
+
+    def launch() -> None:
+        while candidates and len(valid) + len(pending) < k:
+            index = candidates.pop(0)
+            pending[source.get(record.nodes[index], job, step, rank, index)] = index
+
+    launch()
+    while pending and len(valid) < k:
+        done, _ = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+        if not done:
+            for index in pending.values():
+                lost[index] = "store did not answer in time"
+            pending.clear()
+            break
+        for future in done:
+            index = pending.pop(future)
+            try:
+                found = future.result()
+            except Exception as error:  # a failed store call is an erasure
+                lost[index] = f"store failed: {type(error).__name__}"
+                continue
+            reason = check_shard(found, record.metas[index])
+            if reason is not None:
+                lost[index] = reason
+            elif index < k:
+                slot = buffer.result()[index * shard_size : (index + 1) * shard_size]
+                np.copyto(slot, found[1])  # type: ignore[index]
+                valid[index] = slot
+            else:
+                valid[index] = found[1]  # type: ignore[index]
+        launch()
+    if len(valid) < k:
+        raise InsufficientShardsError(
+            f"job {job!r} rank {rank} step {step}: only {len(valid)} of the {k} shards needed survive; "
+            f"lost shards {dict(sorted(lost.items()))}. More than parity_shards={len(record.metas) - k} "
+            "shards are gone, so this step cannot be rebuilt from memory",
+            job=job,
+            rank=rank,
+            step=step,
+            lost=sorted(lost),
+            needed=k,
+            available=len(valid),
+        )
+    return valid, lost
+
+
+def _phases(t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, float]:
+    return {"locate": t1 - t0, "fetch": t2 - t1, "decode": t3 - t2, "load": t4 - t3}
+
+
+class Restorer:
+    """One rank's layered restore. ``allocate`` maps output buffers (hostmem.allocate);
+    ``background`` runs that mapping while shards are in flight. ``restored_bytes`` is what
+    the last restore moved. Not thread-safe: one caller."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        rank: int,
+        world_size: int,
+        attempt: str | None,
+        node_id: str,
+        registry: RegistryView,
+        stores: ShardSource,
+        backup: Backup | None,
+        background: ThreadPoolExecutor,
+        timeout_s: Callable[[], float],
+        allocate: Callable[[int], np.ndarray] = hostmem.allocate,
+    ) -> None:
+        self.job, self.rank, self.world_size, self.attempt, self.node_id = job, rank, world_size, attempt, node_id
+        self.registry, self.stores, self.backup = registry, stores, backup
+        self._background, self._timeout_s, self._allocate = background, timeout_s, allocate
+        self.restored_bytes = 0
+
+    def restore(self, step: int | None = None) -> tuple[Restored | None, RestorePlan | None]:
+        """The state of the step every rank of this attempt restores (or of ``step``), with the
+        plan it followed (None for an explicit step). See ``Checkpointer.restore``."""
+        t0 = time.perf_counter()
+        self.restored_bytes = 0
+        if step is not None:
+            return self._from_memory(step, self._locate(step), t0), None
+        plan = self.registry.plan_restore(self.job, self.attempt)
+        if plan.source == "peers" and plan.step is not None:
+            self.check_world_size(int(plan.world_size or 0), plan.step)
+            try:
+                restored = self._from_memory(plan.step, self._locate(plan.step), t0)
+            except InsufficientShardsError:
+                # this rank cannot rebuild the step every rank agreed on: make sure no later
+                # plan picks it, then fail this attempt so all ranks restart and agree anew
+                self.registry.mark_unrestorable(self.job, plan.step)
+                raise
+            if plan.newest_committed is not None and plan.step < plan.newest_committed:
+                # an older kept step: forget the newer, unrebuildable ones so training can save
+                # those step numbers again
+                self.registry.rollback(self.job, plan.step)
+            return restored, plan
+        return self._from_backup(plan, t0), plan
+
+    def check_world_size(self, saved: int, step: int) -> None:
+        """The same ConfigError on every rank when ``step`` was saved by another number of
+        ranks: per-rank state cannot be resharded, and restoring it silently would be wrong."""
+        if saved != self.world_size:
+            raise ConfigError(
+                f"job {self.job!r} step {step} was saved by {saved} rank(s), but this run has world size "
+                f"{self.world_size}: per-rank state cannot be restored into another world size. Restore at "
+                f"world size {saved}, start under a new job name, or drop this job's checkpoints "
+                f"(`ray-ckpt drop {self.job}` or ray_ckpt.drop({self.job!r})); the step stays restorable at "
+                f"world size {saved} until then",
+                job=self.job,
+                step=step,
+                saved_world_size=saved,
+                world_size=self.world_size,
+            )
+
+    def _locate(self, step: int) -> RankRecord:
+        located = self.registry.locate(self.job, step)
+        self.check_world_size(len(located), step)
+        return located[self.rank]
+
+    def _from_memory(self, step: int, record: RankRecord, t0: float) -> Restored:
+        t1 = time.perf_counter()
+        local = self._local_copy(step, record)
+        if local is not None:
+            t2 = time.perf_counter()
+            state = load(local)
+            return Restored(step, state, "local", _phases(t0, t1, t2, t2, time.perf_counter()))
+        # map the output buffer's pages while the shards are in flight
+        buffer = self._background.submit(self._allocate, record.shard_size * record.data_shards)
+        shards, lost = fetch_shards(
+            self.stores, record, job=self.job, step=step, rank=self.rank, buffer=buffer, timeout_s=self._timeout_s()
+        )
+        output = buffer.result()
+        self.restored_bytes = record.shard_size * len(shards)
+        t2 = time.perf_counter()
+        ReedSolomon(record.data_shards, record.parity_shards).decode_into(shards, output)
+        t3 = time.perf_counter()
+        state = load(output[: record.payload_size])
+        if lost:
+            logger.warning("rank %d step %d: rebuilt without shards %s", self.rank, step, sorted(lost))
+        return Restored(step, state, "peers", _phases(t0, t1, t2, t3, time.perf_counter()))
+
+    def _local_copy(self, step: int, record: RankRecord) -> np.ndarray | None:
+        """This rank's local copy, if it lives on this node and is intact."""
+        if record.local is None or record.local_node != self.node_id or not self.stores.live([self.node_id]):
+            return None
+        try:
+            found = self.stores.get(self.node_id, self.job, step, self.rank, 0, True).result(timeout=self._timeout_s())
+        except Exception:  # an unreachable or failing store: fetch from peers instead
+            return None
+        if check_shard(found, record.local) is not None:
+            return None
+        return np.array(found[1], copy=True)  # type: ignore[index]  # writable, owned: tensors view it
+
+    def _from_backup(self, plan: RestorePlan, t0: float) -> Restored | None:
+        proposal = None
+        if self.backup is not None:
+            complete = self.backup.complete_steps(self.job)
+            proposal = complete[-1] if complete else None
+        step = self.registry.settle_backup_step(self.job, self.attempt, proposal)
+        if step is None or self.backup is None:
+            if not plan.ever_committed:
+                return None
+            raise self.unrebuildable(plan.newest_committed)
+        saved = self.backup.saved_world_size(self.job, step)
+        if saved is not None:
+            self.check_world_size(saved, step)
+        t1 = time.perf_counter()
+        data = self.backup.read(self.job, step, self.rank)
+        self.restored_bytes = data.size
+        t2 = time.perf_counter()
+        state = load(data)
+        self.registry.rollback(self.job, step)
+        logger.warning(
+            "job %r rank %d: restored backup step %d (peer memory could not serve)", self.job, self.rank, step
+        )
+        return Restored(step, state, "backup", _phases(t0, t1, t2, t2, time.perf_counter()))
+
+    def unrebuildable(self, step: int | None) -> InsufficientShardsError:
+        """The error for a committed ``step`` that no rank can restore from memory or backup,
+        naming the ranks whose shards are gone and this rank's lost shards."""
+        lost_by_rank: dict[int, list[int]] = {}
+        needed = 0
+        if step is not None:
+            for rank, record in sorted(self.registry.locate(self.job, step).items()):
+                live = self.stores.live(set(record.nodes.values()))
+                needed = record.data_shards
+                lost = sorted(i for i, n in record.nodes.items() if n not in live)
+                if len(record.nodes) - len(lost) < needed:
+                    lost_by_rank[rank] = lost
+        mine = lost_by_rank.get(self.rank, [])
+        return InsufficientShardsError(
+            f"job {self.job!r} rank {self.rank} step {step}: the committed step cannot be rebuilt from peer "
+            f"memory: ranks {sorted(lost_by_rank)} have fewer than the {needed} shards needed on live nodes "
+            f"(lost shard indices by rank: {lost_by_rank}); this rank lost shards {mine}. There is no "
+            f"complete backup{'' if self.backup is not None else ' (backup_uri is not set)'}; refusing to start "
+            "from scratch",
+            job=self.job,
+            rank=self.rank,
+            step=step,
+            lost=mine,
+            lost_by_rank=lost_by_rank,
+            needed=needed,
+        )

@@ -1,0 +1,293 @@
+"""The save pipeline of one rank: snapshot -> encode -> place -> scatter -> stage (-> backup).
+
+``SavePipeline.snapshot`` is the only part the training loop waits for: the state is copied
+into a reused host buffer (pinned, with non-blocking device->host copies and an event, when
+tensors live on a GPU). ``SavePipeline.complete`` runs on the checkpointer's background
+thread: it waits for that event, computes the m parity shards on the CPU into reused buffers
+(data shards are slices of the buffer), checksums every shard, places the k+m shards on live
+stores (doubling up when fewer than k+m are alive, see ray_ckpt.placement), puts them (and the
+optional local copy), stages the step with the registry and writes the periodic backup.
+Collaborators are passed in (registry, stores, backup), as for the restore path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ray_ckpt import blob, hostmem, metrics, settings, snapshot
+from ray_ckpt.backup import Backup
+from ray_ckpt.checksum import checksum
+from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.errors import RayCkptError, StoreUnavailableError, unwrap_remote
+from ray_ckpt.placement import place
+from ray_ckpt.protection import cluster_margin, rank_protection
+from ray_ckpt.shard import ShardMeta
+
+if TYPE_CHECKING:
+    from ray_ckpt.registry_client import RegistryClient
+    from ray_ckpt.stores import StoreDirectory
+
+logger = logging.getLogger(__name__)
+
+
+class SaveHandle:
+    """The future of one ``save``: ``staged()`` once this rank's shards are stored and staged,
+    ``wait()`` once every rank staged the step (it committed). ``skipped`` is True when the
+    save was dropped because the previous one was still running (``on_busy="skip"``)."""
+
+    def __init__(
+        self,
+        step: int,
+        staged: Future[bool] | None,
+        wait_committed: Callable[[int, float], None],
+        commit_timeout_s: float,
+    ) -> None:
+        self.step = step
+        self.skipped = staged is None
+        self._staged = staged
+        self._wait_committed = wait_committed
+        self._commit_timeout_s = commit_timeout_s
+
+    def staged(self, timeout_s: float | None = None) -> None:
+        """Block until this rank's part is stored and staged; re-raises a background error."""
+        if self._staged is not None:
+            self._staged.result(timeout=timeout_s)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the step committed on all ranks; CommitTimeoutError names missing ranks."""
+        if self._staged is None:
+            return
+        timeout = self._commit_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        if self._staged.result(timeout=timeout):
+            return
+        self._wait_committed(self.step, max(0.0, deadline - time.monotonic()))
+
+
+class SavePipeline:
+    """Buffers and steps of one rank's saves. ``record(kind, **fields)`` sends an event.
+    ``last_protection``: node losses the last placement survives. Not thread-safe: the
+    checkpointer calls ``snapshot`` on the caller's thread and ``complete`` on its one
+    background thread, never two of either at once."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        rank: int,
+        world_size: int,
+        attempt: str | None,
+        node_id: str,
+        config: CheckpointConfig,
+        registry: RegistryClient,
+        stores: StoreDirectory,
+        backup: Backup | None,
+        record: Callable[..., None],
+    ) -> None:
+        self.job, self.rank, self.world_size, self.attempt, self.node_id = job, rank, world_size, attempt, node_id
+        self.config = config
+        self.code = ReedSolomon(config.data_shards, config.parity_shards)
+        self.registry, self.stores, self.backup, self._record = registry, stores, backup, record
+        self._buffer: torch.Tensor = torch.empty(0, dtype=torch.uint8)
+        self._parity: list[np.ndarray] = []
+        self._placement_checked = False
+        self._degraded = False
+        self._completed = 0  # saves completed since creation or the last restore
+        self.last_protection: int | None = None
+
+    def check_placement(self) -> None:
+        """Once, at the first save: PlacementError if no store runs; rank 0 says how many node
+        losses the cluster absorbs before a step's protection drops below parity_shards."""
+        if self._placement_checked:
+            return
+        nodes = self.stores.storage_nodes(self.config.failure_domain_label)
+        place(nodes, shards=self.config.total_shards, rank=self.rank, rank_node_id=self.node_id)
+        self._placement_checked = True
+        if self.rank == 0:
+            k, m = self.config.data_shards, self.config.parity_shards
+            spare, now = cluster_margin(len(nodes), k, m)
+            logger.log(
+                logging.WARNING if spare == 0 else logging.INFO,
+                "job %r, RS(%d,%d) on %d store node(s): a step survives %d node loss(es); the cluster can lose %d "
+                "node(s) before that drops%s",
+                self.job,
+                k,
+                m,
+                len(nodes),
+                now,
+                spare,
+                "" if spare else f" (add nodes beyond {k + m} for spares)",
+            )
+
+    def snapshot(self, layout: snapshot.SnapshotLayout) -> tuple[np.ndarray, int, Any]:
+        """Copy the state into the reused host buffer: (buffer of k * shard_size bytes, blob
+        size, the CUDA event the copies are done at or None). Blocks the caller."""
+        size = blob.blob_size(len(layout.header), layout.payload_size)
+        padded = self.code.shard_size(size) * self.code.data_shards
+        on_gpu = any(t.is_cuda for t in layout.tensors)
+        if self._buffer.numel() < padded or (on_gpu and not self._buffer.is_pinned()):
+            if on_gpu:
+                self._buffer = torch.empty(padded, dtype=torch.uint8, pin_memory=True)
+            else:
+                self._buffer = torch.from_numpy(hostmem.allocate(padded))
+        buffer = self._buffer[:padded]
+        array = buffer.numpy()
+        offset = blob.write_prefix(array, layout.header)
+        snapshot.write_payload(layout, buffer[offset:])  # non_blocking device->host when on a GPU
+        copied = None
+        if on_gpu:
+            copied = torch.cuda.Event()
+            copied.record()  # later kernels on this stream run after the copies: no race
+        array[size:] = 0
+        return array, size, copied
+
+    def restart_counting(self) -> None:
+        """The next save is a new incarnation's first: its event is always sent."""
+        self._completed = 0
+
+    def complete(
+        self, step: int, buffer: np.ndarray, size: int, copied: Any, phases: dict[str, float], returned: float
+    ) -> bool:
+        """Encode, place, scatter, stage and back up one snapshot; True if the step committed."""
+        if copied is not None:
+            copied.synchronize()
+        t0 = time.perf_counter()
+        k, m = self.code.data_shards, self.code.parity_shards
+        shard_size = buffer.size // k
+        if len(self._parity) != m or (m and self._parity[0].size != shard_size):
+            self._parity = [np.empty(shard_size, dtype=np.uint8) for _ in range(m)]
+        data = [buffer[i * shard_size : (i + 1) * shard_size] for i in range(k)]
+        shards = data + self.code.encode_parity(data, self._parity)
+        common: dict[str, Any] = {"job": self.job, "step": step, "rank": self.rank, "world_size": self.world_size}
+        metas = [
+            ShardMeta(
+                **common,
+                index=i,
+                data_shards=k,
+                parity_shards=m,
+                payload_size=size,
+                shard_size=shard_size,
+                checksum=checksum(shard),
+            )
+            for i, shard in enumerate(shards)
+        ]
+        t1 = time.perf_counter()
+        targets, local = self._scatter(shards, metas, buffer[:size], common)
+        t2 = time.perf_counter()
+        committed = self.registry.stage(
+            metas,
+            dict(enumerate(targets)),
+            self.config.keep_committed,
+            self.attempt,
+            local,
+            self.node_id if local is not None else None,
+        )
+        t3 = time.perf_counter()
+        phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
+        self._completed += 1
+        if self.backup is not None and self.config.backup_every and step % self.config.backup_every == 0:
+            self.backup.write(self.job, step, self.rank, self.world_size, buffer[:size])
+            metrics.observe_backup(self.job, size, self.node_id)
+            if self.rank == 0:
+                self.backup.prune(self.job, self.config.backup_keep)
+            phases["backup"] = time.perf_counter() - t3
+        if self._completed == 1 or self._completed % settings.save_event_every() == 0:
+            self._record(
+                "save", step=step, phases_s=dict(phases), bytes=size, returned=returned, protection=self.last_protection
+            )
+        return committed
+
+    def _scatter(
+        self, shards: list[np.ndarray], metas: list[ShardMeta], body: np.ndarray, common: dict[str, Any]
+    ) -> tuple[list[str], ShardMeta | None]:
+        """Put every shard into the store of its node (and the local copy into this node's
+        store). A store that dies or times out meanwhile is left out and the shards are placed
+        again on the remaining nodes, once; StoreUnavailableError if that fails too.
+        Returns (node of each shard, the local copy's metadata or None)."""
+        excluded: set[str] = set()
+        for _ in range(2):
+            nodes = [
+                n for n in self.stores.storage_nodes(self.config.failure_domain_label) if n.node_id not in excluded
+            ]
+            targets = place(
+                nodes, shards=len(shards), rank=self.rank, rank_node_id=self.node_id, data_shards=self.code.data_shards
+            )
+            self._note_protection(targets, len(nodes))
+            puts: list[tuple[str, Future[None] | None]] = [
+                (node_id, self._put(node_id, meta, shard)) for node_id, meta, shard in zip(targets, metas, shards)
+            ]
+            local = None
+            if self.config.local_copy and self.node_id not in excluded:
+                local = ShardMeta(
+                    **{**common, "index": 0, "data_shards": 1, "parity_shards": 0},
+                    payload_size=body.size,
+                    shard_size=body.size,
+                    checksum=checksum(body),
+                )
+                puts.append((self.node_id, self._put(self.node_id, local, body, local=True)))
+            failed = set()
+            for node_id, future in puts:
+                try:
+                    if future is None:
+                        raise StoreUnavailableError(f"no live store on node {node_id}")
+                    future.result(timeout=settings.peer_timeout_s())
+                except RayCkptError as error:
+                    if not isinstance(error, StoreUnavailableError):
+                        raise unwrap_remote(error) from None  # e.g. StoreFullError: the user's decision
+                    failed.add(node_id)
+                except Exception as error:  # a dead store or a timeout
+                    logger.warning("rank %d: store on node %s failed during a save: %s", self.rank, node_id, error)
+                    failed.add(node_id)
+                    self.stores.forget(node_id)  # look it up again next time (it may be a new store)
+            if not failed:
+                return targets, local
+            if failed == {self.node_id} and local is not None and self.node_id not in targets:
+                return targets, None  # only the local copy was lost: the coded shards are in place
+            excluded |= failed
+        raise StoreUnavailableError(
+            f"job {self.job!r} rank {self.rank} step {common['step']}: stores on nodes {sorted(excluded)} "
+            "failed during the save, twice; the step is not staged",
+            job=self.job,
+            rank=self.rank,
+            step=common["step"],
+        )
+
+    def _put(self, node_id: str, meta: ShardMeta, data: np.ndarray, local: bool = False) -> Future[None] | None:
+        """Start a put; None when that node's store is gone already."""
+        try:
+            return self.stores.put(node_id, meta, data, local)
+        except KeyError:
+            return None
+
+    def _note_protection(self, targets: list[str], stores: int) -> None:
+        """Keep the protection of the placement just chosen, warning once when it drops below
+        parity_shards (fewer stores than k+m) and once when full spreading is back."""
+        self.last_protection = rank_protection(targets, self.code.data_shards)
+        degraded = self.last_protection < self.code.parity_shards
+        if degraded and not self._degraded:
+            logger.warning(
+                "job %r rank %d: only %d node(s) run a store for %d shards: shards share nodes and a step "
+                "survives %d node loss(es) instead of %d until nodes rejoin (they get stores by themselves)",
+                self.job,
+                self.rank,
+                stores,
+                len(targets),
+                self.last_protection,
+                self.code.parity_shards,
+            )
+        elif self._degraded and not degraded:
+            logger.warning("job %r rank %d: full protection is back (%d stores)", self.job, self.rank, stores)
+        self._degraded = degraded
+
+    def release(self) -> None:
+        """Free the buffers."""
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._parity = []

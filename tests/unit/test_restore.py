@@ -1,0 +1,245 @@
+"""The restore path end to end without Ray: plan, fetch from fake stores with dead, missing and
+corrupt shards, decode, load; the local copy, the backup fallback and the world-size check."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ray_ckpt import blob, snapshot
+from ray_ckpt.backup import ArrowBackup
+from ray_ckpt.checksum import checksum
+from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.errors import ConfigError, InsufficientShardsError
+from ray_ckpt.restore import Restorer
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import RankRecord, RestorePlan
+
+
+def digest(state: Any) -> str:
+    header, payload = snapshot.snapshot(state)
+    return hashlib.sha256(header + payload.tobytes()).hexdigest()
+
+
+JOB, K, M, WORLD = "job", 3, 2, 2
+NODES = [f"n{i}" for i in range(K + M)]
+
+
+def state_of(rank: int, step: int) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(rank * 100 + step)
+    return {"w": torch.randn(10_000, generator=generator), "b": torch.arange(5) + step, "step": step}
+
+
+def encode(rank: int, step: int) -> tuple[np.ndarray, list[ShardMeta], list[np.ndarray]]:
+    """(the rank's blob, shard metadata, shards) as a save would make them."""
+    header, payload = snapshot.snapshot(state_of(rank, step))
+    size = blob.blob_size(len(header), payload.size)
+    code = ReedSolomon(K, M)
+    data = np.zeros(code.shard_size(size) * K, dtype=np.uint8)
+    offset = blob.write_prefix(data, header)
+    data[offset : offset + payload.size] = payload
+    shards = code.encode(data)
+    common = {"job": JOB, "step": step, "rank": rank, "world_size": WORLD, "data_shards": K, "parity_shards": M}
+    metas = [
+        ShardMeta(**common, index=i, payload_size=size, shard_size=s.size, checksum=checksum(s))
+        for i, s in enumerate(shards)
+    ]
+    return data[:size], metas, shards
+
+
+class FakeStores:
+    """Stores as dicts: ``dead`` nodes have none; ``failing`` nodes' calls raise."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, dict[tuple[str, int, int, int, bool], tuple[dict[str, Any], np.ndarray]]] = {
+            n: {} for n in NODES
+        }
+        self.dead: set[str] = set()
+        self.failing: set[str] = set()
+        self.gets: list[tuple[str, int]] = []
+
+    def live(self, node_ids: Iterable[str]) -> set[str]:
+        return {n for n in node_ids if n in self.held and n not in self.dead}
+
+    def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
+        self.gets.append((node_id, index))
+        future: Future[Any] = Future()
+        if node_id in self.failing:
+            future.set_exception(RuntimeError("the store's process died"))
+        else:
+            future.set_result(self.held[node_id].get((job, step, rank, index, local)))
+        return future
+
+
+class FakeRegistry:
+    """A registry that committed steps 1 and 2 of two ranks, one shard per node."""
+
+    def __init__(self, stores: FakeStores, local_node: str | None = None) -> None:
+        self.records: dict[int, dict[int, RankRecord]] = {}
+        self.blobs: dict[tuple[int, int], np.ndarray] = {}
+        for step in (1, 2):
+            self.records[step] = {}
+            for rank in range(WORLD):
+                body, metas, shards = encode(rank, step)
+                self.blobs[(rank, step)] = body
+                nodes = {}
+                for meta, shard, node in zip(metas, shards, NODES):
+                    stores.held[node][(JOB, step, rank, meta.index, False)] = (meta.to_dict(), shard)
+                    nodes[meta.index] = node
+                local = None
+                if local_node is not None:
+                    local = ShardMeta(
+                        job=JOB, step=step, rank=rank, index=0, world_size=WORLD, data_shards=1, parity_shards=0,
+                        payload_size=body.size, shard_size=body.size, checksum=checksum(body),
+                    )  # fmt: skip
+                    stores.held.setdefault(local_node, {})[(JOB, step, rank, 0, True)] = (local.to_dict(), body.copy())
+                self.records[step][rank] = RankRecord(dict(enumerate(metas)), nodes, local, local_node)
+        self.plan = RestorePlan(step=2, source="peers", ever_committed=True, newest_committed=2, newest_staged=3)
+        self.plan = RestorePlan(**{**self.plan.to_wire(), "world_size": WORLD})
+        self.unrestorable: list[int] = []
+        self.rollbacks: list[int] = []
+
+    def plan_restore(self, job: str, attempt: str | None) -> RestorePlan:
+        return self.plan
+
+    def locate(self, job: str, step: int) -> dict[int, RankRecord]:
+        return self.records[step]
+
+    def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
+        return step
+
+    def mark_unrestorable(self, job: str, step: int) -> None:
+        self.unrestorable.append(step)
+
+    def rollback(self, job: str, step: int) -> list[int]:
+        self.rollbacks.append(step)
+        return []
+
+
+@pytest.fixture
+def pool() -> Iterable[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(1) as executor:
+        yield executor
+
+
+def restorer(registry: Any, stores: Any, pool: ThreadPoolExecutor, **overrides: Any) -> Restorer:
+    options: dict[str, Any] = {
+        "job": JOB,
+        "rank": 1,
+        "world_size": WORLD,
+        "attempt": "a",
+        "node_id": "here",
+        "registry": registry,
+        "stores": stores,
+        "backup": None,
+        "background": pool,
+        "timeout_s": lambda: 5.0,
+        "allocate": lambda n: np.empty(n, dtype=np.uint8),
+    }
+    return Restorer(**{**options, **overrides})
+
+
+def test_peers_restore_is_bit_exact_with_a_dead_node_and_a_corrupt_shard(pool: ThreadPoolExecutor) -> None:
+    """Data shard 0's node is dead and data shard 1's bytes are flipped: the restore fetches
+    parity instead, decodes, and the state is bit-exact step 2 of rank 1."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.dead.add("n0")
+    meta, shard = stores.held["n1"][(JOB, 2, 1, 1, False)]
+    forged = shard.copy()
+    forged[17] ^= 0x40
+    stores.held["n1"][(JOB, 2, 1, 1, False)] = (meta, forged)
+    restored, plan = restorer(registry, stores, pool).restore()
+    assert plan == registry.plan
+    assert restored is not None and (restored.step, restored.source) == (2, "peers")
+    assert digest(restored.state) == digest(state_of(1, 2))
+    assert set(restored.phases_s) == {"locate", "fetch", "decode", "load"}
+    assert ("n0", 0) not in stores.gets  # a dead node is never asked
+    assert registry.rollbacks == [] and registry.unrestorable == []
+
+
+def test_a_failing_store_and_a_missing_shard_are_erasures(pool: ThreadPoolExecutor) -> None:
+    """A store whose call raises and a store that no longer holds its shard cost two of the m
+    erasures; the restore still succeeds from the other three shards."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.failing.add("n2")
+    del stores.held["n3"][(JOB, 2, 1, 3, False)]
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and digest(restored.state) == digest(state_of(1, 2))
+
+
+def test_more_than_m_erasures_mark_the_step_unrestorable_and_raise(pool: ThreadPoolExecutor) -> None:
+    """Three of five shards gone: InsufficientShardsError naming rank, step and lost shards,
+    and the registry is told so that no later plan picks the step."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.dead |= {"n0", "n1", "n4"}
+    with pytest.raises(InsufficientShardsError) as raised:
+        restorer(registry, stores, pool).restore()
+    assert (raised.value.rank, raised.value.step, raised.value.lost) == (1, 2, [0, 1, 4])
+    assert registry.unrestorable == [2]
+
+
+def test_the_local_copy_is_used_without_fetching_shards(pool: ThreadPoolExecutor) -> None:
+    """A rank whose full copy is on its own node restores it with no shard fetched."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores, local_node="here")
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and restored.source == "local"
+    assert digest(restored.state) == digest(state_of(1, 2))
+    assert stores.gets == [("here", 0)]
+
+
+def test_an_older_kept_step_rolls_back_the_newer_commits(pool: ThreadPoolExecutor) -> None:
+    """A plan for step 1 while step 2 is the newest commit: step 1 is restored and the registry
+    is asked to forget the newer steps."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    registry.plan = RestorePlan(
+        step=1, source="peers", ever_committed=True, newest_committed=2, newest_staged=2, world_size=WORLD
+    )
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and digest(restored.state) == digest(state_of(1, 1))
+    assert registry.rollbacks == [1]
+
+
+def test_backup_fallback_reads_the_newest_complete_backup(pool: ThreadPoolExecutor, tmp_path: Any) -> None:
+    """Plan "backup": the newest complete backup step is read, checked and loaded."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    backup = ArrowBackup(str(tmp_path))
+    for rank in range(WORLD):
+        backup.write(JOB, 1, rank, WORLD, registry.blobs[(rank, 1)])
+    registry.plan = RestorePlan(source="backup", ever_committed=True, newest_committed=2, newest_staged=2)
+    restored, _ = restorer(registry, stores, pool, backup=backup).restore()
+    assert restored is not None and (restored.step, restored.source) == (1, "backup")
+    assert digest(restored.state) == digest(state_of(1, 1))
+    assert registry.rollbacks == [1]
+
+
+def test_no_backup_after_an_unrebuildable_commit_raises_instead_of_starting_over(pool: ThreadPoolExecutor) -> None:
+    """Plan "backup" with no backup configured: InsufficientShardsError, never None."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.dead |= set(NODES)
+    registry.plan = RestorePlan(source="backup", ever_committed=True, newest_committed=2, newest_staged=2)
+    with pytest.raises(InsufficientShardsError, match="backup_uri is not set"):
+        restorer(registry, stores, pool).restore()
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_another_world_size_raises_the_same_config_error(pool: ThreadPoolExecutor, world_size: int) -> None:
+    """A step saved by 2 ranks restored by 1 or 3: ConfigError naming both sizes; nothing fetched."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    with pytest.raises(ConfigError, match=f"saved by 2 rank.*world size {world_size}") as raised:
+        restorer(registry, stores, pool, rank=0, world_size=world_size).restore()
+    assert (raised.value.saved_world_size, raised.value.world_size) == (2, world_size)
+    assert stores.gets == []
