@@ -1,8 +1,12 @@
 """Recovery timelines: one record per failure, assembled from events (a pure function).
 
-A recovery is the set of ``restore`` events of one job attempt that restored a step. Its
-failure is the newest burst of ``kill`` events (kills less than ``BURST_S`` apart) before the
-attempt's workers started, and after the job's previous recovery (or its first event).
+A recovery is the set of ``restore`` events of one job attempt that restored a step or raised
+(a restore event with ``error``). It ``failed`` when some rank's restore raised: ``error`` is
+the first rank's error ("ErrorTypeName: message"), ``errors`` every failed rank's; a failed
+recovery has no first step and no time to resume. Its failure is the newest burst of ``kill``
+events (kills less than ``BURST_S`` apart) before the attempt's workers started, and after the
+job's previous successful recovery (or its first event): an attempt that follows a failed one
+still answers the same kills, and its time to resume includes the failed attempt.
 Phases, in seconds, on the critical path (the slowest rank):
 
     detect      kill -> Ray declared the killed node(s) dead (``node_dead``)
@@ -27,13 +31,14 @@ PHASES = ("detect", "restart", *RESTORE_PHASES, "first_step")
 
 def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Recovery records, oldest first: ``{"job", "attempt", "kill_time", "killed_nodes",
-    "phases_s", "time_to_resume_s", "steps_lost", "step", "bytes_moved", "sources"}``."""
+    "phases_s", "time_to_resume_s", "steps_lost", "step", "bytes_moved", "sources", "failed",
+    "error", "errors"}``. ``step`` and ``steps_lost`` are None when no rank restored a step."""
     ordered = sorted(events, key=lambda e: e.get("time", 0.0))
     kills = [e for e in ordered if e["kind"] == "kill"]
     deaths = [e for e in ordered if e["kind"] == "node_dead"]
     attempts: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in ordered:
-        if record["kind"] == "restore" and record.get("step") is not None:
+        if record["kind"] == "restore" and (record.get("step") is not None or record.get("error")):
             attempts.setdefault((record["job"], str(record.get("attempt"))), []).append(record)
     first_saves: dict[tuple[str, str], dict[int, float]] = {}
     for record in ordered:
@@ -43,7 +48,7 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             first_saves.setdefault(key, {}).setdefault(int(record["rank"]), done)
     result = []
     began: list[float] = []  # per record: its first kill, else its first worker start
-    # a failure of a job lies after the job was first seen and after its previous recovery
+    # a failure of a job lies after the job was first seen and after its previous successful recovery
     previous: dict[str, float] = {}
     for record in ordered:
         if record.get("job") is not None:
@@ -54,11 +59,16 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         restored = max(float(r["time"]) for r in restores)
         first_start = min(float(r.get("started", r["time"])) for r in restores)
         burst = _burst_before([k for k in kills if float(k["time"]) > previous[job]], first_start)
-        previous[job] = restored
+        errors = {str(r["rank"]): str(r["error"]) for r in restores if r.get("error")}
+        restored_ranks = [r for r in restores if r.get("step") is not None and not r.get("error")]
+        failed = bool(errors)
+        if not failed:
+            previous[job] = restored
         phases: dict[str, float | None] = dict.fromkeys(PHASES)
-        for name in RESTORE_PHASES:
-            phases[name] = max(float(r.get("phases_s", {}).get(name, 0.0)) for r in restores)
-        saves = first_saves.get((job, attempt), {})
+        for name in RESTORE_PHASES:  # a failed rank may not have measured a phase: None, not 0
+            measured = [float(r["phases_s"][name]) for r in restores if name in (r.get("phases_s") or {})]
+            phases[name] = max(measured) if measured else (None if failed else 0.0)
+        saves = {} if failed else first_saves.get((job, attempt), {})
         first_step_done = max(saves.values()) if saves else None
         if first_step_done is not None:
             phases["first_step"] = max(0.0, first_step_done - restored)
@@ -82,12 +92,15 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "attempt": attempt,
                 "kill_time": kill_time,
                 "killed_nodes": killed,
-                "step": max(int(r["step"]) for r in restores),
+                "step": max(int(r["step"]) for r in restored_ranks) if restored_ranks else None,
                 "phases_s": phases,
-                "time_to_resume_s": None if kill_time is None else end - kill_time,
-                "steps_lost": max(int(r.get("steps_lost") or 0) for r in restores),
+                "time_to_resume_s": None if kill_time is None or failed else end - kill_time,
+                "steps_lost": max(int(r.get("steps_lost") or 0) for r in restored_ranks) if restored_ranks else None,
                 "bytes_moved": sum(int(r.get("bytes") or 0) for r in restores),
-                "sources": {str(r["rank"]): r["source"] for r in restores},
+                "sources": {str(r["rank"]): r.get("source") for r in restores},
+                "failed": failed,
+                "error": errors[min(errors, key=int)] if errors else None,
+                "errors": errors,
             }
         )
     order = sorted(range(len(result)), key=lambda i: (began[i], result[i]["job"]))

@@ -3,7 +3,10 @@
 ``build(events, live=None)``: ``events`` are recorded events (ray_ckpt.events); ``live`` is a
 snapshot of a running cluster (see ``server.LiveCluster.snapshot``): ``{"status":
 ray_ckpt.status(), "alive": [node ids], "placements": {job: {"step", "ranks": registry
-locate()}}}``. Parts that need a live cluster are None without one, and the page says so.
+locate()}}, "ray_nodes": [ray.nodes() records]}``. Memory, protection and placement come from
+the live cluster when there is one, else from the newest ``status`` events (each part then
+carries ``source: "snapshot"`` and the snapshot's time; shards on nodes that died or were
+killed after it count as lost); they are None when neither exists.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ray_ckpt import protection as protection_module
 from ray_ckpt import timeline
 
 VERSION = 1
@@ -26,17 +30,21 @@ def build(
     error: str | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """The dashboard's data: recoveries (one per failure, from ``timeline.recoveries``), time to
-    resume over time, save stall per step, kills and node deaths, and, live only, memory per
-    node, shard placement of each job's newest committed step, and protection per job."""
+    """The dashboard's data: recoveries (one per failure, from ``timeline.recoveries``; failed
+    ones flagged), time to resume over time, save stall per step, kills and node deaths, the
+    nodes (host, ranks running there), and memory per node, shard placement of each job's
+    newest committed step and protection per job (live, else from ``status`` snapshots)."""
     ordered = sorted((e for e in events if isinstance(e, dict)), key=lambda e: float(e.get("time") or 0.0))
     recoveries = []
     for index, recovery in enumerate(timeline.recoveries(ordered)):
         total = sum(v for v in recovery["phases_s"].values() if v is not None)
+        restore_total = sum(recovery["phases_s"].get(p) or 0.0 for p in timeline.RESTORE_PHASES)
         resume = recovery["time_to_resume_s"]
         # time to resume not covered by a measured phase (e.g. worker start-up before restore())
         other = None if resume is None else max(0.0, resume - total)
-        recoveries.append({"index": index, **recovery, "phases_total_s": total, "other_s": other})
+        recoveries.append(
+            {"index": index, **recovery, "phases_total_s": total, "restore_total_s": restore_total, "other_s": other}
+        )
     saves = [e for e in ordered if e.get("kind") == "save"]
     stall = [
         {
@@ -57,6 +65,7 @@ def build(
     ]
     deaths = [{"time": e.get("time"), "node_id": e.get("node_id")} for e in ordered if e.get("kind") == "node_dead"]
     jobs = sorted({str(e["job"]) for e in ordered if e.get("job") is not None})
+    failed = sum(1 for r in recoveries if r["failed"])
     data: dict[str, Any] = {
         "version": VERSION,
         "generated_at": time.time() if now is None else now,
@@ -64,13 +73,16 @@ def build(
         "sources": list(sources or []),
         "error": error,
         "phases": list(timeline.PHASES),
+        "restore_phases": list(timeline.RESTORE_PHASES),
         "summary": {
             "events": len(ordered),
             "saves": len(saves),
             "restores": sum(1 for e in ordered if e.get("kind") == "restore"),
             "kills": len(kills),
             "node_deaths": len(deaths),
-            "recoveries": len(recoveries),
+            "recoveries": len(recoveries) - failed,
+            "failed_recoveries": failed,
+            "status_snapshots": sum(1 for e in ordered if e.get("kind") == "status"),
             "jobs": jobs,
         },
         "recoveries": recoveries,
@@ -82,13 +94,123 @@ def build(
         "save_stall": stall,
         "kills": kills,
         "node_deaths": deaths,
+        "nodes": {},
         "memory": None,
         "placement": None,
         "protection": None,
     }
     if live is not None:
         _add_live(data, live)
+    else:
+        _add_snapshots(data, ordered)
+    data["nodes"] = _nodes(ordered, live, data)
     return data
+
+
+def _add_snapshots(data: dict[str, Any], ordered: list[dict[str, Any]]) -> None:
+    """Memory, protection and placement from the newest ``status`` event (per job), with shards
+    on nodes that died or were killed after that snapshot counted as lost."""
+    newest: dict[str, dict[str, Any]] = {}
+    for record in ordered:
+        if record.get("kind") == "status" and record.get("job") is not None and record.get("step") is not None:
+            newest[str(record["job"])] = record
+    if not newest:
+        return
+
+    def gone_after(t: float) -> tuple[set[str], set[str]]:
+        """(nodes declared dead after t, nodes whose store or node was killed after t)."""
+        later = [e for e in ordered if float(e.get("time") or 0.0) > t]
+        dead = {str(e.get("node_id")) for e in later if e.get("kind") == "node_dead"}
+        return dead, dead | {str(e.get("node_id")) for e in later if e.get("kind") == "kill"}
+
+    latest = max(newest.values(), key=lambda e: float(e.get("time") or 0.0))
+    dead, killed = gone_after(float(latest.get("time") or 0.0))
+    data["memory"] = [
+        {
+            "node_id": node_id,
+            "alive": bool(info.get("alive")) and node_id not in dead,
+            "used_bytes": None if node_id in killed else info.get("used_bytes"),
+            "budget_bytes": info.get("budget_bytes"),
+            "shards": None if node_id in killed else info.get("shards"),
+            "jobs": {},
+            "error": "killed after the snapshot" if node_id in killed and node_id not in dead else info.get("error"),
+        }
+        for node_id, info in sorted((latest.get("nodes") or {}).items())
+        if info.get("store")
+    ]
+    data["memory_source"] = {"source": "snapshot", "time": latest.get("time"), "job": latest.get("job")}
+    data["protection"] = {}
+    data["placement"] = {}
+    for job, snap in sorted(newest.items()):
+        dead, killed = gone_after(float(snap.get("time") or 0.0))
+        nodes = snap.get("nodes") or {}
+        alive = {n for n, info in nodes.items() if info.get("alive")} - dead
+        stores = {n for n, info in nodes.items() if info.get("store")} - killed
+        local = snap.get("local") or {}
+        ranks = {
+            int(rank): {
+                "nodes": {i: n for i, n in enumerate(shard_nodes or []) if n is not None},
+                "local": True if local.get(rank) else None,
+                "local_node": local.get(rank),
+            }
+            for rank, shard_nodes in (snap.get("placement") or {}).items()
+        }
+        entry = placement(
+            int(snap["step"]),
+            ranks,
+            alive,
+            store_nodes=stores,
+            data_shards=snap.get("data_shards"),
+            parity_shards=snap.get("parity_shards"),
+        )
+        entry.update({"source": "snapshot", "time": snap.get("time")})
+        data["placement"][job] = entry
+        data["protection"][job] = {
+            "value": entry["protection"],
+            "recorded": snap.get("protection"),
+            "latest_committed": snap.get("step"),
+            "committed_steps": None,
+            "world_size": snap.get("world_size"),
+            "source": "snapshot",
+            "time": snap.get("time"),
+        }
+
+
+def _nodes(ordered: list[dict[str, Any]], live: dict[str, Any] | None, data: dict[str, Any]) -> dict[str, Any]:
+    """node id -> {"host", "address", "alive", "ranks": [{"job", "rank"}]}: hosts from Ray's
+    node records (live) or status snapshots, the ranks from each rank's newest save or restore
+    event that names its node."""
+    nodes: dict[str, dict[str, Any]] = {}
+
+    def entry(node_id: str) -> dict[str, Any]:
+        return nodes.setdefault(node_id, {"host": None, "address": None, "alive": None, "ranks": []})
+
+    for record in ordered:
+        if record.get("kind") == "status":
+            for node_id, info in (record.get("nodes") or {}).items():
+                found = entry(str(node_id))
+                found["host"] = info.get("host") or found["host"]
+                found["address"] = info.get("address") or found["address"]
+                found["alive"] = info.get("alive")
+        elif record.get("kind") == "node_dead" and record.get("node_id"):
+            entry(str(record["node_id"]))["alive"] = False
+    for record in (live or {}).get("ray_nodes") or []:
+        found = entry(str(record.get("NodeID")))
+        found["host"] = record.get("NodeManagerHostname") or found["host"]
+        found["address"] = record.get("NodeManagerAddress") or found["address"]
+        found["alive"] = bool(record.get("Alive"))
+    if live is not None:
+        for node_id in live.get("alive") or []:
+            entry(str(node_id))["alive"] = True
+    where: dict[tuple[str, int], str] = {}
+    for record in ordered:
+        if record.get("kind") in ("save", "restore") and record.get("node_id") and record.get("rank") is not None:
+            where[(str(record.get("job")), int(record["rank"]))] = str(record["node_id"])
+    for (job, rank), node_id in sorted(where.items()):
+        entry(node_id)["ranks"].append({"job": job, "rank": rank})
+    for node in data.get("memory") or []:
+        entry(node["node_id"])
+    return dict(sorted(nodes.items()))
 
 
 def _add_live(data: dict[str, Any], live: dict[str, Any]) -> None:
@@ -110,32 +232,50 @@ def _add_live(data: dict[str, Any], live: dict[str, Any]) -> None:
             }
         )
     data["memory"] = memory
-    protection = {}
-    for job, info in sorted((status.get("jobs") or {}).items()):
-        protection[job] = {
-            "value": info.get("protection"),
-            "latest_committed": info.get("latest_committed"),
-            "committed_steps": info.get("committed_steps") or [],
-            "world_size": info.get("world_size"),
-        }
-    data["protection"] = protection
+    data["memory_source"] = {"source": "live", "time": data["generated_at"], "job": None}
     data["placement"] = {
-        job: placement(entry["step"], entry["ranks"], alive, store_nodes=set(status.get("nodes") or {}))
+        job: {
+            **placement(entry["step"], entry["ranks"], alive, store_nodes=set(status.get("nodes") or {})),
+            "source": "live",
+            "time": data["generated_at"],
+        }
         for job, entry in sorted((live.get("placements") or {}).items())
         if entry and entry.get("ranks")
     }
+    protection = {}
+    for job, info in sorted((status.get("jobs") or {}).items()):
+        located = data["placement"].get(job)
+        protection[job] = {
+            # from where the shards are (ray_ckpt.protection), as the placement table shows it
+            "value": located["protection"] if located else info.get("protection"),
+            "latest_committed": info.get("latest_committed"),
+            "committed_steps": info.get("committed_steps") or [],
+            "world_size": info.get("world_size"),
+            "source": "live",
+            "time": data["generated_at"],
+        }
+    data["protection"] = protection
 
 
 def placement(
-    step: int, ranks: dict[Any, dict[str, Any]], alive: set[str], store_nodes: set[str] | None = None
+    step: int,
+    ranks: dict[Any, dict[str, Any]],
+    alive: set[str],
+    store_nodes: set[str] | None = None,
+    *,
+    data_shards: int | None = None,
+    parity_shards: int | None = None,
 ) -> dict[str, Any]:
     """Nodes x ranks of one committed step: which shard indices (and local copies) each node
-    holds for each rank, with shards on dead nodes marked lost. ``ranks``: the registry's
-    ``locate`` (rank -> {"metas": {index: meta}, "nodes": {index: node}, "local_node"})."""
+    holds for each rank, with shards on dead nodes (or, given ``store_nodes``, nodes without a
+    store) marked lost. ``ranks``: the registry's ``locate`` (rank -> {"metas": {index: meta},
+    "nodes": {index: node}, "local", "local_node"}); the code (k, m) comes from the metas unless
+    given. Protection: ``ray_ckpt.protection.step_protection`` over the shards not lost."""
+    live = alive if store_nodes is None else alive & set(store_nodes)
     cells = []
     nodes: set[str] = set(store_nodes or ()) & alive
-    k = m = None
-    protection = None
+    k, m = data_shards, parity_shards
+    held_by_rank: dict[int, list[str]] = {}
     for rank in sorted(ranks, key=int):
         record = ranks[rank]
         metas = {int(i): meta for i, meta in (record.get("metas") or {}).items()}
@@ -145,10 +285,7 @@ def placement(
         held: dict[str, list[int]] = {}
         for index, node_id in (record.get("nodes") or {}).items():
             held.setdefault(str(node_id), []).append(int(index))
-        live_shards = sum(len(v) for n, v in held.items() if n in alive)
-        if k is not None:
-            margin = live_shards - k
-            protection = margin if protection is None else min(protection, margin)
+        held_by_rank[int(rank)] = [str(n) for n in (record.get("nodes") or {}).values()]
         local_node = record.get("local_node")
         for node_id in sorted(set(held) | ({str(local_node)} if local_node else set())):
             nodes.add(node_id)
@@ -158,16 +295,19 @@ def placement(
                     "node_id": node_id,
                     "indices": sorted(held.get(node_id, [])),
                     "local": node_id == local_node and record.get("local") is not None,
-                    "lost": node_id not in alive,
+                    "lost": node_id not in live,
                 }
             )
+    value = None
+    if k is not None:
+        value = protection_module.step_protection({r: (held, k) for r, held in held_by_rank.items()}, live)
     ordered_nodes = sorted(nodes, key=lambda n: (n not in alive, n))
     return {
         "step": step,
         "data_shards": k,
         "parity_shards": m,
         "ranks": sorted(int(r) for r in ranks),
-        "nodes": [{"node_id": n, "alive": n in alive} for n in ordered_nodes],
+        "nodes": [{"node_id": n, "alive": n in alive, "store": n in live} for n in ordered_nodes],
         "cells": cells,
-        "protection": protection,
+        "protection": value,
     }

@@ -24,6 +24,7 @@ from typing import Any
 from ray_ckpt import events as events_module
 from ray_ckpt import settings
 from ray_ckpt.dashboard.data import build
+from ray_ckpt.errors import DashboardError
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,6 @@ DEFAULT_PORT = 8266
 LIVE_MIN_INTERVAL_S = 1.0
 _CSS_TAG = '<link rel="stylesheet" href="static/style.css">'
 _JS_TAG = '<script src="static/app.js"></script>'
-
-
-class DashboardError(Exception):
-    """A problem to report in one line (a missing events file, a port in use, ...)."""
 
 
 class EventFiles:
@@ -78,30 +75,34 @@ class LiveCluster:
         self._events: list[dict[str, Any]] = []
 
     def snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """(every event the registry logged so far, the live part for ``data.build``)."""
+        """(every event the registry logged so far, the live part for ``data.build``, with Ray's
+        node records for hosts)."""
         import ray
 
-        from ray_ckpt import naming, service
+        from ray_ckpt import naming, remote, service
 
         registry = None
         with contextlib.suppress(ValueError):  # no registry (yet): status() still shows the stores
             registry = naming.registry_handle(self.namespace)
         if registry is not None:
-            following, new = ray.get(registry.events.remote(self._since), timeout=self.timeout_s)
+            following, new = remote.get(registry.events.remote(self._since), timeout=self.timeout_s)
             if following < self._since:  # the registry restarted: its numbering starts again
-                following, new = ray.get(registry.events.remote(0), timeout=self.timeout_s)
+                following, new = remote.get(registry.events.remote(0), timeout=self.timeout_s)
             self._events.extend(new)
             self._since = following
         status = service.status(namespace=self.namespace, timeout_s=self.timeout_s)
-        alive = [str(n["NodeID"]) for n in naming.alive_nodes()]
+        ray_nodes = [
+            {k: n.get(k) for k in ("NodeID", "Alive", "NodeManagerHostname", "NodeManagerAddress")} for n in ray.nodes()
+        ]
+        alive = [str(n["NodeID"]) for n in ray_nodes if n["Alive"]]
         placements = {}
         if registry is not None:
             for job, info in status.get("jobs", {}).items():
                 step = info.get("latest_committed")
                 if step is not None:
-                    ranks = ray.get(registry.locate.remote(job, step), timeout=self.timeout_s)
+                    ranks = remote.get(registry.locate.remote(job, step), timeout=self.timeout_s)
                     placements[job] = {"step": step, "ranks": ranks}
-        return list(self._events), {"status": status, "alive": alive, "placements": placements}
+        return list(self._events), {"status": status, "alive": alive, "placements": placements, "ray_nodes": ray_nodes}
 
 
 class Dashboard:
@@ -268,7 +269,11 @@ def run(args: argparse.Namespace, connect: Callable[[], bool]) -> int:
         if args.export:
             data = _clean(dashboard.data())
             pathlib.Path(args.export).write_text(export_html(data), encoding="utf-8")
-            print(f"wrote {args.export}: {len(data['recoveries'])} recoveries, {data['summary']['events']} events")
+            summary = data["summary"]
+            print(
+                f"wrote {args.export}: {summary['recoveries']} recoveries, {summary['failed_recoveries']} failed, "
+                f"{summary['events']} events"
+            )
             return 0
         server = make_server(dashboard, args.host, args.port)
         host = "127.0.0.1" if args.host in ("", "0.0.0.0") else args.host

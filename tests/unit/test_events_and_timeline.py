@@ -335,3 +335,143 @@ def test_fresh_starts_with_no_step_are_not_recoveries() -> None:
     ]
     assert recoveries(history) == []
     assert recoveries([]) == []
+
+
+def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:
+    """Restore events with ``error`` make a failed recovery: error per rank, no step, no time to
+    resume; the next attempt still answers the same kill, its time to resume counted from it."""
+    error = "ConfigError: world size changed from 2 to 3"
+    history = [
+        save(1, 0, 10, "A"),
+        kill(10, "n1"),
+        dead(12, "n1"),
+        *[
+            {**restore(20, rank, "B", started=18, step=None, source=None), "error": error, "steps_lost": None}
+            for rank in range(3)
+        ],
+        restore(40, 0, "C", started=35, step=10, phases={"locate": 0.1, "fetch": 0.2, "decode": 0.3, "load": 0.4}),
+        save(42, 0, 11, "C"),
+    ]
+    failed, resumed = recoveries(history)
+    assert failed["attempt"] == "B" and failed["failed"] is True
+    assert failed["error"] == error and failed["errors"] == {"0": error, "1": error, "2": error}
+    assert failed["step"] is None and failed["steps_lost"] is None and failed["time_to_resume_s"] is None
+    assert failed["kill_time"] == pytest.approx(T0 + 10) and failed["killed_nodes"] == ["n1"]
+    assert failed["phases_s"] == pytest.approx(
+        {"detect": 2, "restart": 6, "locate": None, "fetch": None, "decode": None, "load": None, "first_step": None}
+    )
+    assert resumed["attempt"] == "C" and resumed["failed"] is False and resumed["error"] is None
+    assert resumed["errors"] == {}
+    assert resumed["kill_time"] == pytest.approx(T0 + 10)  # the same failure, resolved by the retry
+    assert resumed["time_to_resume_s"] == pytest.approx(42 - 10)
+    assert resumed["phases_s"]["restart"] == pytest.approx(35 - 12)
+
+
+def test_a_partly_failed_attempt_is_failed_and_keeps_the_restored_step() -> None:
+    """One rank raised, one restored: the attempt failed, with the restored rank's step."""
+    history = [
+        save(1, 0, 10, "A"),
+        restore(20, 0, "B", started=18, step=10, phases={"fetch": 1.0}),
+        {**restore(21, 1, "B", started=18, step=None, source=None), "error": "InsufficientShardsError: rank 1"},
+        save(25, 0, 11, "B"),
+    ]
+    (record,) = recoveries(history)
+    assert record["failed"] is True and record["step"] == 10
+    assert record["error"] == "InsufficientShardsError: rank 1" and list(record["errors"]) == ["1"]
+    assert record["phases_s"]["fetch"] == pytest.approx(1.0) and record["phases_s"]["first_step"] is None
+
+
+# ---- status snapshots -------------------------------------------------------------------
+
+
+def test_status_event_records_memory_placement_and_protection() -> None:
+    """status_event: placement per shard index, local copies, memory of every store, hosts, and
+    protection over shards on alive nodes that still have a store."""
+    ray_nodes = [
+        {"NodeID": "a", "Alive": True, "NodeManagerHostname": "host-a", "NodeManagerAddress": "10.0.0.1"},
+        {"NodeID": "b", "Alive": True, "NodeManagerHostname": "host-b", "NodeManagerAddress": "10.0.0.2"},
+        {"NodeID": "c", "Alive": False, "NodeManagerHostname": "host-c", "NodeManagerAddress": "10.0.0.3"},
+        {"NodeID": "d", "Alive": True, "NodeManagerHostname": "host-d", "NodeManagerAddress": "10.0.0.4"},
+    ]
+    stores = {
+        "a": {"used_bytes": 10, "budget_bytes": 100, "shards": 3},
+        "b": {"used_bytes": 20, "budget_bytes": 100, "shards": 2},
+        "d": {"error": "GetTimeoutError"},
+    }
+    record = events.status_event(
+        "job",
+        7,
+        world_size=2,
+        data_shards=2,
+        parity_shards=2,
+        shards={0: {0: "a", 1: "a", 2: "b", 3: "d"}, 1: {0: "b", 1: "c", 2: "a", 3: "d"}},
+        local_nodes={0: "a", 1: None},
+        stores=stores,
+        ray_nodes=ray_nodes,
+        time=T0,
+    )
+    assert record["kind"] == "status" and record["time"] == T0 and record["job"] == "job" and record["step"] == 7
+    assert (record["world_size"], record["data_shards"], record["parity_shards"]) == (2, 2, 2)
+    assert record["placement"] == {"0": ["a", "a", "b", "d"], "1": ["b", "c", "a", "d"]}
+    assert record["local"] == {"0": "a"}
+    # rank 0: 4 live shards on a(2), b, d: losing a and then one more leaves 1 < k -> survives 1
+    # rank 1: c is dead: 3 live shards on b, a, d -> survives 1
+    assert record["protection"] == 1
+    nodes = record["nodes"]
+    assert set(nodes) == {"a", "b", "c", "d"}  # every store, and c because it holds a shard
+    assert nodes["a"] == {
+        "host": "host-a",
+        "address": "10.0.0.1",
+        "alive": True,
+        "store": True,
+        "used_bytes": 10,
+        "budget_bytes": 100,
+        "shards": 3,
+    }
+    assert nodes["c"]["alive"] is False and nodes["c"]["store"] is False and nodes["c"]["host"] == "host-c"
+    assert nodes["d"]["error"] == "GetTimeoutError" and nodes["d"]["used_bytes"] is None
+    assert json.loads(json.dumps(record)) == record  # JSON as written to the events file
+
+
+def test_status_events_round_trip_through_a_file(tmp_path) -> None:
+    """``status`` is a known kind: the log accepts it and read() keeps it."""
+    snapshot = event("status", time=T0, job="j", step=1, protection=0, placement={}, local={}, nodes={})
+    log = EventLog(tmp_path / "events.jsonl")
+    log.append(snapshot)
+    assert events.read(tmp_path / "events.jsonl") == [snapshot]
+
+
+def test_coalescer_runs_each_key_at_most_once_per_interval_and_always_the_last_request() -> None:
+    """A burst of requests gives one immediate call and one trailing call per key, the trailing one
+    at least interval_s after the first; keys are independent."""
+    calls: list[tuple[str, float]] = []
+    coalescer = events.Coalescer(lambda key: calls.append((key, time.monotonic())), interval_s=0.3)
+    for _ in range(20):
+        coalescer.request("a")
+        coalescer.request("b")
+        time.sleep(0.005)
+    assert coalescer.wait_idle(5.0)
+    for key in ("a", "b"):
+        times = [t for k, t in calls if k == key]
+        assert len(times) == 2
+        assert times[1] - times[0] >= 0.3 - 1e-3
+    coalescer.request("a")  # long after the last call: runs at once
+    assert coalescer.wait_idle(5.0)
+    assert len([k for k, _ in calls if k == "a"]) == 3
+
+
+def test_coalescer_survives_a_failing_call() -> None:
+    """An exception in the work is logged; later requests still run."""
+    seen: list[str] = []
+
+    def work(key: str) -> None:
+        seen.append(key)
+        if len(seen) == 1:
+            raise RuntimeError("boom")
+
+    coalescer = events.Coalescer(work, interval_s=0.0)
+    coalescer.request("x")
+    assert coalescer.wait_idle(5.0)
+    coalescer.request("y")
+    assert coalescer.wait_idle(5.0)
+    assert seen == ["x", "y"]

@@ -20,23 +20,36 @@ def events_file(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_one_recovery_per_failure_with_the_recorded_phases(events_file: pathlib.Path) -> None:
+    """Two resumed recoveries with their phases, and the world-size failure as a failed one with its error."""
     data = dashboard_data.build(events.read(events_file))
     assert data["live"] is False
     assert data["phases"] == list(timeline.PHASES)
-    assert len(data["recoveries"]) == len(recorded_events.EXPECTED) == 2
-    for got, want in zip(data["recoveries"], recorded_events.EXPECTED):
+    assert len(data["recoveries"]) == len(recorded_events.EXPECTED_ALL) == 3
+    for got, want in zip(data["recoveries"], recorded_events.EXPECTED_ALL):
         assert got["job"] == recorded_events.JOB
         assert got["attempt"] == want["attempt"]
         assert got["kill_time"] == pytest.approx(want["kill_time"])
         assert got["killed_nodes"] == want["killed_nodes"]
         assert got["step"] == want["step"]
         assert got["steps_lost"] == want["steps_lost"]
+        assert got["failed"] is want.get("failed", False)
+        assert got["error"] == want.get("error")
         assert set(got["phases_s"]) == set(timeline.PHASES)
-        for phase, seconds in want["phases_s"].items():
-            assert got["phases_s"][phase] == pytest.approx(seconds, abs=1e-6), phase
-        assert got["time_to_resume_s"] == pytest.approx(want["time_to_resume_s"], abs=1e-6)
+        for phase in timeline.PHASES:
+            if phase in want["phases_s"]:
+                assert got["phases_s"][phase] == pytest.approx(want["phases_s"][phase], abs=1e-6), phase
+            else:  # a failed restore measured no restore phase and no first step
+                assert got["phases_s"][phase] is None, phase
         assert got["phases_total_s"] == pytest.approx(sum(want["phases_s"].values()), abs=1e-6)
-        assert got["other_s"] == pytest.approx(max(0.0, got["time_to_resume_s"] - got["phases_total_s"]), abs=1e-9)
+        if want["time_to_resume_s"] is None:
+            assert got["time_to_resume_s"] is None and got["other_s"] is None
+        else:
+            assert got["time_to_resume_s"] == pytest.approx(want["time_to_resume_s"], abs=1e-6)
+            assert got["other_s"] == pytest.approx(max(0.0, got["time_to_resume_s"] - got["phases_total_s"]), abs=1e-9)
+        restore_phases = [got["phases_s"][p] or 0.0 for p in timeline.RESTORE_PHASES]
+        assert got["restore_total_s"] == pytest.approx(sum(restore_phases), abs=1e-9)
+    failed = data["recoveries"][2]
+    assert failed["errors"] == {str(rank): recorded_events.WORLD_SIZE_ERROR for rank in range(3)}
     # the same records as timeline.recoveries, plus the dashboard's own fields
     for got, plain in zip(data["recoveries"], timeline.recoveries(events.read(events_file))):
         assert {k: got[k] for k in plain} == plain
@@ -46,13 +59,15 @@ def test_series_and_summary(events_file: pathlib.Path) -> None:
     records = events.read(events_file)
     data = dashboard_data.build(records)
     summary = data["summary"]
-    assert summary["kills"] == 4  # three node kills (two failures) and one store-only kill
-    assert summary["node_deaths"] == 3
-    assert summary["recoveries"] == 2
-    assert summary["restores"] == 12
+    assert summary["kills"] == 5  # four node kills (three failures) and one store-only kill
+    assert summary["node_deaths"] == 4
+    assert summary["recoveries"] == 2  # resumed
+    assert summary["failed_recoveries"] == 1  # the world-size error is not counted as a recovery
+    assert summary["restores"] == 15
+    assert summary["status_snapshots"] == 9
     assert summary["jobs"] == [recorded_events.JOB]
-    assert [k["mode"] for k in data["kills"]] == ["node", "node", "node", "store"]
-    # time to resume over time: one point per recovery, at its kill time
+    assert [k["mode"] for k in data["kills"]] == ["node", "node", "node", "store", "node"]
+    # time to resume over time: one point per resumed recovery, at its kill time
     assert [p["value"] for p in data["time_to_resume"]] == pytest.approx([8.3, 9.3])
     assert [p["time"] for p in data["time_to_resume"]] == pytest.approx(
         [r["kill_time"] for r in recorded_events.EXPECTED]
@@ -63,9 +78,55 @@ def test_series_and_summary(events_file: pathlib.Path) -> None:
     by_key = {(s["attempt"], s["rank"], s["step"]): s["blocking_s"] for s in data["save_stall"]}
     for save in saves:
         assert by_key[(save["attempt"], save["rank"], save["step"])] == save["phases_s"]["blocking"]
-    # live-only parts are absent without a cluster (the page says "live cluster needed")
-    assert data["memory"] is None and data["placement"] is None and data["protection"] is None
     json.dumps(data, allow_nan=False)  # JSON as served
+
+
+def test_memory_protection_placement_from_the_newest_status_snapshot(events_file: pathlib.Path) -> None:
+    """Without a cluster, the newest status event gives memory, protection and placement; shards on
+    nodes killed or dead after it (store of node 3, node 2) count as lost."""
+    nodes, hosts = recorded_events.NODES, recorded_events.HOSTS
+    data = dashboard_data.build(events.read(events_file))
+    snapshot_time = recorded_events.T0 + 74.35
+    assert data["memory_source"] == {"source": "snapshot", "time": pytest.approx(snapshot_time), "job": "gpt-small"}
+    memory = {m["node_id"]: m for m in data["memory"]}
+    assert set(memory) == {nodes[i] for i in recorded_events.SURVIVORS}
+    assert memory[nodes[0]]["used_bytes"] == 2 * (4 * recorded_events.SHARD_BYTES + 4 * recorded_events.SHARD_BYTES)
+    assert memory[nodes[0]]["budget_bytes"] == recorded_events.BUDGET and memory[nodes[0]]["alive"] is True
+    assert memory[nodes[3]]["error"] == "killed after the snapshot" and memory[nodes[3]]["used_bytes"] is None
+    assert memory[nodes[2]]["alive"] is False
+
+    placement = data["placement"][recorded_events.JOB]
+    assert placement["source"] == "snapshot" and placement["step"] == recorded_events.LAST_SNAPSHOT_STEP
+    assert (placement["data_shards"], placement["parity_shards"]) == (4, 2)
+    assert placement["ranks"] == [0, 1, 2, 3]
+    lost = {(c["rank"], c["node_id"]): c["indices"] for c in placement["cells"] if c["lost"]}
+    want = {(r, nodes[n]): i for r, by_node in recorded_events.LOST_AFTER_SNAPSHOT.items() for n, i in by_node.items()}
+    assert lost == want
+    local = sorted((c["rank"], c["node_id"]) for c in placement["cells"] if c["local"])
+    assert local == [(0, nodes[0]), (1, nodes[1]), (2, nodes[2]), (3, nodes[3])]
+    gone = {n["node_id"]: (n["alive"], n["store"]) for n in placement["nodes"] if not n["store"]}
+    assert gone == {nodes[3]: (True, False), nodes[2]: (False, False)}
+
+    protection = data["protection"][recorded_events.JOB]
+    assert protection["recorded"] == 1  # when step 60 committed: 6 shards on 5 nodes, one node holds two
+    assert protection["value"] == -1  # ranks 1 and 2 kept 3 of their 6 shards (k = 4) after nodes 2 and 3
+    assert protection["value"] == placement["protection"]
+    assert protection["latest_committed"] == 60 and protection["world_size"] == 4
+
+    # every node with its host, and the ranks that last ran there
+    assert {n: info["host"] for n, info in data["nodes"].items()} == dict(zip(nodes, hosts))
+    ranks = {n: [(r["job"], r["rank"]) for r in info["ranks"]] for n, info in data["nodes"].items() if info["ranks"]}
+    job = recorded_events.JOB
+    assert ranks == {nodes[0]: [(job, 0)], nodes[1]: [(job, 1)], nodes[7]: [(job, 2)], nodes[3]: [(job, 3)]}
+    assert data["nodes"][nodes[2]]["alive"] is False and data["nodes"][nodes[0]]["alive"] is True
+
+
+def test_no_snapshot_no_cluster_leaves_memory_protection_placement_empty(events_file: pathlib.Path) -> None:
+    """Without status events and without a cluster those parts are None (the page says so)."""
+    data = dashboard_data.build([e for e in events.read(events_file) if e["kind"] != "status"])
+    assert data["memory"] is None and data["placement"] is None and data["protection"] is None
+    assert data["nodes"][recorded_events.NODES[0]]["host"] is None  # no host without a snapshot
+    assert len(data["recoveries"]) == 3
 
 
 def test_no_events_and_broken_lines(tmp_path: pathlib.Path) -> None:
@@ -74,7 +135,7 @@ def test_no_events_and_broken_lines(tmp_path: pathlib.Path) -> None:
     path = recorded_events.write(tmp_path / "events.jsonl")
     with path.open("a") as out:
         out.write('{"kind": "save", "job": "gpt-small", "ti')  # cut by a crash
-    assert len(dashboard_data.build(events.read(path))["recoveries"]) == 2
+    assert len(dashboard_data.build(events.read(path))["recoveries"]) == 3
 
 
 def test_live_part_placement_memory_protection() -> None:
@@ -98,20 +159,39 @@ def test_live_part_placement_memory_protection() -> None:
         },
         "jobs": {"j": {"committed_steps": [4, 5], "latest_committed": 5, "protection": 0, "world_size": 2}},
     }
+    ray_nodes = [
+        {"NodeID": n, "Alive": n in alive, "NodeManagerHostname": f"host-{i}", "NodeManagerAddress": f"10.1.0.{i}"}
+        for i, n in enumerate(nodes)
+    ]
+    snapshot = recorded_events.records()  # recorded snapshots: the live cluster takes precedence
     data = dashboard_data.build(
-        [], {"status": status, "alive": alive, "placements": {"j": {"step": 5, "ranks": ranks}}}
+        snapshot,
+        {"status": status, "alive": alive, "placements": {"j": {"step": 5, "ranks": ranks}}, "ray_nodes": ray_nodes},
     )
     assert data["live"] is True
     assert [m["node_id"] for m in data["memory"]] == sorted(alive)
-    assert data["protection"]["j"]["value"] == 0
+    assert data["memory_source"]["source"] == "live"
+    assert set(data["protection"]) == {"j"} and data["protection"]["j"]["value"] == 0
+    assert data["nodes"][nodes[1]]["host"] == "host-1" and data["nodes"][nodes[1]]["address"] == "10.1.0.1"
+    assert data["nodes"][nodes[2]]["alive"] is False
     placement = data["placement"]["j"]
     assert placement["step"] == 5 and placement["data_shards"] == 2 and placement["parity_shards"] == 1
     assert placement["protection"] == 0  # each rank has 2 live shards of 3, k = 2
-    assert placement["nodes"][-1] == {"node_id": nodes[2], "alive": False}  # dead nodes last
+    assert placement["nodes"][-1] == {"node_id": nodes[2], "alive": False, "store": False}  # dead nodes last
     lost = [(c["rank"], c["indices"]) for c in placement["cells"] if c["lost"]]
     assert lost == [(0, [1]), (1, [0])]
     local = [c for c in placement["cells"] if c["local"]]
     assert [(c["rank"], c["node_id"], c["indices"]) for c in local] == [(1, nodes[1], [])]
+
+
+def test_placement_protection_counts_shards_that_share_a_node() -> None:
+    """Two shards of a rank on one node are lost together: protection is ray_ckpt.protection's, not live - k."""
+    meta = {"data_shards": 2, "parity_shards": 2}
+    ranks = {0: {"metas": dict.fromkeys(range(4), meta), "nodes": {0: "a", 1: "a", 2: "b", 3: "c"}, "local": None}}
+    result = dashboard_data.placement(7, ranks, {"a", "b", "c"})
+    assert result["protection"] == 1  # live shards - k would say 2, but losing "a" costs two shards
+    assert dashboard_data.placement(7, ranks, {"b", "c"})["protection"] == 0  # "a" dead: 2 shards left, k = 2
+    assert dashboard_data.placement(7, ranks, {"a", "b", "c"}, store_nodes={"b", "c"})["protection"] == 0
 
 
 def test_export_is_one_self_contained_file(events_file: pathlib.Path, tmp_path: pathlib.Path) -> None:
@@ -122,7 +202,8 @@ def test_export_is_one_self_contained_file(events_file: pathlib.Path, tmp_path: 
     assert "<style>" in page and "function renderRecoveries" in page
     start = page.index("window.RAY_CKPT_DATA = ") + len("window.RAY_CKPT_DATA = ")
     inlined = json.loads(page[start : page.index(";</script>", start)])
-    assert len(inlined["recoveries"]) == 2
+    assert len(inlined["recoveries"]) == 3
+    assert inlined["memory"] and inlined["placement"] and inlined["protection"]  # from the status snapshots
 
 
 def test_server_routes(events_file: pathlib.Path) -> None:
@@ -134,7 +215,7 @@ def test_server_routes(events_file: pathlib.Path) -> None:
         for name in ("app.js", "style.css"):
             assert urllib.request.urlopen(f"{base}/static/{name}", timeout=10).status == 200
         data = json.loads(urllib.request.urlopen(f"{base}/api/data", timeout=10).read())
-        assert len(data["recoveries"]) == 2 and data["sources"] == [events_file.name]
+        assert len(data["recoveries"]) == 3 and data["sources"] == [events_file.name]
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"{base}/static/../server.py", timeout=10)
     finally:

@@ -4,7 +4,7 @@
 (function () {
   var SVG = "http://www.w3.org/2000/svg";
   var POLL_MS = 2000;
-  var LIVE_ONLY = "no data (live cluster needed)";
+  var NO_STATUS = "no data (no status snapshot in the events and no live cluster)";
   var PHASE_COLORS = {
     detect: "#e15759",
     restart: "#f28e2b",
@@ -102,6 +102,40 @@
     return id ? String(id).slice(0, 8) : "?";
   }
 
+  // "host (1a2b3c4d)" when the host is known, else the short id
+  function nodeName(id) {
+    var info = ((state.data && state.data.nodes) || {})[id];
+    return info && info.host ? info.host + " (" + shortNode(id) + ")" : shortNode(id);
+  }
+
+  // the ranks that last ran on a node: "gpt-small r0, r1" (only "r0, r1" of ``job`` when given)
+  function nodeRanks(id, job) {
+    var info = ((state.data && state.data.nodes) || {})[id];
+    var byJob = {};
+    ((info && info.ranks) || []).forEach(function (r) { (byJob[r.job] = byJob[r.job] || []).push("r" + r.rank); });
+    if (job !== undefined) return (byJob[job] || []).join(", ");
+    return Object.keys(byJob).sort().map(function (name) { return name + " " + byJob[name].join(", "); }).join("; ");
+  }
+
+  function nodeTitle(id) {
+    var info = ((state.data && state.data.nodes) || {})[id] || {};
+    return [id, info.host, info.address, nodeRanks(id) ? "ranks: " + nodeRanks(id) : ""].filter(Boolean).join("\n");
+  }
+
+  // nodes ordered by host name (then id); dead or store-less ones last when ``goneLast``
+  function byHost(list, goneLast) {
+    function key(n) {
+      var info = ((state.data && state.data.nodes) || {})[n.node_id] || {};
+      return (goneLast && (!n.alive || n.store === false) ? "1" : "0") + (info.host || "~") + " " + n.node_id;
+    }
+    return list.slice().sort(function (a, b) { return key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0; });
+  }
+
+  function sourceNote(part) {
+    if (!part || part.source !== "snapshot") return "";
+    return "from the status snapshot of " + fmtDateTime(part.time) + (part.job ? " (job " + part.job + ")" : "");
+  }
+
   function median(values) {
     var v = values.filter(isNum).slice().sort(function (a, b) { return a - b; });
     if (!v.length) return null;
@@ -143,14 +177,28 @@
     series.forEach(function (s) { pts = pts.concat(s.points); });
     var xs = pts.map(function (p) { return p.x; }), ys = pts.map(function (p) { return p.y; });
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
-    if (x1 === x0) { x0 -= opts.xTime ? 30 : 1; x1 += opts.xTime ? 30 : 1; }
-    if (opts.xPad) { var pad = (x1 - x0) * opts.xPad; x0 -= pad; x1 += pad; }
-    var yt = ticks(0, Math.max.apply(null, ys) * 1.1 || 1, 5);
+    var xt;
+    if (x1 === x0) {
+      // one x value (one point, or every point at the same x): the point centred, one tick at its value
+      var half = opts.xTime ? 30 : Math.max(1, Math.abs(x0) * 0.1);
+      xt = { values: [x0], step: half };
+      x0 -= half;
+      x1 += half;
+    } else {
+      if (opts.xPad) { var pad = (x1 - x0) * opts.xPad; x0 -= pad; x1 += pad; }
+      if (opts.xMin !== undefined) x0 = Math.max(opts.xMin, x0);
+      xt = ticks(x0, x1, Math.max(2, Math.floor((W - m.left - m.right) / 110)), opts.xInteger ? 1 : 0);
+    }
+    // y from 0 (these series are durations); a constant 0 series gets a 0..1 axis
+    var yMax = Math.max.apply(null, ys);
+    var yt = ticks(0, yMax > 0 ? yMax * 1.1 : 1, 5);
     var y1 = yt.values[yt.values.length - 1];
-    var xt = ticks(x0, x1, Math.max(2, Math.floor((W - m.left - m.right) / 110)), opts.xInteger ? 1 : 0);
+    if (y1 < yMax * 1.1) { y1 = +(y1 + yt.step).toFixed(10); yt.values.push(y1); }  // headroom above the top point
     function sx(v) { return m.left + ((v - x0) / (x1 - x0)) * (W - m.left - m.right); }
     function sy(v) { return H - m.bottom - (v / y1) * (H - m.top - m.bottom); }
-    var root = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img" });
+    var root = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "class": "chart",
+      "data-x-ticks": xt.values.filter(function (v) { return v >= x0 && v <= x1; }).join(","),
+      "data-y-ticks": yt.values.join(","), "data-plot-left": m.left, "data-plot-right": W - m.right });
     var grid = svg("g", { "class": "axis" });
     yt.values.forEach(function (v) {
       grid.appendChild(svg("line", { "class": "gridline", x1: m.left, x2: W - m.right, y1: sy(v), y2: sy(v) }));
@@ -176,7 +224,7 @@
         g.appendChild(svg("path", { d: d.join(" "), fill: "none", stroke: s.color, "stroke-width": 1.8 }));
       }
       sorted.forEach(function (p) {
-        var dot = svg("circle", { cx: sx(p.x), cy: sy(p.y), r: opts.dot || 3.5, fill: s.color, "class": "point",
+        var dot = svg("circle", { cx: sx(p.x).toFixed(1), cy: sy(p.y).toFixed(1), r: opts.dot || 3.5, fill: s.color, "class": "point",
           "data-x": p.x, "data-y": p.y });
         dot.appendChild(svg("title", { text: p.title }));
         g.appendChild(dot);
@@ -202,14 +250,19 @@
 
   function renderSummary(data) {
     var box = clear(document.getElementById("summary"));
-    var recs = data.recoveries || [];
+    var all = data.recoveries || [];
+    var recs = all.filter(function (r) { return !r.failed; });
+    var failed = all.filter(function (r) { return r.failed; });
     var resumes = recs.map(function (r) { return r.time_to_resume_s; }).filter(isNum);
     var lost = recs.reduce(function (a, r) { return a + (r.steps_lost || 0); }, 0);
-    var protection = null;
+    var protection = null, protectionSource = null;
     if (data.protection) {
       Object.keys(data.protection).forEach(function (job) {
         var v = data.protection[job].value;
-        if (isNum(v)) protection = protection === null ? v : Math.min(protection, v);
+        if (isNum(v) && (protection === null || v < protection)) {
+          protection = v;
+          protectionSource = data.protection[job];
+        }
       });
     }
     function card(label, value, sub, cls) {
@@ -222,6 +275,8 @@
     append(box, [
       card("Recoveries", String(recs.length), (data.summary.kills || 0) + " kills, " + (data.summary.node_deaths || 0) +
         " node deaths"),
+      card("Failed recoveries", String(failed.length), failed.length ? "last: " + shorten(failed[failed.length - 1].error, 60) :
+        "no restore raised", failed.length ? "bad" : "ok"),
       card("Median time to resume", fmtSeconds(median(resumes)), resumes.length ? "over " + resumes.length +
         " recoveries" : "no recorded kill"),
       card("Last time to resume", fmtSeconds(resumes.length ? resumes[resumes.length - 1] : null),
@@ -229,8 +284,9 @@
       card("Steps lost", String(lost), "in all recoveries"),
       card("Save stall p50", fmtSeconds(median((data.save_stall || []).map(function (s) { return s.blocking_s; }))),
         (data.save_stall || []).length + " recorded saves"),
-      card("Protection", protection === null ? "–" : String(protection), data.live ? "min over jobs" : LIVE_ONLY,
-        protectionClass(protection)),
+      card("Protection", protection === null ? "–" : String(protection), protection === null ?
+        (data.live ? "nothing committed" : NO_STATUS) : protectionSource.source === "snapshot" ?
+        "min over jobs, snapshot of " + fmtTime(protectionSource.time) : "min over jobs", protectionClass(protection)),
     ]);
   }
 
@@ -248,13 +304,18 @@
       "other (not in a measured phase)"]));
   }
 
+  function shorten(text, n) {
+    text = String(text || "");
+    return text.length > n ? text.slice(0, n - 1) + "…" : text;
+  }
+
   function renderRecoveries(data) {
     var body = document.querySelector("#panel-recoveries .body");
     var recs = data.recoveries || [];
     var phases = data.phases || Object.keys(PHASE_COLORS);
     renderLegend(phases);
     if (!recs.length) return noData(body, "no data (no recovery recorded yet)");
-    var W = width(body, 900), rowH = 40, labelW = 240, totalW = 90, top = 6;
+    var W = width(body, 900), rowH = 40, labelW = 260, totalW = 90, top = 6;
     var H = top + recs.length * rowH + 30;
     var maxTotal = Math.max.apply(null, recs.map(function (r) {
       return (r.phases_total_s || 0) + (isNum(r.other_s) ? r.other_s : 0);
@@ -272,14 +333,19 @@
     recs.forEach(function (r, i) {
       var y = top + i * rowH;
       var g = svg("g", {
-        "class": "recovery", "data-index": r.index, "data-job": r.job, "data-attempt": r.attempt,
-        "data-kill-time": r.kill_time, "data-time-to-resume": r.time_to_resume_s, "data-steps-lost": r.steps_lost,
-        "data-killed-nodes": (r.killed_nodes || []).join(","),
+        "class": "recovery" + (r.failed ? " failed" : ""), "data-index": r.index, "data-job": r.job,
+        "data-attempt": r.attempt, "data-kill-time": r.kill_time, "data-time-to-resume": r.time_to_resume_s,
+        "data-steps-lost": r.steps_lost, "data-killed-nodes": (r.killed_nodes || []).join(","),
+        "data-failed": r.failed ? "true" : "false", "data-error": r.error,
       });
+      if (r.failed) {
+        g.appendChild(svg("rect", { "class": "failed-row", x: -4, y: y + 1, width: W + 4, height: rowH - 4 }));
+      }
       var label = "#" + (i + 1) + "  " + r.job + "  " + (r.kill_time !== null ? fmtTime(r.kill_time) : "no kill recorded");
       g.appendChild(svg("text", { x: 0, y: y + 17, "class": "label-strong", text: label }));
-      g.appendChild(svg("text", { x: 0, y: y + 31, text: (r.killed_nodes || []).length + " node(s) killed · step " + r.step +
-        " · " + r.steps_lost + " step(s) lost" }));
+      var second = (r.killed_nodes || []).length + " node(s) killed · " + (r.failed ? "restore FAILED" : "step " + r.step +
+        " · " + r.steps_lost + " step(s) lost");
+      g.appendChild(svg("text", { x: 0, y: y + 31, "class": r.failed ? "failed-text" : null, text: second }));
       var x = 0;
       phases.forEach(function (p) {
         var v = r.phases_s[p];
@@ -306,37 +372,105 @@
         g.appendChild(gap);
         x += r.other_s;
       }
-      var total = isNum(r.time_to_resume_s) ? r.time_to_resume_s : r.phases_total_s;
-      g.appendChild(svg("text", { x: sx(x) + 6, y: y + rowH / 2 + 3, "class": "bar-total", text: fmtSeconds(total) }));
+      if (r.failed) {
+        var mark = svg("text", { x: sx(x) + 6, y: y + rowH / 2 + 3, "class": "failed-text failed-mark",
+          text: "✕ FAILED: " + shorten(r.error, Math.max(20, Math.floor((W - sx(x) - 24) / 7.2) - 10)) });
+        mark.appendChild(svg("title", { text: Object.keys(r.errors || {}).map(function (rank) {
+          return "rank " + rank + ": " + r.errors[rank];
+        }).join("\n") }));
+        g.appendChild(mark);
+      } else {
+        var total = isNum(r.time_to_resume_s) ? r.time_to_resume_s : r.phases_total_s;
+        g.appendChild(svg("text", { x: sx(x) + 6, y: y + rowH / 2 + 3, "class": "bar-total", text: fmtSeconds(total) }));
+      }
       root.appendChild(g);
     });
     clear(body).appendChild(root);
     // the numbers, as a table
     var head = el("tr", {}, [el("th", { text: "#" }), el("th", { "class": "left", text: "job" }),
-      el("th", { "class": "left", text: "killed at" }), el("th", { "class": "left", text: "killed nodes" })]
+      el("th", { "class": "left", text: "outcome" }), el("th", { "class": "left", text: "killed at" }),
+      el("th", { "class": "left", text: "killed nodes" })]
       .concat(phases.map(function (p) { return el("th", { text: p }); }))
       .concat([el("th", { text: "time to resume" }), el("th", { text: "steps lost" }), el("th", { text: "moved" }),
         el("th", { "class": "left", text: "sources" })]));
     var rows = recs.map(function (r, i) {
       var sources = {};
-      Object.keys(r.sources || {}).forEach(function (rank) { var s = r.sources[rank]; sources[s] = (sources[s] || 0) + 1; });
-      return el("tr", { "class": "recovery-row", "data-index": r.index }, [
+      Object.keys(r.sources || {}).forEach(function (rank) {
+        var s = (r.errors || {})[rank] ? "failed" : r.sources[rank];
+        sources[s] = (sources[s] || 0) + 1;
+      });
+      return el("tr", { "class": "recovery-row" + (r.failed ? " failed" : ""), "data-index": r.index }, [
         el("td", { text: String(i + 1) }),
         el("td", { "class": "left", text: r.job }),
+        el("td", { "class": "left outcome" + (r.failed ? " bad" : " ok"), title: r.error || "",
+          text: r.failed ? "failed: " + shorten(r.error, 70) : "resumed" }),
         el("td", { "class": "left", text: r.kill_time !== null ? fmtTime(r.kill_time) : "–" }),
-        el("td", { "class": "left mono", text: (r.killed_nodes || []).map(shortNode).join(", ") || "–" }),
+        el("td", { "class": "left", text: (r.killed_nodes || []).map(nodeName).join(", ") || "–" }),
       ].concat(phases.map(function (p) {
         return el("td", { "data-phase": p, "data-seconds": isNum(r.phases_s[p]) ? r.phases_s[p] : null,
           text: fmtSeconds(r.phases_s[p]) });
       })).concat([
         el("td", { text: fmtSeconds(r.time_to_resume_s) }),
-        el("td", { text: String(r.steps_lost) }),
+        el("td", { text: isNum(r.steps_lost) ? String(r.steps_lost) : "–" }),
         el("td", { text: fmtBytes(r.bytes_moved) }),
         el("td", { "class": "left", text: Object.keys(sources).map(function (s) { return sources[s] + "× " + s; }).join(", ") }),
       ]));
     });
     body.appendChild(el("div", { "class": "table-wrap" }, [el("table", {}, [el("thead", {}, [head]),
       el("tbody", {}, rows)])]));
+  }
+
+  // the restore alone (locate → load), on its own axis: next to a restart of seconds it is a sliver
+  function renderRestoreZoom(data) {
+    var body = document.querySelector("#panel-restore .body");
+    var phases = data.restore_phases || ["locate", "fetch", "decode", "load"];
+    var legend = clear(document.getElementById("restore-legend"));
+    phases.forEach(function (p) {
+      legend.appendChild(el("span", {}, [el("span", { "class": "swatch", style: "background:" + PHASE_COLORS[p] }), p]));
+    });
+    var recs = data.recoveries || [];
+    if (!recs.length) return noData(body, "no data (no recovery recorded yet)");
+    var W = width(body, 900), rowH = 30, labelW = 260, totalW = 90, top = 6;
+    var H = top + recs.length * rowH + 30;
+    var maxTotal = Math.max.apply(null, recs.map(function (r) { return r.restore_total_s || 0; })) || 0.001;
+    var xt = ticks(0, maxTotal, Math.max(2, Math.floor((W - labelW - totalW) / 90)));
+    var xMax = Math.max(maxTotal, xt.values[xt.values.length - 1]);
+    function sx(v) { return labelW + (v / xMax) * (W - labelW - totalW); }
+    var root = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, id: "restore-bars",
+      "data-x-max": xMax });
+    var axis = svg("g", { "class": "axis" });
+    xt.values.forEach(function (v) {
+      axis.appendChild(svg("line", { "class": "gridline", x1: sx(v), x2: sx(v), y1: top, y2: H - 26 }));
+      axis.appendChild(svg("text", { x: sx(v), y: H - 12, "text-anchor": "middle", text: fmtTickSeconds(v, xt.step) }));
+    });
+    root.appendChild(axis);
+    recs.forEach(function (r, i) {
+      var y = top + i * rowH;
+      var g = svg("g", { "class": "restore" + (r.failed ? " failed" : ""), "data-index": r.index,
+        "data-failed": r.failed ? "true" : "false" });
+      g.appendChild(svg("text", { x: 0, y: y + 18, "class": "label-strong", text: "#" + (i + 1) + "  " + r.job + "  " +
+        (r.kill_time !== null ? fmtTime(r.kill_time) : "no kill recorded") }));
+      var x = 0;
+      phases.forEach(function (p) {
+        var v = r.phases_s[p];
+        if (!isNum(v)) return;
+        var w = Math.max(0, sx(x + v) - sx(x));
+        var rect = svg("rect", { "class": "phase", "data-phase": p, "data-seconds": v, "data-width": w.toFixed(1),
+          x: sx(x), y: y + 3, width: w, height: rowH - 8, fill: PHASE_COLORS[p] || "#999" });
+        rect.appendChild(svg("title", { text: p + ": " + fmtSeconds(v) }));
+        g.appendChild(rect);
+        var inside = p + " " + fmtSeconds(v);
+        if (w > inside.length * 6.2 + 8) {
+          g.appendChild(svg("text", { x: sx(x) + w / 2, y: y + rowH / 2 + 3, "text-anchor": "middle", "class": "in-bar",
+            text: inside }));
+        }
+        x += v;
+      });
+      g.appendChild(svg("text", { x: sx(x) + 6, y: y + rowH / 2 + 3, "class": r.failed ? "failed-text" : "bar-total",
+        text: r.failed ? (x > 0 ? fmtSeconds(x) + " · " : "") + "✕ restore failed" : fmtSeconds(x) }));
+      root.appendChild(g);
+    });
+    clear(body).appendChild(root);
   }
 
   function renderResume(data) {
@@ -378,20 +512,34 @@
       xLabel: "step", yLabel: "save() blocked", dot: 2.5 });
   }
 
+  function sourceLine(body, part) {
+    var note = sourceNote(part);
+    if (note) body.appendChild(el("div", { "class": "source-note", text: note }));
+  }
+
   function renderMemory(data) {
     var body = document.querySelector("#panel-memory .body");
-    if (!data.live || !data.memory) return noData(body, LIVE_ONLY);
+    if (!data.memory) return noData(body, NO_STATUS);
     if (!data.memory.length) return noData(body, "no data (no store is running)");
     clear(body);
-    data.memory.forEach(function (n) {
+    sourceLine(body, data.memory_source);
+    byHost(data.memory, false).forEach(function (n) {
       var share = isNum(n.used_bytes) && n.budget_bytes ? n.used_bytes / n.budget_bytes : 0;
       var fillCls = "fill" + (share >= 0.95 ? " full" : share >= 0.8 ? " high" : "");
-      body.appendChild(el("div", { "class": "memory-row" + (n.alive ? "" : " dead"), "data-node": n.node_id }, [
-        el("span", { "class": "node", title: n.node_id, text: shortNode(n.node_id) + (n.alive ? "" : " (dead)") }),
+      var ranks = nodeRanks(n.node_id);
+      var info = (data.nodes || {})[n.node_id] || {};
+      body.appendChild(el("div", { "class": "memory-row" + (n.alive ? "" : " dead"), "data-node": n.node_id,
+        "data-host": info.host || null, "data-ranks": ranks || null }, [
+        el("div", { "class": "node", title: nodeTitle(n.node_id) }, [
+          el("div", { "class": "host", text: (info.host || shortNode(n.node_id)) + (n.alive ? "" : " (dead)") }),
+          el("div", { "class": "ids", text: (info.host ? shortNode(n.node_id) : "") + (ranks ? (info.host ? " · " : "") +
+            ranks : "") }),
+        ]),
         el("div", { "class": "track", title: n.error || "" }, [
           el("div", { "class": fillCls, style: "width:" + Math.min(100, share * 100).toFixed(2) + "%" }),
         ]),
-        el("span", { "class": "numbers", text: n.error ? "unreachable" : fmtBytes(n.used_bytes) + " / " +
+        el("span", { "class": "numbers", text: n.error ? (isNum(n.used_bytes) ? fmtBytes(n.used_bytes) + " · " : "") +
+          n.error : !isNum(n.used_bytes) && !n.alive ? "node dead" : fmtBytes(n.used_bytes) + " / " +
           fmtBytes(n.budget_bytes) + " · " + (n.shards || 0) + " shards" }),
       ]));
     });
@@ -399,7 +547,7 @@
 
   function renderProtection(data) {
     var body = document.querySelector("#panel-protection .body");
-    if (!data.live || !data.protection) return noData(body, LIVE_ONLY);
+    if (!data.protection) return noData(body, NO_STATUS);
     var jobs = Object.keys(data.protection).sort();
     if (!jobs.length) return noData(body, "no data (no job has committed a step)");
     var grid = el("div", { "class": "protection-grid" });
@@ -408,37 +556,53 @@
       var v = p.value;
       var text = !isNum(v) ? "nothing committed" : v < 0 ? "LOST: some rank cannot be rebuilt from memory" :
         v === 0 ? "one more node failure may lose it" : "survives " + v + " more node failure" + (v > 1 ? "s" : "");
-      grid.appendChild(el("div", { "class": "protection-card", "data-job": job, "data-protection": isNum(v) ? v : null }, [
+      var kept = p.committed_steps ? " · " + p.committed_steps.length + " kept" : "";
+      var lines = [
         el("div", { "class": "job", text: job }),
         el("div", { "class": "level " + protectionClass(v), text: isNum(v) ? String(v) : "–" }),
         el("div", { "class": "sub", text: text }),
         el("div", { "class": "sub", text: "latest committed step " + (p.latest_committed === null ? "–" : p.latest_committed) +
-          " · " + (p.committed_steps || []).length + " kept" }),
-      ]));
+          kept }),
+      ];
+      if (p.source === "snapshot") {
+        lines.push(el("div", { "class": "sub", text: "snapshot of " + fmtDateTime(p.time) + (isNum(p.recorded) &&
+          p.recorded !== v ? " (then " + p.recorded + "; nodes lost since)" : "") }));
+      }
+      grid.appendChild(el("div", { "class": "protection-card", "data-job": job, "data-protection": isNum(v) ? v : null,
+        "data-source": p.source || null }, lines));
     });
     clear(body).appendChild(grid);
   }
 
   function renderPlacement(data) {
     var body = document.querySelector("#panel-placement .body");
-    if (!data.live || !data.placement) return noData(body, LIVE_ONLY);
+    if (!data.placement) return noData(body, NO_STATUS);
     var jobs = Object.keys(data.placement).sort();
     if (!jobs.length) return noData(body, "no data (no job has committed a step)");
     clear(body);
     jobs.forEach(function (job) {
       var p = data.placement[job];
       var k = p.data_shards;
+      var columns = byHost(p.nodes, true);
+      var gone = p.nodes.filter(function (n) { return !n.alive || n.store === false; }).length;
       var caption = el("caption", {}, [job + " — step " + p.step + " ", el("small", {
         text: "RS(" + k + "," + p.parity_shards + ") · protection " + (isNum(p.protection) ? p.protection : "–") +
-          " · " + p.nodes.filter(function (n) { return !n.alive; }).length + " dead node(s)" })]);
-      var head = el("tr", {}, [el("th", { text: "rank" })].concat(p.nodes.map(function (n) {
-        return el("th", { "class": "mono" + (n.alive ? "" : " dead"), title: n.node_id,
-          text: shortNode(n.node_id) + (n.alive ? "" : " ✕") });
+          " · " + gone + " node(s) dead or without a store" + (sourceNote(p) ? " · " + sourceNote(p) : "") })]);
+      var head = el("tr", {}, [el("th", { text: "rank" })].concat(columns.map(function (n) {
+        var info = (data.nodes || {})[n.node_id] || {};
+        var mark = !n.alive ? " ✕" : n.store === false ? " (no store)" : "";
+        var ranks = nodeRanks(n.node_id, job);
+        return el("th", { "class": "node-head" + (n.alive && n.store !== false ? "" : " dead"), title: nodeTitle(n.node_id),
+          "data-node": n.node_id, "data-host": info.host || null }, [
+          el("div", { "class": "host", text: (info.host || shortNode(n.node_id)) + mark }),
+          el("div", { "class": "mono", text: info.host ? shortNode(n.node_id) : "" }),
+          el("div", { "class": "runs", text: ranks ? "runs " + ranks : "" }),
+        ]);
       })));
       var byKey = {};
       p.cells.forEach(function (c) { byKey[c.rank + "|" + c.node_id] = c; });
       var rows = p.ranks.map(function (rank) {
-        return el("tr", {}, [el("th", { text: String(rank) })].concat(p.nodes.map(function (n) {
+        return el("tr", {}, [el("th", { text: String(rank) })].concat(columns.map(function (n) {
           var c = byKey[rank + "|" + n.node_id];
           if (!c) return el("td", {});
           var chips = c.indices.map(function (i) {
@@ -464,13 +628,13 @@
     document.getElementById("updated").textContent = "data of " + fmtDateTime(data.generated_at);
     document.getElementById("footer").textContent = data.summary.events + " events (" + data.summary.saves +
       " saves, " + data.summary.restores + " restores, " + data.summary.kills + " kills, " + data.summary.node_deaths +
-      " node deaths) · jobs: " + (data.summary.jobs.join(", ") || "–") + (data.error ? " · live error: " + data.error : "");
+      " node deaths, " + (data.summary.status_snapshots || 0) + " status snapshots) · jobs: " + (data.summary.jobs.join(", ") || "–") + (data.error ? " · live error: " + data.error : "");
   }
 
   function render() {
     var data = state.data;
     if (!data) return;
-    [renderHeader, renderSummary, renderRecoveries, renderResume, renderStall, renderMemory, renderProtection,
+    [renderHeader, renderSummary, renderRecoveries, renderRestoreZoom, renderResume, renderStall, renderMemory, renderProtection,
       renderPlacement].forEach(function (panel) {
       try {
         panel(data);
