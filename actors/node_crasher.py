@@ -3,7 +3,10 @@
 ``crash`` SIGKILLs the node's raylet and every process under it (workers, the dashboard and
 runtime-env agents), then itself: nobody gets to shut down, unregister or say goodbye, so Ray
 learns of the death only through missed health checks. ray_ckpt.chaos places one per victim
-node (``NodeAffinitySchedulingStrategy(node_id, soft=False)``) and fires them together.
+node (``NodeAffinitySchedulingStrategy(node_id, soft=False)``) and fires them together. When a
+victim's raylet runs on the host of the process that kills (simulated clusters), that process
+finds it with ``local_raylets`` and calls ``kill_tree(..., kill_self=False)`` itself: the same
+SIGKILLs, without the second or so a new worker process takes to start.
 
 This module imports neither ray_ckpt nor torch, so the actor starts in a fraction of a second.
 """
@@ -58,10 +61,29 @@ def find_raylet(node_id: str) -> psutil.Process:
     )
 
 
-def kill_tree(raylet: psutil.Process) -> None:
+def local_raylets() -> dict[str, psutil.Process]:
+    """node id -> raylet process, for every raylet on this host whose command line carries
+    ``--node_id=`` and that this process may signal (one scan of the host's processes)."""
+    found: dict[str, psutil.Process] = {}
+    for process in psutil.process_iter(["name", "cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        executable = os.path.basename(cmdline[0]) if cmdline else ""
+        if RAYLET_NAME not in (process.info.get("name"), executable):
+            continue
+        node_ids = [arg.split("=", 1)[1] for arg in cmdline if arg.startswith("--node_id=")]
+        try:
+            os.kill(process.pid, 0)
+        except OSError:  # gone, or another user's
+            continue
+        if len(node_ids) == 1:
+            found[node_ids[0]] = process
+    return found
+
+
+def kill_tree(raylet: psutil.Process, *, kill_self: bool = True) -> None:
     """SIGKILL every descendant of ``raylet`` (except this process), then the raylet, then this
-    process. The raylet is stopped (SIGSTOP) first so it can neither start new processes nor
-    report its workers' deaths while they are being killed."""
+    process unless ``kill_self`` is False. The raylet is stopped (SIGSTOP) first so it can
+    neither start new processes nor report its workers' deaths while they are being killed."""
     me = os.getpid()
     with contextlib.suppress(psutil.NoSuchProcess):
         raylet.send_signal(signal.SIGSTOP)
@@ -80,7 +102,8 @@ def kill_tree(raylet: psutil.Process) -> None:
             killed.add(process.pid)
     with contextlib.suppress(psutil.NoSuchProcess):
         raylet.kill()
-    os.kill(me, signal.SIGKILL)
+    if kill_self:
+        os.kill(me, signal.SIGKILL)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)

@@ -1,7 +1,19 @@
-"""ray_ckpt: erasure-coded checkpoints in the host memory of peer nodes, for Ray Train."""
+"""ray_ckpt: erasure-coded checkpoints in the host memory of peer nodes, for Ray Train.
 
-from ray_ckpt.checkpointer import Checkpointer, Restored, SaveHandle
-from ray_ckpt.codec import ReedSolomon
+Importing the package is cheap: only the errors and ``CheckpointConfig`` load with it. The
+names that need Ray or torch (``Checkpointer``, ``start``, ``status``, ``train``, ...) and
+every submodule (``ray_ckpt.service``, ...) load on first attribute access, so the pure
+modules (codec, snapshot, placement, registry, store, ...) and the processes that need only
+them (store actors, the node crasher, the command line) never pay for torch.distributed or
+Ray Train. ``from ray_ckpt import X`` works for every name in ``__all__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import (
     CommitTimeoutError,
@@ -16,9 +28,42 @@ from ray_ckpt.errors import (
     StoreUnavailableError,
     UnsupportedLeafError,
 )
-from ray_ckpt.service import shutdown, start, status
 
-from ray_ckpt import train  # isort: skip  (imports ray.train; ray_ckpt.train.Checkpointer)
+if TYPE_CHECKING:
+    from ray_ckpt import train
+    from ray_ckpt.checkpointer import Checkpointer, Restored, SaveHandle
+    from ray_ckpt.codec import ReedSolomon
+    from ray_ckpt.service import drop, shutdown, start, status
+
+# name -> the module that defines it (loaded on first access)
+_LAZY = {
+    "Checkpointer": "ray_ckpt.checkpointer",
+    "Restored": "ray_ckpt.checkpointer",
+    "SaveHandle": "ray_ckpt.checkpointer",
+    "ReedSolomon": "ray_ckpt.codec",
+    "drop": "ray_ckpt.service",
+    "shutdown": "ray_ckpt.service",
+    "start": "ray_ckpt.service",
+    "status": "ray_ckpt.service",
+}
+
+
+if not TYPE_CHECKING:  # for type checkers, the names are the imports above
+
+    def __getattr__(name: str) -> Any:
+        """Load a lazy name or a submodule on first access (PEP 562); cached in the package."""
+        if name in _LAZY:
+            value = getattr(importlib.import_module(_LAZY[name]), name)
+        elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            value = importlib.import_module(f"{__name__}.{name}")
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
@@ -38,6 +83,7 @@ __all__ = [
     "StoreFullError",
     "StoreUnavailableError",
     "UnsupportedLeafError",
+    "drop",
     "shutdown",
     "start",
     "status",

@@ -6,7 +6,10 @@
   process shuts down cleanly, so Ray finds out only by missed health checks, as for a machine
   crash. This works the same on a simulated cluster (``ray.cluster_utils.Cluster``: one raylet
   per simulated node, all on one host) and on a real multi-host cluster. Crashers are started
-  on every victim first and fired together, so several kills land within milliseconds.
+  on every victim first and fired together, so several kills land within milliseconds. A
+  victim whose raylet runs on this process's host (every node of a simulated cluster) is
+  killed from this process with the same SIGKILLs (``local=True``, the default): no crasher
+  has to start, which takes a new worker process (about a second), so the kill lands right away.
 - ``kill_store`` / ``kill_stores``: only the ray_ckpt store actor of a node (its shards are
   gone; the node and everything else on it live on).
 - ``pick_nodes``: random alive non-head nodes, optionally preferring holders of a job's shards.
@@ -30,17 +33,20 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.node_crasher import NodeCrasher
-from ray_ckpt import events, naming, service, settings
-from ray_ckpt.errors import ConfigError
+from actors.node_crasher import NodeCrasher, kill_tree, local_raylets
+from ray_ckpt import events, naming, remote, service, settings
+from ray_ckpt.errors import ConfigError, KillError, KillTimeoutError
+from ray_ckpt.wire import StoreHoldings
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +62,15 @@ Progress = Callable[[str, dict[str, Any]], None]
 when the victim is declared dead (or its store is gone)."""
 
 
-class KillError(RuntimeError):
-    """A kill could not be prepared or carried out (no crasher could be started on a node, or
-    no raylet was found there); nothing was killed when it is raised while arming."""
-
-
 @dataclass
 class _Armed:
+    """A victim ready to be killed: by its NodeCrasher (``handle``), or from this process when
+    its raylet runs on this host (``raylet``)."""
+
     node_id: str
-    handle: Any
+    handle: Any | None
     host: str
+    raylet: psutil.Process | None = None
 
 
 # ---- nodes -----------------------------------------------------------------------------------
@@ -123,12 +128,12 @@ def _holders_of_latest(job: str, namespace: str) -> set[str]:
     registry = _registry(namespace)
     if registry is None:
         raise ConfigError(f"no ray_ckpt registry in namespace {namespace!r}: cannot tell which nodes hold job {job!r}")
-    if job not in ray.get(registry.jobs.remote(), timeout=_RPC_TIMEOUT_S):
+    if job not in remote.get(registry.jobs.remote(), timeout=_RPC_TIMEOUT_S):
         raise ConfigError(f"the registry in namespace {namespace!r} knows no job {job!r}")
-    step = ray.get(registry.latest_committed.remote(job), timeout=_RPC_TIMEOUT_S)
+    step = remote.get(registry.latest_committed.remote(job), timeout=_RPC_TIMEOUT_S)
     if step is None:
         return set()
-    located = ray.get(registry.locate.remote(job, step), timeout=_RPC_TIMEOUT_S)
+    located = remote.get(registry.locate.remote(job, step), timeout=_RPC_TIMEOUT_S)
     holders: set[str] = set()
     for record in located.values():
         holders.update(str(n) for n in record["nodes"].values())
@@ -171,9 +176,25 @@ def pick_nodes(
 # ---- the machinery of a node kill ------------------------------------------------------------
 
 
-def _arm(node_ids: list[str], timeout_s: float = ARM_TIMEOUT_S) -> dict[str, _Armed]:
-    """Start a NodeCrasher on each node and wait until every one has found its raylet. On any
-    failure, the started crashers are removed and KillError is raised: nothing is killed."""
+def _local(node_ids: list[str]) -> dict[str, _Armed]:
+    """The victims whose raylet runs on this host (same node IP, found among this host's
+    processes): this process kills them itself, with no crasher to start."""
+    here = ray.util.get_node_ip_address()
+    addresses = {str(n["NodeID"]): n.get("NodeManagerAddress") for n in naming.alive_nodes()}
+    if not any(addresses.get(node_id) == here for node_id in node_ids):
+        return {}
+    raylets = local_raylets()
+    host = socket.gethostname()
+    return {n: _Armed(n, None, host, raylets[n]) for n in node_ids if addresses.get(n) == here and n in raylets}
+
+
+def _arm(node_ids: list[str], timeout_s: float = ARM_TIMEOUT_S, *, local: bool = True) -> dict[str, _Armed]:
+    """Make each node ready to be killed: from this process when its raylet runs on this host
+    (and ``local``), else by a NodeCrasher started on it, waiting until every crasher has found
+    its raylet. On any failure, the started crashers are removed and KillError is raised:
+    nothing is killed."""
+    armed = _local(node_ids) if local else {}
+    node_ids = [n for n in node_ids if n not in armed]
     handles = {
         node_id: NodeCrasher.options(  # type: ignore[attr-defined]
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -188,11 +209,14 @@ def _arm(node_ids: list[str], timeout_s: float = ARM_TIMEOUT_S) -> dict[str, _Ar
         if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
             error = error.cause
         raise KillError(f"could not start a node crasher on every node of {node_ids}: {error}") from None
-    return {node_id: _Armed(node_id, handles[node_id], str(info["host"])) for node_id, info in zip(refs, infos)}
+    armed.update((node_id, _Armed(node_id, handles[node_id], str(info["host"]))) for node_id, info in zip(refs, infos))
+    return armed
 
 
 def _disarm(handles: Iterable[Any]) -> None:
     for handle in handles:
+        if handle is None:  # a victim this process kills itself: nothing was started
+            continue
         try:
             ray.kill(handle, no_restart=True)
         except Exception:  # already gone
@@ -200,11 +224,18 @@ def _disarm(handles: Iterable[Any]) -> None:
 
 
 def _fire(armed: list[_Armed], delay_s: float = FIRE_DELAY_S) -> dict[str, float]:
-    """Tell every crasher to fire ``delay_s`` from now; node id -> kill time. A crasher whose
-    reply is lost (it fired anyway) gets this process's estimate."""
+    """Tell every crasher to fire ``delay_s`` from now and kill the local victims at that same
+    moment (at once when there is no crasher); node id -> kill time. A crasher whose reply is
+    lost (it fired anyway) gets this process's estimate."""
     sent = time.time()
-    refs = {a.node_id: a.handle.crash.remote(delay_s) for a in armed}
+    refs = {a.node_id: a.handle.crash.remote(delay_s) for a in armed if a.handle is not None}
     times = {}
+    if refs and any(a.raylet is not None for a in armed):
+        time.sleep(max(0.0, sent + delay_s - time.time()))
+    for victim in armed:
+        if victim.raylet is not None:
+            times[victim.node_id] = time.time()
+            kill_tree(victim.raylet, kill_self=False)
     for node_id, ref in refs.items():
         try:
             times[node_id] = float(ray.get(ref, timeout=delay_s + _RPC_TIMEOUT_S))
@@ -219,7 +250,7 @@ def _record(registry: Any | None, record: dict[str, Any]) -> bool:
     if registry is None:
         return False
     try:
-        ray.get(registry.record.remote(record), timeout=_RPC_TIMEOUT_S)
+        remote.get(registry.record.remote(record), timeout=_RPC_TIMEOUT_S)
         return True
     except Exception as error:
         logger.warning("could not record a %s event in the registry: %s", record["kind"], error)
@@ -272,8 +303,8 @@ def _poll_deaths(
         time.sleep(min(POLL_S, left))
 
 
-def _not_dead_error(pending: dict[str, dict[str, Any]], wait_dead_s: float) -> TimeoutError:
-    return TimeoutError(
+def _not_dead_error(pending: dict[str, dict[str, Any]], wait_dead_s: float) -> KillTimeoutError:
+    return KillTimeoutError(
         f"node(s) {sorted(pending)} were killed but Ray did not declare them dead within {wait_dead_s:g}s "
         "(detection takes about RAY_health_check_period_ms x RAY_health_check_failure_threshold: 15 s by default)"
     )
@@ -304,19 +335,21 @@ def kill_nodes(
     by: str = DEFAULT_BY,
     allow_head: bool = False,
     progress: Progress | None = None,
+    local: bool = True,
 ) -> list[dict[str, Any]]:
     """Crash the given nodes at the same moment (see the module doc); results in input order.
 
     A crasher is started on every node first (nothing is killed if one cannot start), then all
-    fire together. Waits up to ``wait_dead_s`` (None or 0: not at all) until Ray declares every
-    victim dead, else TimeoutError. ConfigError for an unknown or dead node, this process's
+    fire together; with ``local``, nodes whose raylet runs on this host need no crasher. Waits
+    up to ``wait_dead_s`` (None or 0: not at all) until Ray declares every victim dead, else
+    KillTimeoutError (a TimeoutError). ConfigError for an unknown or dead node, this process's
     node, or the head node without ``allow_head``.
     """
     service._require_ray()
     node_ids = [str(n) for n in node_ids]
     _check_victims(node_ids, allow_head=allow_head)
     namespace = namespace or settings.namespace()
-    armed = _arm(node_ids)
+    armed = _arm(node_ids, local=local)
     times = _fire([armed[n] for n in node_ids])
     results = [_result(n, "node", armed[n].host, times[n]) for n in node_ids]
     registry = _registry(namespace)
@@ -333,11 +366,18 @@ def kill_node(
     by: str = DEFAULT_BY,
     allow_head: bool = False,
     progress: Progress | None = None,
+    local: bool = True,
 ) -> dict[str, Any]:
     """Crash one node: SIGKILL its raylet and every process under it, as a machine crash.
     Returns ``{"node_id", "kill_time", "dead_time", ...}`` (see the module doc)."""
     return kill_nodes(
-        [node_id], namespace=namespace, wait_dead_s=wait_dead_s, by=by, allow_head=allow_head, progress=progress
+        [node_id],
+        namespace=namespace,
+        wait_dead_s=wait_dead_s,
+        by=by,
+        allow_head=allow_head,
+        progress=progress,
+        local=local,
     )[0]
 
 
@@ -390,7 +430,7 @@ def kill_stores(
         if pending:
             time.sleep(POLL_S)
     if pending:
-        raise TimeoutError(
+        raise KillTimeoutError(
             f"the store(s) on node(s) {sorted(pending)} were still registered {wait_dead_s:g}s after ray.kill"
         )
     return results
@@ -474,10 +514,10 @@ def _staged_holders(job: str, step: int, ranks: list[int], namespace: str) -> di
     counts: dict[str, int] = {}
     for node_id, ref in refs.items():
         try:
-            _, metas, _ = ray.get(ref, timeout=_RPC_TIMEOUT_S)
+            holdings = StoreHoldings.from_wire(remote.get(ref, timeout=_RPC_TIMEOUT_S))
         except Exception:  # an unreachable store holds nothing we can use
             continue
-        held = sum(1 for m in metas if m["job"] == job and m["step"] == step and m["rank"] in wanted)
+        held = sum(1 for m in holdings.metas if m.job == job and m.step == step and m.rank in wanted)
         if held:
             counts[node_id] = held
     return counts
@@ -521,7 +561,8 @@ def kill_during_save(
     nodes, so the kill lands milliseconds after the partial step is seen.
 
     Returns the kill result plus ``job``, ``step``, ``staged_ranks`` (when seen), ``world_size``
-    and ``shards_on_victim``. TimeoutError if no save was caught in flight within ``timeout_s``.
+    and ``shards_on_victim``. KillTimeoutError (a TimeoutError) if no save was caught in flight
+    within ``timeout_s``.
     Needs the ray_ckpt service (ConfigError without a registry in the namespace).
     """
     service._require_ray()
@@ -538,12 +579,14 @@ def kill_during_save(
     try:
         deadline = time.monotonic() + timeout_s
         while True:
-            jobs = ray.get(registry.jobs.remote(), timeout=_RPC_TIMEOUT_S)
+            jobs = remote.get(registry.jobs.remote(), timeout=_RPC_TIMEOUT_S)
             found = _partial_step(jobs.get(job), min_step)
             if found is not None:
                 break
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"no step of job {job!r} was staged by only some of its ranks within {timeout_s:g}s")
+                raise KillTimeoutError(
+                    f"no step of job {job!r} was staged by only some of its ranks within {timeout_s:g}s"
+                )
             time.sleep(poll_s)
         step, ranks = found
         world_size = int(jobs[job]["world_size"])

@@ -8,6 +8,8 @@ Subcommands (each connects to a running Ray cluster: ``--address``, default ``au
   latest one and its protection (how many more node failures it survives). ``--json`` prints
   ``ray_ckpt.service.status()`` as JSON.
 - ``stop``: kill the stores and the registry (every checkpoint they hold is gone).
+- ``drop JOB``: remove one job's checkpoints from the registry and every store; other jobs are
+  untouched (``ray_ckpt.service.drop``).
 - ``kill-node``: simulate failures (``ray_ckpt.chaos``): crash nodes (``--node``, ``--random``),
   at random with a mean time between failures (``--mtbf``), or while a save is in flight
   (``--during-save``); ``--store-only`` kills just the ray_ckpt store. Prints what was killed
@@ -17,7 +19,9 @@ Subcommands (each connects to a running Ray cluster: ``--address``, default ``au
   and/or live; ``--export report.html`` writes it as one self-contained file.
 
 Errors (no Ray cluster, no ray_ckpt service, a ray_ckpt error) print one line to stderr and
-exit with status 1.
+exit with status 1. The commands print their own output only: Ray's messages about the cluster
+(nodes marked dead, workers lost) stay in Ray's log files (``ray_ckpt.quiet``), and
+``kill-node`` says where those are.
 """
 
 from __future__ import annotations
@@ -35,17 +39,13 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import chaos, naming, service, settings
-from ray_ckpt.errors import RayCkptError
+from ray_ckpt import chaos, naming, quiet, service, settings
+from ray_ckpt.errors import CliError, RayCkptError, unwrap_remote
 
 PROG = "ray-ckpt"
 MIB = 1 << 20
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _STOP_WAIT_S = 30.0
-
-
-class CliError(Exception):
-    """A failure to report as one line on stderr (exit status 1)."""
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -126,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kill every store and the registry of the namespace; the checkpoints they hold are gone.",
     )
     stop.set_defaults(handler=_cmd_stop)
+
+    drop = commands.add_parser(
+        "drop",
+        parents=[common],
+        help="remove one job's checkpoints (other jobs keep theirs)",
+        description="Remove every checkpoint of JOB from the registry and from every store; other jobs "
+        "are untouched. Fails if the registry knows no such job.",
+    )
+    drop.add_argument("job", metavar="JOB", help="the job name (as `status` lists it)")
+    drop.set_defaults(handler=_cmd_drop)
     _add_kill_node(commands, common)
     _add_dashboard(commands, common)
     return parser
@@ -162,8 +172,9 @@ def _connect(args: argparse.Namespace) -> bool:
         address=address,
         namespace=_namespace(args),
         log_to_driver=False,
-        logging_level=logging.WARNING,
+        logging_level=logging.ERROR,
     )
+    quiet.quiet_driver()
     return True
 
 
@@ -323,6 +334,13 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_drop(args: argparse.Namespace) -> int:
+    namespace = _namespace(args)
+    service.drop(args.job, namespace=namespace)
+    print(f"dropped job {args.job!r} in namespace {namespace!r}: its checkpoints are gone from the registry and stores")
+    return 0
+
+
 # ---- kill-node ----------------------------------------------------------------------------
 
 
@@ -452,38 +470,39 @@ def _cmd_kill_node(args: argparse.Namespace) -> int:
     namespace = _namespace(args)
     progress = None if args.json else _kill_progress
     common: dict[str, Any] = {"namespace": namespace, "wait_dead_s": args.wait_dead or None, "progress": progress}
-    try:
-        if args.during_save is not None:
-            found = chaos.kill_during_save(
-                args.during_save, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
+    if args.during_save is not None:
+        found = chaos.kill_during_save(
+            args.during_save, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
+        )
+        if not args.json:
+            print(
+                f"caught job {found['job']!r} step {found['step']} in flight: staged by rank(s) "
+                f"{found['staged_ranks']} of {found['world_size']}; the victim held "
+                f"{found['shards_on_victim']} of their shards"
             )
-            if not args.json:
-                print(
-                    f"caught job {found['job']!r} step {found['step']} in flight: staged by rank(s) "
-                    f"{found['staged_ranks']} of {found['world_size']}; the victim held "
-                    f"{found['shards_on_victim']} of their shards"
-                )
-            results = [found]
-        elif args.mtbf is not None:
-            results = chaos.kill_loop(args.mtbf, args.kills, seed=args.seed, job=args.holding, **common)
+        results = [found]
+    elif args.mtbf is not None:
+        results = chaos.kill_loop(args.mtbf, args.kills, seed=args.seed, job=args.holding, **common)
+    else:
+        if args.node:
+            victims = [resolve_node(text) for text in args.node]
         else:
-            if args.node:
-                victims = [resolve_node(text) for text in args.node]
-            else:
-                victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
-            if args.store_only:
-                results = chaos.kill_stores(victims, **common)
-            else:
-                results = chaos.kill_nodes(victims, allow_head=args.allow_head, **common)
-    except chaos.KillError as error:
-        raise CliError(str(error)) from None
+            victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
+        if args.store_only:
+            results = chaos.kill_stores(victims, **common)
+        else:
+            results = chaos.kill_nodes(victims, allow_head=args.allow_head, **common)
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True, default=str))
-    elif not all(r["recorded"] for r in results):
+        return 0
+    if not all(r["recorded"] for r in results):
         print(
             f"note: no ray_ckpt registry took the events in namespace {namespace!r}: the kills were not recorded",
             file=sys.stderr,
         )
+    logs = quiet.logs_dir()
+    if logs is not None and not args.store_only:
+        print(f"Ray's own messages are in its logs: {logs} (gcs_server.out on the head: when a node was marked dead)")
     return 0
 
 
@@ -509,7 +528,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
     try:
         return server.run(args, connect=lambda: _connect(args))
-    except (server.DashboardError, OSError) as error:
+    except OSError as error:
         raise CliError(str(error)) from None
 
 
@@ -517,11 +536,12 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _one_line(error: BaseException) -> str:
+    error = unwrap_remote(error)
     if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
         error = error.cause
     text = error.message if isinstance(error, RayCkptError) else str(error)
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    if isinstance(error, (CliError, RayCkptError)):
+    if isinstance(error, RayCkptError):
         return first or type(error).__name__
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
@@ -534,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         connected_here = _connect(args) if getattr(args, "connect", True) else False
         return handler(args)
-    except (CliError, RayCkptError, ConnectionError, TimeoutError, ray.exceptions.RayError) as error:
+    except (RayCkptError, ConnectionError, TimeoutError, ray.exceptions.RayError) as error:
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
         return 1
     finally:

@@ -84,9 +84,8 @@ _NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 _PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 _SUPPORTED = (
-    "a snapshot holds dicts (str or int keys), lists, tuples, torch tensors (dtypes: "
-    + ", ".join(DTYPES)
-    + ") and None/bool/int/float/str/bytes values"
+    "supported: dicts, lists, tuples, torch tensors, plain values; "
+    "every type and dtype: docs/operations.md#what-a-checkpoint-state-may-hold"
 )
 
 State = Any
@@ -320,9 +319,16 @@ def _hint(obj: Any) -> str:
 
 
 def _unsupported(path: _Path, obj: Any, reason: str) -> UnsupportedLeafError:
+    """Names the leaf (key path), its type and the fix (``reason``); the full list of what is
+    supported is in the docs, not repeated in every message."""
     key_path = _format_path(path)
+    kind = (
+        type(obj).__qualname__
+        if type(obj).__module__ == "builtins"
+        else f"{type(obj).__module__}.{type(obj).__qualname__}"
+    )
     return UnsupportedLeafError(
-        f"cannot snapshot {key_path}: {reason}; {_SUPPORTED}",
+        f"cannot snapshot {key_path} ({kind}): {reason} ({_SUPPORTED})",
         key_path=key_path,
         leaf_type=type(obj).__name__,
     )

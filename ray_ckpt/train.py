@@ -11,8 +11,19 @@ from ray.train.collective import broadcast_from_rank_zero
 
 from ray_ckpt import checkpointer
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.errors import ConfigError
 
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
+
+
+def job_name(experiment_name: str) -> str:
+    """The ray_ckpt job for a Ray Train experiment name: '%' becomes '%25', then '/' becomes
+    '%2F' (percent-encoding of just those two), so the job never contains '/', names with
+    neither character are kept as they are, and distinct names give distinct jobs
+    (``"team/exp1"`` -> ``"team%2Fexp1"``; ``"team%2Fexp1"`` -> ``"team%252Fexp1"``)."""
+    if not isinstance(experiment_name, str) or not experiment_name:
+        raise ConfigError(f"the experiment name must be a non-empty str, got {experiment_name!r}")
+    return experiment_name.replace("%", "%25").replace("/", "%2F")
 
 
 def default_backup_uri() -> str | None:
@@ -30,15 +41,26 @@ def default_backup_uri() -> str | None:
 class Checkpointer(checkpointer.Checkpointer):
     """``ray_ckpt.Checkpointer`` for use inside ``train_loop_per_worker``.
 
-    job = the run's experiment name, rank/world size = the worker's world rank and size, node
-    identity = this worker's Ray node id. Every worker group (each restart of the run) gets a
-    fresh attempt id, chosen by rank 0 and broadcast to all ranks, so steps torn by a failed
-    group are discarded rather than completed by the next one. Must be constructed by every
-    rank (the broadcast is a collective). ``backup_uri`` defaults to the run's storage path.
+    job = ``job`` if given (used as is: a non-empty str without '/'), else
+    ``job_name(<the run's experiment name>)``; rank/world size = the worker's world rank and
+    size; node identity = this worker's Ray node id. Every worker group (each restart of the
+    run) gets a fresh attempt id, chosen by rank 0 and broadcast to all ranks, so steps torn by
+    a failed group are discarded rather than completed by the next one. Must be constructed by
+    every rank, with the same ``job`` (the broadcast is a collective). ``backup_uri`` defaults
+    to the run's storage path.
     """
 
-    def __init__(self, config: CheckpointConfig | None = None, *, namespace: str | None = None) -> None:
+    def __init__(
+        self, config: CheckpointConfig | None = None, *, job: str | None = None, namespace: str | None = None
+    ) -> None:
+        if job is not None and (not isinstance(job, str) or not job or "/" in job):
+            raise ConfigError(
+                f"job must be a non-empty str without '/', got {job!r}; leave job out to use the "
+                "experiment name, or pass ray_ckpt.train.job_name(<name>) to map a name that has '/'"
+            )
         context = ray.train.get_context()
+        if job is None:
+            job = job_name(context.get_experiment_name())
         config = config or CheckpointConfig()
         if config.backup_every and not config.backup_uri:
             uri = default_backup_uri()
@@ -46,7 +68,7 @@ class Checkpointer(checkpointer.Checkpointer):
                 config = dataclasses.replace(config, backup_uri=uri)
         attempt = broadcast_from_rank_zero(uuid.uuid4().hex)
         super().__init__(
-            job=context.get_experiment_name(),
+            job=job,
             rank=context.get_world_rank(),
             world_size=context.get_world_size(),
             config=config,

@@ -107,6 +107,61 @@ def test_ray_ckpt_error_is_one_line(local_ray: str, namespace: str, capsys: pyte
     assert service_actors(namespace) == []
 
 
+def save_one_step(job: str, namespace: str) -> None:
+    """Commit step 0 of ``job`` (one rank, RS(1,1): both shards fit on the one node)."""
+    import torch
+
+    from ray_ckpt import CheckpointConfig, Checkpointer
+
+    ckpt = Checkpointer(
+        job=job, rank=0, world_size=1, config=CheckpointConfig(data_shards=1, parity_shards=1), namespace=namespace
+    )
+    try:
+        ckpt.save(0, {"w": torch.arange(1000, dtype=torch.float32)}).wait(timeout_s=60)
+    finally:
+        ckpt.close()
+
+
+def test_drop_removes_one_job_and_leaves_the_others(
+    local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--address", local_ray, "--namespace", namespace]
+    assert main(["start", *common, "--budget-bytes", str(BUDGET)]) == 0
+    for job in ("doomed", "kept"):
+        save_one_step(job, namespace)
+    capsys.readouterr()
+
+    assert main(["drop", "doomed", *common]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == (
+        f"dropped job 'doomed' in namespace {namespace!r}: its checkpoints are gone from the registry and stores"
+    )
+    assert captured.err == ""
+    assert main(["status", "--json", *common]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["jobs"]) == {"kept"}
+    assert report["jobs"]["kept"]["committed_steps"] == [0]
+    (store,) = report["nodes"].values()
+    assert set(store["jobs"]) == {"kept"}
+
+    # an unknown job (or one dropped already) is one line naming it, status 1
+    assert main(["drop", "doomed", *common]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ray-ckpt: error: job 'doomed' has no checkpoints")
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert main(["stop", *common]) == 0
+
+
+def test_drop_without_service_fails_with_one_line(
+    local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["drop", "any", "--address", local_ray, "--namespace", namespace]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"ray-ckpt: error: no ray_ckpt registry in namespace {namespace!r}")
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -153,7 +208,7 @@ def test_help_lists_commands(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("start", "status", "stop"):
+    for command in ("start", "status", "stop", "drop", "kill-node", "dashboard"):
         assert command in out
 
 

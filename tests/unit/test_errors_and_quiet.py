@@ -1,0 +1,94 @@
+"""One error hierarchy (also for the tools' errors), remote errors unwrapped, Ray's messages diverted."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import pickle
+from typing import Any
+
+import pytest
+import ray.exceptions
+
+from ray_ckpt import errors, quiet
+from ray_ckpt.errors import (
+    CliError,
+    DashboardError,
+    KillError,
+    KillTimeoutError,
+    NoCheckpointError,
+    RayCkptError,
+    unwrap_remote,
+)
+
+
+@pytest.mark.parametrize("kind", [CliError, DashboardError, KillError, KillTimeoutError])
+def test_tool_errors_join_the_hierarchy_and_pickle(kind: type[RayCkptError]) -> None:
+    error = kind("what went wrong", node_id="abc")
+    assert isinstance(error, RayCkptError)
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is kind and back.message == "what went wrong" and back.node_id == "abc"  # type: ignore[attr-defined]
+
+
+def test_kill_timeout_is_still_a_timeout_error() -> None:
+    assert issubclass(KillTimeoutError, TimeoutError) and issubclass(KillTimeoutError, KillError)
+
+
+def remote_error(cause: Exception) -> ray.exceptions.RayTaskError:
+    """What ray.get raises when an actor method raised ``cause``."""
+    wrapped = ray.exceptions.RayTaskError("Registry.locate", "Traceback (most recent call last): ...", cause)
+    return wrapped.as_instanceof_cause()
+
+
+def test_unwrap_remote_returns_the_ray_ckpt_error_the_actor_raised() -> None:
+    cause = NoCheckpointError("job 'a' has no step 3", job="a", step=3)
+    wrapped = remote_error(cause)
+    assert isinstance(wrapped, ray.exceptions.RayTaskError)
+    own = unwrap_remote(wrapped)
+    assert type(own) is NoCheckpointError
+    assert own is cause and own.details == {"job": "a", "step": 3}
+    assert "Traceback" not in str(own)
+
+
+def test_unwrap_remote_leaves_other_errors_alone() -> None:
+    foreign = remote_error(ValueError("not ours"))
+    assert unwrap_remote(foreign) is foreign
+    plain = NoCheckpointError("local")
+    assert unwrap_remote(plain) is plain
+    timeout = ray.exceptions.GetTimeoutError("slow")
+    assert unwrap_remote(timeout) is timeout
+
+
+def test_errors_module_imports_nothing_but_the_standard_library() -> None:
+    source = pathlib.Path(errors.__file__).read_text(encoding="utf-8")
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert imports == ["from __future__ import annotations", "import sys", "from typing import Any"]
+
+
+def test_cluster_messages_go_to_the_log_not_stdout(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    printed: list[dict[str, Any]] = []
+    divert = quiet._divert(lambda data, *args: printed.append(data))
+    caplog.set_level(logging.DEBUG, logger="ray_ckpt.ray")
+    dead = "The node with node id: ab12 ... has been marked dead because the detector has missed too many heartbeats"
+    divert({"lines": [dead], "pid": "raylet", "is_err": False}, False)
+    worker_line = {"lines": ["hello"], "pid": 1234, "is_err": False}
+    divert(worker_line, False)
+    assert capsys.readouterr().out == ""
+    assert [r.getMessage() for r in caplog.records] == [dead]
+    assert printed == [worker_line]  # workers' own output is left to log_to_driver
+
+
+def test_quiet_driver_replaces_the_hook_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private import worker
+
+    original = worker.print_to_stdstream
+    monkeypatch.setattr(worker, "print_to_stdstream", original)
+    monkeypatch.setattr(logging.getLogger("ray"), "level", logging.INFO)
+    assert quiet.quiet_driver()
+    diverted = worker.print_to_stdstream
+    assert diverted is not original
+    assert quiet.quiet_driver()
+    assert worker.print_to_stdstream is diverted
+    assert logging.getLogger("ray").level == logging.ERROR
