@@ -12,7 +12,7 @@ Subcommands (each connects to a running Ray cluster: ``--address``, default ``au
   untouched (``ray_ckpt.service.drop``).
 - ``kill-node``: simulate failures (``ray_ckpt.chaos``): crash nodes (``--node``, ``--random``),
   at random with a mean time between failures (``--mtbf``), or while a save is in flight
-  (``--during-save``); ``--store-only`` kills just the ray_ckpt store. Prints what was killed
+  (``--during-save``); ``--fault store`` (or ``--store-only``) kills just the ray_ckpt store. Prints what was killed
   and when Ray declared it dead.
 - ``dashboard``: a web page of recoveries (phases, time to resume), save stalls, memory per
   node, shard placement and protection, from events files (``--events``, no cluster needed)
@@ -39,8 +39,9 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import chaos, naming, quiet, service, settings
+from ray_ckpt import chaos, faults, naming, quiet, service, settings
 from ray_ckpt.errors import CliError, RayCkptError, unwrap_remote
+from ray_ckpt.wire import KillResult
 
 PROG = "ray-ckpt"
 MIB = 1 << 20
@@ -212,6 +213,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         line += f", budget {_mib(low)} MiB" if low == high else f", budget {_mib(low)}-{_mib(high)} MiB"
         line += f" each ({_mib(sum(budgets))} MiB in all)"
     print(f"{line}; registry on node {_short(info['registry_node_id'])}")
+    print(info["margin"])
     if args.budget_bytes is not None and any(b != args.budget_bytes for b in budgets):
         kept = sum(b != args.budget_bytes for b in budgets)
         print(
@@ -221,14 +223,15 @@ def _cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _protection(value: int | None) -> str:
+def _protection(value: int | None, full: int | None = None) -> str:
     if value is None:
         return "-"
     if value < 0:
         return f"{value} (LOST: some rank cannot be rebuilt from memory)"
+    degraded = f" of {full}, DEGRADED: fewer stores than k+m" if full is not None and value < full else ""
     if value == 0:
-        return "0 (one more node failure may lose it)"
-    return str(value)
+        return f"0{degraded} (one more node failure may lose it)"
+    return f"{value}{degraded}"
 
 
 def _steps(steps: Sequence[int]) -> str:
@@ -263,7 +266,10 @@ def format_status(report: dict[str, Any], nodes_without_store: int = 0) -> str:
         node_rows.append((_short(node_id), _mib(used), _mib(budget), share, str(stats["shards"]), jobs))
     lines += _table(("NODE", "USED MiB", "BUDGET MiB", "USE", "SHARDS", "JOBS"), node_rows, {1, 2, 3, 4})
     if nodes_without_store:
-        lines.append(f"({nodes_without_store} alive node(s) have no store: run `{PROG} start` again)")
+        lines.append(
+            f"({nodes_without_store} alive node(s) have no store yet: the registry starts one on every node "
+            "that joins within RAY_CKPT_STORE_WATCH_INTERVAL_S)"
+        )
     lines.append("")
     if not report["jobs"]:
         lines.append("no jobs have checkpoints")
@@ -281,7 +287,7 @@ def format_status(report: dict[str, Any], nodes_without_store: int = 0) -> str:
                 _steps(info["committed_steps"]),
                 str(info["latest_committed"]) if info.get("latest_committed") is not None else "-",
                 _mib(info.get("payload_bytes_per_step")),
-                _protection(info.get("protection")),
+                _protection(info.get("protection"), info.get("full_protection")),
                 in_flight or "-",
             )
         )
@@ -391,10 +397,13 @@ def _add_kill_node(commands: Any, common: argparse.ArgumentParser) -> None:
         help="with --during-save: give up after S seconds without a save in flight (default 600)",
     )
     kill.add_argument(
-        "--store-only",
-        action="store_true",
-        help="with --node or --random: kill only the ray_ckpt store actor; the node stays alive",
+        "--fault",
+        choices=sorted(faults.FAULTS),
+        default="node",
+        help="what a kill does: node = crash the whole node (default); store = kill only its ray_ckpt "
+        "store actor, the node stays alive",
     )
+    kill.add_argument("--store-only", action="store_true", help="the same as --fault store")
     kill.add_argument("--seed", type=int, help="random seed (victims, gaps)")
     kill.add_argument(
         "--allow-head",
@@ -420,7 +429,6 @@ def _check_kill_args(args: argparse.Namespace) -> None:
         (args.kills != 1 and args.mtbf is None, "--kills", "--mtbf"),
         (args.holding is not None and not (args.random or args.mtbf is not None), "--holding", "--random or --mtbf"),
         (args.min_step is not None and args.during_save is None, "--min-step", "--during-save"),
-        (args.store_only and not (args.node or args.random), "--store-only", "--node or --random"),
         (args.allow_head and not args.node, "--allow-head", "--node"),
     ]
     for wrong, option, allowed in misplaced:
@@ -451,18 +459,18 @@ def _clock(moment: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(moment)) + f".{int(moment * 1000) % 1000:03d}"
 
 
-def _kill_progress(kind: str, result: dict[str, Any]) -> None:
-    node = _short(result["node_id"])
-    host = f" on host {result['host']}" if result.get("host") else ""
-    if kind == "kill" and result["mode"] == "store":
-        print(f"killed the ray_ckpt store of node {node}{host} at {_clock(result['kill_time'])}", flush=True)
+def _kill_progress(kind: str, result: KillResult) -> None:
+    node = _short(result.node_id)
+    host = f" on host {result.host}" if result.host else ""
+    if kind == "kill" and result.mode == "store":
+        print(f"killed the ray_ckpt store of node {node}{host} at {_clock(result.kill_time)}", flush=True)
     elif kind == "kill":
-        when = _clock(result["kill_time"])
+        when = _clock(result.kill_time)
         print(f"killed node {node}{host} at {when} (SIGKILL to its raylet and every process under it)", flush=True)
-    else:
-        what = "store is gone" if result["mode"] == "store" else "declared dead by Ray"
-        took = result["dead_time"] - result["kill_time"]
-        print(f"  node {node}: {what} at {_clock(result['dead_time'])}, {took:.2f}s after the kill", flush=True)
+    elif result.dead_time is not None:
+        what = "store is gone" if result.mode == "store" else "declared dead by Ray"
+        took = result.dead_time - result.kill_time
+        print(f"  node {node}: {what} at {_clock(result.dead_time)}, {took:.2f}s after the kill", flush=True)
 
 
 def _cmd_kill_node(args: argparse.Namespace) -> int:
@@ -470,38 +478,37 @@ def _cmd_kill_node(args: argparse.Namespace) -> int:
     namespace = _namespace(args)
     progress = None if args.json else _kill_progress
     common: dict[str, Any] = {"namespace": namespace, "wait_dead_s": args.wait_dead or None, "progress": progress}
+    fault = faults.FAULTS["store" if args.store_only else args.fault]()
     if args.during_save is not None:
         found = chaos.kill_during_save(
-            args.during_save, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
+            args.during_save, fault=fault, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
         )
         if not args.json:
+            caught = found.details
             print(
-                f"caught job {found['job']!r} step {found['step']} in flight: staged by rank(s) "
-                f"{found['staged_ranks']} of {found['world_size']}; the victim held "
-                f"{found['shards_on_victim']} of their shards"
+                f"caught job {caught['job']!r} step {caught['step']} in flight: staged by rank(s) "
+                f"{caught['staged_ranks']} of {caught['world_size']}; the victim held "
+                f"{caught['shards_on_victim']} of their shards"
             )
         results = [found]
     elif args.mtbf is not None:
-        results = chaos.kill_loop(args.mtbf, args.kills, seed=args.seed, job=args.holding, **common)
+        results = chaos.kill_loop(args.mtbf, args.kills, fault=fault, seed=args.seed, job=args.holding, **common)
     else:
         if args.node:
             victims = [resolve_node(text) for text in args.node]
         else:
             victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
-        if args.store_only:
-            results = chaos.kill_stores(victims, **common)
-        else:
-            results = chaos.kill_nodes(victims, allow_head=args.allow_head, **common)
+        results = chaos.inject(fault, victims, allow_head=args.allow_head, **common)
     if args.json:
-        print(json.dumps(results, indent=2, sort_keys=True, default=str))
+        print(json.dumps([r.to_wire() for r in results], indent=2, sort_keys=True, default=str))
         return 0
-    if not all(r["recorded"] for r in results):
+    if not all(r.recorded for r in results):
         print(
             f"note: no ray_ckpt registry took the events in namespace {namespace!r}: the kills were not recorded",
             file=sys.stderr,
         )
     logs = quiet.logs_dir()
-    if logs is not None and not args.store_only:
+    if logs is not None and fault.mode == "node":
         print(f"Ray's own messages are in its logs: {logs} (gcs_server.out on the head: when a node was marked dead)")
     return 0
 

@@ -8,6 +8,7 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
   code parameters and the protection derived from it.
 - ``RestorePlan``: the step every rank of an attempt restores, and from where.
 - ``StoreHoldings``: what one store holds, for rebuilding the registry.
+- ``KillResult``: one simulated failure (the kill tool's answer).
 """
 
 from __future__ import annotations
@@ -140,4 +141,38 @@ class StoreHoldings:
             node_id=str(values["node_id"]),
             metas=tuple(ShardMeta.from_dict(m) for m in values["metas"]),
             committed={str(j): int(s) for j, s in values["committed"].items()},
+        )
+
+
+@dataclasses.dataclass
+class KillResult:
+    """One simulated failure: the victim node, when it was struck (``kill_time``, on the
+    victim's clock) and seen gone (``dead_time``, None when not waited for), the fault's
+    ``mode``, the victim's ``host``, whether the events reached the registry (``recorded``),
+    and what a schedule adds (``details``: e.g. the step a kill during a save caught)."""
+
+    node_id: str
+    kill_time: float
+    mode: str
+    host: str | None = None
+    dead_time: float | None = None
+    recorded: bool = False
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        """A flat dict: the fields, with ``details`` merged in."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "details"}
+        return {**self.details, **fields}
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> KillResult:
+        names = {f.name for f in dataclasses.fields(cls)} - {"details"}
+        return cls(
+            node_id=str(values["node_id"]),
+            kill_time=float(values["kill_time"]),
+            mode=str(values["mode"]),
+            host=values.get("host"),
+            dead_time=values.get("dead_time"),
+            recorded=bool(values.get("recorded")),
+            details={k: v for k, v in values.items() if k not in names},
         )

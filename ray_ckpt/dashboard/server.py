@@ -79,15 +79,18 @@ class LiveCluster:
         node records for hosts)."""
         import ray
 
-        from ray_ckpt import naming, remote, service
+        from ray_ckpt import service
+        from ray_ckpt.errors import StoreUnavailableError
+        from ray_ckpt.registry_client import RegistryClient
+        from ray_ckpt.wire import ranks_to_wire
 
         registry = None
-        with contextlib.suppress(ValueError):  # no registry (yet): status() still shows the stores
-            registry = naming.registry_handle(self.namespace)
+        with contextlib.suppress(StoreUnavailableError):  # no registry (yet): status() still shows the stores
+            registry = RegistryClient(self.namespace)
         if registry is not None:
-            following, new = remote.get(registry.events.remote(self._since), timeout=self.timeout_s)
+            following, new = registry.events(self._since)
             if following < self._since:  # the registry restarted: its numbering starts again
-                following, new = remote.get(registry.events.remote(0), timeout=self.timeout_s)
+                following, new = registry.events(0)
             self._events.extend(new)
             self._since = following
         status = service.status(namespace=self.namespace, timeout_s=self.timeout_s)
@@ -100,8 +103,7 @@ class LiveCluster:
             for job, info in status.get("jobs", {}).items():
                 step = info.get("latest_committed")
                 if step is not None:
-                    ranks = remote.get(registry.locate.remote(job, step), timeout=self.timeout_s)
-                    placements[job] = {"step": step, "ranks": ranks}
+                    placements[job] = {"step": step, "ranks": ranks_to_wire(registry.locate(job, step))}
         return list(self._events), {"status": status, "alive": alive, "placements": placements, "ray_nodes": ray_nodes}
 
 

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from ray_ckpt import naming
-from ray_ckpt.cli import main, parse_bytes
+from ray_ckpt.cli import format_status, main, parse_bytes
 
 BUDGET = 64 << 20
 
@@ -218,3 +218,28 @@ def test_help_lists_commands(capsys: pytest.CaptureFixture[str]) -> None:
 )
 def test_parse_bytes(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
+
+
+def test_status_text_marks_degraded_and_lost_protection() -> None:
+    """A job whose latest step survives fewer node losses than parity_shards reads DEGRADED;
+    a full one shows its number only; a lost one says so."""
+    report = {
+        "namespace": "ns",
+        "registry": "alive",
+        "nodes": {},
+        "jobs": {
+            name: {
+                "world_size": 2,
+                "committed_steps": [4],
+                "latest_committed": 4,
+                "staged": {},
+                "protection": protection,
+                "full_protection": 2,
+            }
+            for name, protection in (("full", 2), ("shrunk", 1), ("lost", -1))
+        },
+    }
+    rows = {line.split()[0]: line for line in format_status(report).splitlines() if line.split()[:1]}
+    assert "DEGRADED" not in rows["full"] and " 2 " in rows["full"]
+    assert "1 of 2, DEGRADED" in rows["shrunk"]
+    assert "LOST" in rows["lost"]

@@ -70,15 +70,15 @@ def test_kill_node_crashes_the_node_and_records_kill_then_node_dead(sim_cluster:
     victim = spare_workers(sim_cluster)[0]
     (survivor,) = {sim_cluster.node_id(0), sim_cluster.node_id(1)} - {victim}
     result = chaos.kill_node(victim, namespace=sim_cluster.namespace)
-    assert result["node_id"] == victim and result["mode"] == "node" and result["recorded"]
-    assert result["kill_time"] < result["dead_time"] < result["kill_time"] + 30
+    assert result.node_id == victim and result.mode == "node" and result.recorded
+    assert result.kill_time < result.dead_time < result.kill_time + 30
     assert victim not in alive() and survivor in alive()
     assert raylet_exit_code(sim_cluster, victim) == -signal.SIGKILL
     assert store_gone(sim_cluster, victim)
     assert survivor in naming.store_handles(sim_cluster.namespace)
     assert kill_events(sim_cluster) == [
-        {"kind": "kill", "time": result["kill_time"], "node_id": victim, "mode": "node", "by": chaos.DEFAULT_BY},
-        {"kind": "node_dead", "time": result["dead_time"], "node_id": victim},
+        {"kind": "kill", "time": result.kill_time, "node_id": victim, "mode": "node", "by": chaos.DEFAULT_BY},
+        {"kind": "node_dead", "time": result.dead_time, "node_id": victim},
     ]
 
 
@@ -87,8 +87,8 @@ def test_kill_nodes_kills_two_nodes_at_the_same_moment(sim_cluster: SimCluster) 
     victims = spare_workers(sim_cluster)[:2]
     (survivor,) = {sim_cluster.node_id(i) for i in range(3)} - set(victims)
     results = chaos.kill_nodes(victims, namespace=sim_cluster.namespace)
-    assert [r["node_id"] for r in results] == victims
-    kill_times = [r["kill_time"] for r in results]
+    assert [r.node_id for r in results] == victims
+    kill_times = [r.kill_time for r in results]
     assert max(kill_times) - min(kill_times) < 1.0
     assert not alive() & set(victims) and survivor in alive()
     assert all(raylet_exit_code(sim_cluster, v) == -signal.SIGKILL for v in victims)
@@ -123,10 +123,10 @@ def test_kill_loop_kills_distinct_random_nodes_one_after_another(sim_cluster: Si
     workers = {sim_cluster.node_id(i) for i in range(3)}
     spared = workers - set(spare_workers(sim_cluster))
     results = chaos.kill_loop(0.3, 2, seed=7, namespace=sim_cluster.namespace, exclude=spared)
-    victims = [r["node_id"] for r in results]
+    victims = [r.node_id for r in results]
     assert len(set(victims)) == 2 and set(victims) <= workers
-    assert results[0]["kill_time"] < results[1]["kill_time"]
-    assert all(r["dead_time"] is not None for r in results)
+    assert results[0].kill_time < results[1].kill_time
+    assert all(r.dead_time is not None for r in results)
     assert alive() & workers == workers - set(victims)
     events = kill_events(sim_cluster)
     assert sorted((e["kind"], e["node_id"]) for e in events) == sorted(
@@ -153,10 +153,10 @@ def test_kill_during_save_kills_a_shard_holder_of_a_partially_staged_step(sim_cl
     partial = save_steps.options(scheduling_strategy=on_node(saver)).remote(ns, JOB, 0, 2, [1], CODE, 20_000)
     spared = {saver} | ({sim_cluster.node_id(i) for i in range(3)} - set(spare_workers(sim_cluster)))
     result = chaos.kill_during_save(JOB, namespace=ns, min_step=1, exclude=spared, seed=3, timeout_s=120)
-    assert (result["step"], result["staged_ranks"], result["world_size"]) == (1, [0], 2)
-    assert result["shards_on_victim"] >= 1
-    assert result["node_id"] not in (saver, naming.head_node_id())
-    assert result["node_id"] not in alive()
+    assert (result.details["step"], result.details["staged_ranks"], result.details["world_size"]) == (1, [0], 2)
+    assert result.details["shards_on_victim"] >= 1
+    assert result.node_id not in (saver, naming.head_node_id())
+    assert result.node_id not in alive()
     assert ray.get(partial, timeout=60) == saver
     registry = naming.registry_handle(ns)
     assert ray.get(registry.latest_committed.remote(JOB)) == 0

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from conftest import SimCluster
 
-from ray_ckpt import chaos, naming
+from ray_ckpt import chaos, faults, naming
+from ray_ckpt.faults import NodeCrash
 
 pytestmark = pytest.mark.cluster
 
@@ -19,10 +20,10 @@ def test_kill_node_through_a_crasher_actor(sim_cluster: SimCluster, monkeypatch:
     def not_from_here(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("local=False must leave the kill to the crasher on the victim")
 
-    monkeypatch.setattr(chaos, "kill_tree", not_from_here)
+    monkeypatch.setattr(faults, "kill_tree", not_from_here)
     victim = sim_cluster.node_id(0)
     result = chaos.kill_node(victim, namespace=sim_cluster.namespace, local=False, wait_dead_s=30)
-    assert result["node_id"] == victim and result["dead_time"] is not None
+    assert result.node_id == victim and result.dead_time is not None
     assert victim not in {str(n["NodeID"]) for n in naming.alive_nodes()}
     raylet = sim_cluster.workers[0].all_processes["raylet"][0].process
     assert raylet.wait(timeout=10) == -signal.SIGKILL
@@ -31,6 +32,6 @@ def test_kill_node_through_a_crasher_actor(sim_cluster: SimCluster, monkeypatch:
 @pytest.mark.nodes(1)
 def test_a_local_victim_needs_no_crasher(sim_cluster: SimCluster) -> None:
     victim = sim_cluster.node_id(0)
-    armed = chaos._arm([victim])
+    armed = NodeCrash().arm([victim], namespace=sim_cluster.namespace)
     assert armed[victim].handle is None and armed[victim].raylet is not None
     assert sim_cluster.workers[0].all_processes["raylet"][0].process.pid == armed[victim].raylet.pid
