@@ -102,11 +102,6 @@ class Checkpointer:
         self.last_save_phases_s: dict[str, float] = {}
 
     @property
-    def code(self) -> Any:
-        """The erasure code, ``ReedSolomon(data_shards, parity_shards)``."""
-        return self._saves.code
-
-    @property
     def last_protection(self) -> int | None:
         """How many node losses the last save's placement survives (below parity_shards while
         fewer than k+m stores are alive); None before the first save completes."""
