@@ -200,13 +200,15 @@ def inject(
     by: str = DEFAULT_BY,
     allow_head: bool = False,
     progress: Progress | None = None,
+    record: bool = True,
 ) -> list[KillResult]:
     """Strike the given nodes with ``fault`` at the same moment; results in input order.
 
     Every victim is armed first (nothing is struck if one cannot be), then all are struck
     together. Waits up to ``wait_dead_s`` (None or 0: not at all) until every victim is gone,
     else KillTimeoutError (a TimeoutError). ConfigError for an unknown or dead node, this
-    process's node, or the head node without ``allow_head``."""
+    process's node, or the head node without ``allow_head``. ``record=False`` keeps the kill
+    out of the registry's events (a test harness striking between the events it checks)."""
     service._require_ray()
     node_ids = [str(n) for n in node_ids]
     namespace = namespace or settings.namespace()
@@ -214,7 +216,7 @@ def inject(
     armed = fault.arm(node_ids, namespace=namespace)
     times = fault.fire([armed[n] for n in node_ids])
     results = [KillResult(n, times[n], fault.mode, armed[n].host) for n in node_ids]
-    registry = _registry(namespace)
+    registry = _registry(namespace) if record else None
     _announce_kills(results, registry, by, progress)
     _wait_gone(fault, results, wait_dead_s, namespace, registry, progress)
     return results

@@ -297,10 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    import ray
-    from ray.cluster_utils import Cluster
-
     import ray_ckpt
+    from ray_ckpt.testing import SimulatedCluster
 
     demo = load_demo()
     failures = len(schedule)
@@ -312,23 +310,19 @@ def main(argv: list[str] | None = None) -> int:
         f"1 head + {nodes} one-CPU nodes on one machine ({os.cpu_count()} cores)",
         flush=True,
     )
-    node_args: dict[str, Any] = {"num_cpus": 1}
-    if args.state_mib:
-        # the simulated nodes' default object store (150 MiB) cannot hold a rank's shards and local
-        # copy in flight, and Ray would put them in files on disk instead
-        node_args["object_store_memory"] = 3 * (args.state_mib << 20) + (128 << 20)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": demo.FAST_FAILURE_DETECTION},
+    # the simulated nodes' default object store (150 MiB) cannot hold a rank's shards and local
+    # copy in flight, and Ray would put them in files on disk instead
+    object_store = 3 * (args.state_mib << 20) + (128 << 20) if args.state_mib else None
+    sim = SimulatedCluster(
+        nodes,
+        # a store may hold shards of both ranks for the kept, staged and replaced steps
+        store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20),
+        worker_object_store_bytes=object_store,
+        logging_level="ERROR",
     )
+    cluster = sim.cluster
     ok = False
     try:
-        for _ in range(nodes):
-            cluster.add_node(**node_args)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        # a store may hold shards of both ranks for the kept, staged and replaced steps
-        ray_ckpt.start(store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20))
         extra = {"step_sleep_s": args.step_sleep_s, "state_mib": args.state_mib, "kill_delay_s": args.step_sleep_s}
         print("1/2 ray_ckpt, RS(2,2) every step ...", flush=True)
         ours = demo.run_job(cluster, "goodput-ray_ckpt", "ray_ckpt", args.steps, schedule, **extra)
@@ -336,9 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         ours_stall = demo.mean_stall("goodput-ray_ckpt", ours_records)
         report_stall_s = 2 * float(os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"])
         baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
-        for _ in range(failures):  # replace the killed nodes
-            cluster.add_node(**node_args)
-        cluster.wait_for_nodes()
+        sim.add_workers(failures)  # replace the killed nodes
         ray_ckpt.start()
         print(f"2/2 Ray Train checkpointing (torch.save + report) every {baseline_every} steps ...", flush=True)
         base = demo.run_job(
@@ -359,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         ok = True
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        sim.shutdown()
         if ok:
             shutil.rmtree(tmpdir, ignore_errors=True)
         else:

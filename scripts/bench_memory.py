@@ -48,28 +48,6 @@ def codes() -> list[tuple[str, int, int]]:
     return result
 
 
-def _rank_class() -> Any:
-    import ray
-
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Rank:
-        def run(self, namespace: str, job: str, k: int, m: int, size: int) -> dict[str, Any]:
-            import numpy as np
-            import torch
-
-            from ray_ckpt.checkpointer import Checkpointer
-            from ray_ckpt.config import CheckpointConfig
-
-            config = CheckpointConfig(data_shards=k, parity_shards=m, keep_committed=1, local_copy=False)
-            state = {"w": torch.from_numpy(np.random.default_rng(k * 100 + m).integers(0, 256, size, dtype=np.uint8))}
-            with Checkpointer(job=job, rank=0, world_size=1, config=config, namespace=namespace) as ckpt:
-                for step in (0, 1):
-                    ckpt.save(step, state).wait()
-            return {"ok": True}
-
-    return Rank
-
-
 def _usage(namespace: str) -> tuple[int, int, dict[str, int]]:
     """(used bytes over all stores, shards over all stores, used bytes per node)."""
     from ray_ckpt import service
@@ -96,29 +74,33 @@ def _settle(namespace: str, shards: int, timeout_s: float = 30.0) -> tuple[int, 
 
 def run(size: int) -> list[dict[str, Any]]:
     import ray
-    from ray.cluster_utils import Cluster
 
-    from ray_ckpt import naming, service
+    from ray_ckpt import naming
+    from ray_ckpt.testing import SimulatedCluster, rank_actor
 
-    Rank = _rank_class()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 4 * size + 96 * MIB},
-    )
+    Rank = rank_actor()
     rows = []
-    try:
-        workers = [cluster.add_node(num_cpus=0, object_store_memory=5 * size + 96 * MIB) for _ in range(WORKERS)]
-        cluster.wait_for_nodes()
-        namespace = f"benchmem-{uuid.uuid4().hex[:8]}"
-        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
+    namespace = f"benchmem-{uuid.uuid4().hex[:8]}"
+    with SimulatedCluster(
+        WORKERS,
+        namespace=namespace,
         # a store may hold one shard of each of two steps (before the older one is evicted)
-        service.start(store_budget_bytes=2 * size + 16 * MIB, namespace=namespace)
+        store_budget_bytes=2 * size + 16 * MIB,
+        worker_cpus=0,
+        head_object_store_bytes=4 * size + 96 * MIB,
+        worker_object_store_bytes=5 * size + 96 * MIB,
+        fast_failure_detection=False,
+    ) as sim:
         registry = naming.registry_handle(namespace)
-        rank_node = str(workers[0].node_id)
+        rank_node = sim.node_id(0)
         for scheme, k, m in codes():
             job = f"mem-k{k}m{m}"
-            rank = Rank.options(scheduling_strategy=on_node(rank_node)).remote()
-            ray.get(rank.run.remote(namespace, job, k, m, size))
+            rank = Rank.options(scheduling_strategy=on_node(rank_node)).remote(size, seed=k * 100 + m)
+            config = {"data_shards": k, "parity_shards": m, "keep_committed": 1, "local_copy": False}
+            ray.get(rank.connect.remote(namespace, job, 0, 1, config))
+            for _ in (0, 1):
+                ray.get(rank.save.remote())
+            ray.get(rank.close.remote())
             ray.kill(rank, no_restart=True)
             used, per_node = _settle(namespace, k + m)
             located = ray.get(registry.locate.remote(job, 1))
@@ -142,9 +124,6 @@ def run(size: int) -> list[dict[str, Any]]:
             print(f"{name}: {used} bytes in {k + m} shards = {used / size:.3f}x the state", flush=True)
             ray.get(registry.forget.remote(job))
             _settle(namespace, 0)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     return rows
 
 

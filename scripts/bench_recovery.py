@@ -60,7 +60,7 @@ import time
 import uuid
 from typing import Any
 
-from benchutil import BenchError, on_node, render_table, sizes_mib, transfer_actors, wait_dead
+from benchutil import BenchError, kill, on_node, render_table, restore_cluster, sizes_mib, transfer_actors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -68,12 +68,7 @@ WORKERS = 7
 RANKS = 2
 CODE = {"data_shards": 4, "parity_shards": 2}
 JOB = "bench-recovery"
-FAST_FAILURE_DETECTION = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 600,
-    "health_check_failure_threshold": 3,
-}
+CONFIG = {**CODE, "keep_committed": 1, "local_copy": False}
 LABELS = {
     "raw_ray_transfer": "raw transfer\n2 ranks at once",
     "raw_ray_transfer_single": "raw transfer\n1 rank alone",
@@ -88,83 +83,20 @@ PEAK_MULTIPLE = 9
 RAY_OVERHEAD = 2 << 30
 
 
-def _state(size: int, seed: int) -> Any:
-    import numpy as np
-    import torch
-
-    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8))
-
-
-def _config() -> Any:
-    from ray_ckpt.config import CheckpointConfig
-
-    return CheckpointConfig(**CODE, keep_committed=1, local_copy=False)
-
-
-def _remote_classes() -> tuple[Any, Any, Any]:
-    import ray
-
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Rank:
-        """One rank: saves, or (a fresh process) restores through ray_ckpt."""
-
-        def __init__(self, namespace: str, rank: int) -> None:
-            from ray_ckpt.checkpointer import Checkpointer
-
-            self.rank = rank
-            self.checkpointer = Checkpointer(
-                job=JOB, rank=rank, world_size=RANKS, config=_config(), namespace=namespace
-            )
-
-        def ready(self) -> bool:
-            return True
-
-        def save(self, size: int) -> dict[str, Any]:
-            from ray_ckpt.checksum import checksum
-
-            tensor = _state(size, self.rank)
-            expected = checksum(tensor)
-            started = time.perf_counter()
-            handle = self.checkpointer.save(0, {"w": tensor})
-            handle.staged()
-            staged = time.perf_counter() - started
-            self.checkpointer.close()  # frees the host buffer before the other rank saves
-            return {"checksum": expected, "staged_s": staged, "phases_s": dict(self.checkpointer.last_save_phases_s)}
-
-        def restore(self) -> dict[str, Any]:
-            from ray_ckpt.checksum import checksum
-
-            started = time.perf_counter()
-            restored = self.checkpointer.restore()
-            elapsed = time.perf_counter() - started
-            if restored is None:
-                raise BenchError("restore() found no committed step")
-            tensor = restored.state["w"]
-            return {
-                "restore_s": elapsed,
-                "phases_s": dict(restored.phases_s),
-                "source": restored.source,
-                "checksum": checksum(tensor),
-                "size": int(tensor.numel()),
-            }
-
-    Holder, Receiver = transfer_actors()
-    return Rank, Holder, Receiver
-
-
 def ray_train_loop(config: dict[str, Any]) -> None:
     """Attempt 1 saves a checkpoint and fails; attempt 2 times loading it (inside the loop)."""
     import ray.train
     import torch
 
     from ray_ckpt.checksum import checksum
+    from ray_ckpt.testing import byte_state
 
     started = time.perf_counter()
     checkpoint = ray.train.get_checkpoint()
     rank = ray.train.get_context().get_world_rank()
     out = pathlib.Path(config["out_dir"])
     if checkpoint is None:
-        tensor = _state(config["size"], 1000 + rank)
+        tensor = byte_state(config["size"], 1000 + rank)["w"]
         (out / f"expected-{rank}.json").write_text(json.dumps({"checksum": checksum(tensor)}))
         with tempfile.TemporaryDirectory(dir=config["scratch"]) as folder:
             began = time.perf_counter()
@@ -201,22 +133,23 @@ def choose_victims(located: dict[int, dict[str, Any]], spare: set[str], count: i
 def _restore_all(Rank: Any, namespace: str, rank_nodes: list[str], expected: list[int], size: int) -> dict[str, Any]:
     import ray
 
-    ranks = [
-        Rank.options(scheduling_strategy=on_node(node)).remote(namespace, rank) for rank, node in enumerate(rank_nodes)
-    ]
-    ray.get([r.ready.remote() for r in ranks])  # fresh processes, Checkpointer constructed
+    ranks = [Rank.options(scheduling_strategy=on_node(node)).remote() for node in rank_nodes]
+    # fresh processes, Checkpointer constructed
+    ray.get([r.connect.remote(namespace, JOB, rank, RANKS, CONFIG) for rank, r in enumerate(ranks)])
     began = time.perf_counter()
     results = ray.get([r.restore.remote() for r in ranks])
     wall = time.perf_counter() - began
     for r in ranks:
         ray.kill(r, no_restart=True)
     for rank, result in enumerate(results):
+        if result["step"] is None:
+            raise BenchError("restore() found no committed step")
         if result["size"] != size or result["checksum"] != expected[rank]:
             raise BenchError(f"rank {rank}: restored state differs from the saved one ({result})")
     return {
-        "seconds": max(r["restore_s"] for r in results),
+        "seconds": max(r["seconds"] for r in results),
         "wall_s": wall,
-        "per_rank_s": [r["restore_s"] for r in results],
+        "per_rank_s": [r["seconds"] for r in results],
         "phases_s": [r["phases_s"] for r in results],
         "sources": [r["source"] for r in results],
     }
@@ -281,10 +214,12 @@ def _dcp_load(size: int, scratch: str) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    from ray_ckpt.testing import byte_state
+
     folder = pathlib.Path(tempfile.mkdtemp(prefix="dcp", dir=scratch))
     dist.init_process_group("gloo", init_method=f"file://{folder / 'pg'}", rank=0, world_size=1)
     try:
-        state = {"w": _state(size, 2000)}
+        state = byte_state(size, 2000)
         began = time.perf_counter()
         dcp.save(state, checkpoint_id=str(folder / "ckpt"))
         save_s = time.perf_counter() - began
@@ -304,52 +239,39 @@ def bench_size(size: int, scratch: str) -> dict[str, Any]:
     """One fresh cluster: save, kill 1 then 2 data-shard holders, restore after each; raw
     transfers; Ray Train's storage restore. Then DCP in this process."""
     import ray
-    from ray.cluster_utils import Cluster
 
-    from ray_ckpt import naming, service
+    from ray_ckpt import naming
+    from ray_ckpt.testing import rank_actor
 
-    Rank, Holder, Receiver = _remote_classes()
-    store_memory = 2 * size + 128 * MIB  # a rank's 6 shards in flight (1.5x), or 4 fetched + a raw object
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "object_store_memory": size // 2 + 128 * MIB,
-            "_system_config": FAST_FAILURE_DETECTION,
-        },
-    )
+    Rank = rank_actor()
+    Holder, Receiver = transfer_actors()
     details: dict[str, Any] = {"size_bytes": size}
-    try:
-        workers = [cluster.add_node(num_cpus=1, object_store_memory=store_memory) for _ in range(WORKERS)]
-        cluster.wait_for_nodes()
-        namespace = f"benchrec-{uuid.uuid4().hex[:8]}"
-        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
-        service.start(store_budget_bytes=size + 16 * MIB, namespace=namespace)
+    namespace = f"benchrec-{uuid.uuid4().hex[:8]}"
+    with restore_cluster(WORKERS, size, namespace) as sim:
+        workers = list(sim.workers)
         registry = naming.registry_handle(namespace)
-        rank_nodes = [str(w.node_id) for w in workers[:RANKS]]
+        rank_nodes = [sim.node_id(rank) for rank in range(RANKS)]
 
         expected = []
         saves = []
         for rank, node in enumerate(rank_nodes):
-            saver = Rank.options(scheduling_strategy=on_node(node)).remote(namespace, rank)
-            saved = ray.get(saver.save.remote(size))
+            saver = Rank.options(scheduling_strategy=on_node(node)).remote(size, seed=rank)
+            ray.get(saver.connect.remote(namespace, JOB, rank, RANKS, CONFIG))
+            expected.append(ray.get(saver.checksum.remote()))
+            saves.append(ray.get(saver.save.remote("staged")))
+            ray.get(saver.close.remote())  # frees the host buffer before the other rank saves
             ray.kill(saver, no_restart=True)
-            expected.append(saved["checksum"])
-            saves.append(saved)
         if not ray.get(registry.wait_committed.remote(JOB, 0, 120.0)):
             raise BenchError("step 0 did not commit")
-        details["save_staged_s"] = [s["staged_s"] for s in saves]
+        details["save_staged_s"] = [s["seconds"] for s in saves]
 
         located = {int(r): v for r, v in ray.get(registry.locate.remote(JOB, 0)).items()}
         spare = {str(w.node_id) for w in workers} - set(rank_nodes)
         victims = choose_victims(located, spare, CODE["parity_shards"])
         details["shards"] = {r: {int(i): n[:8] for i, n in v["nodes"].items()} for r, v in located.items()}
-        by_id = {str(w.node_id): w for w in workers}
         restores = []
         for killed, victim in enumerate(victims, 1):
-            cluster.remove_node(by_id[victim], allow_graceful=False)
-            detect = wait_dead({victim})
+            detect = kill(sim, [victim])
             result = _restore_all(Rank, namespace, rank_nodes, expected, size)
             result.update(killed=killed, victim=victim[:8], detect_s=detect)
             restores.append(result)
@@ -369,9 +291,6 @@ def bench_size(size: int, scratch: str) -> dict[str, Any]:
 
         details["ray_train"] = _ray_train_restore(size, scratch)
         print(f"  {size // MIB} MiB: Ray Train storage restore {details['ray_train']}", flush=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     details["dcp"] = _dcp_load(size, scratch)
     print(f"  {size // MIB} MiB: DCP {details['dcp']}", flush=True)
     return details

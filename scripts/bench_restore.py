@@ -44,119 +44,41 @@ import pathlib
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from typing import Any
 
-from benchutil import BenchError, on_node, render_table, sizes_mib, transfer_actors, wait_dead
+from benchutil import BenchError, kill, on_node, render_table, restore_cluster, sizes_mib, transfer_actors
 
 MIB = 1 << 20
 WORKERS = 7
 CODE = {"data_shards": 4, "parity_shards": 2}
 JOB = "bench-restore"
 KILLED = 2
-FAST_FAILURE_DETECTION = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 600,
-    "health_check_failure_threshold": 3,
-}
-
-
-def _remote_classes() -> tuple[Any, Any, Any]:
-    """The actor classes (defined after Ray is importable and RAY_TMPDIR is set)."""
-    import numpy as np
-    import ray
-
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Rank:
-        """One training rank: saves or restores a one-tensor state through ray_ckpt."""
-
-        def __init__(self, namespace: str) -> None:
-            from ray_ckpt.checkpointer import Checkpointer
-            from ray_ckpt.config import CheckpointConfig
-
-            self.checkpointer = Checkpointer(
-                job=JOB,
-                rank=0,
-                world_size=1,
-                # no local copy: the restore must come from the surviving peers (the measured path)
-                config=CheckpointConfig(
-                    data_shards=CODE["data_shards"], parity_shards=CODE["parity_shards"], local_copy=False
-                ),
-                namespace=namespace,
-            )
-
-        def save(self, size: int, seed: int) -> dict[str, Any]:
-            import torch
-
-            from ray_ckpt.checksum import checksum
-
-            tensor = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8))
-            expected = checksum(tensor)
-            started = time.perf_counter()
-            handle = self.checkpointer.save(0, {"w": tensor})
-            handle.wait()
-            total = time.perf_counter() - started
-            phases = dict(self.checkpointer.last_save_phases_s)
-            self.checkpointer.close()
-            return {"checksum": expected, "save_s": total, "phases_s": phases}
-
-        def restore(self) -> dict[str, Any]:
-            from ray_ckpt.checksum import checksum
-
-            started = time.perf_counter()
-            restored = self.checkpointer.restore()
-            elapsed = time.perf_counter() - started
-            if restored is None:
-                raise BenchError("restore() found no committed step")
-            if restored.source != "peers":
-                raise BenchError(f"restored from {restored.source!r}, expected 'peers'")
-            tensor = restored.state["w"]
-            return {
-                "restore_s": elapsed,
-                "phases_s": dict(restored.phases_s),
-                "step": restored.step,
-                "source": restored.source,
-                "checksum": checksum(tensor),
-                "size": int(tensor.numel()),
-            }
-
-    Holder, Receiver = transfer_actors()
-    return Rank, Holder, Receiver
+# no local copy: the restore must come from the surviving peers (the measured path)
+CONFIG = {**CODE, "local_copy": False}
 
 
 def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
     """One fresh cluster: save, kill two data-shard holders, restore, raw transfer."""
     import ray
-    from ray.cluster_utils import Cluster
 
-    from ray_ckpt import naming, service
+    from ray_ckpt import naming
+    from ray_ckpt.testing import rank_actor
 
-    Rank, Holder, Receiver = _remote_classes()
-    # Every node's object store fits the rank's 6 shards in flight (1.5x) or a raw object (1x).
-    store_memory = 2 * size + 128 * MIB
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "object_store_memory": size // 2 + 128 * MIB,
-            "_system_config": FAST_FAILURE_DETECTION,
-        },
-    )
-    try:
-        workers = [cluster.add_node(num_cpus=1, object_store_memory=store_memory) for _ in range(WORKERS)]
-        cluster.wait_for_nodes()
-        namespace = f"bench-{uuid.uuid4().hex[:8]}"
-        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
-        service.start(store_budget_bytes=size + 16 * MIB, namespace=namespace)
-        rank_node = str(workers[0].node_id)
-        assert cluster.head_node is not None
-        head_node = str(cluster.head_node.node_id)
+    Rank = rank_actor()
+    Holder, Receiver = transfer_actors()
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    with restore_cluster(WORKERS, size, namespace) as sim:
+        workers = list(sim.workers)
+        rank_node = sim.node_id(0)
+        assert sim.cluster.head_node is not None
+        head_node = str(sim.cluster.head_node.node_id)
 
-        saver = Rank.options(scheduling_strategy=on_node(rank_node)).remote(namespace)
-        saved = ray.get(saver.save.remote(size, seed))
+        saver = Rank.options(scheduling_strategy=on_node(rank_node)).remote(size, seed=seed)
+        ray.get(saver.connect.remote(namespace, JOB, 0, 1, CONFIG))
+        expected = ray.get(saver.checksum.remote())
+        saved = ray.get(saver.save.remote())
+        ray.get(saver.close.remote())
         ray.kill(saver, no_restart=True)
 
         located = ray.get(naming.registry_handle(namespace).locate.remote(JOB, 0))
@@ -165,18 +87,20 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
         victims = data_holders[:KILLED]
         if len(victims) < KILLED:
             raise BenchError(f"fewer than {KILLED} killable data-shard holders: {nodes}")
-        by_id = {str(n.node_id): n for n in workers}
-        for node_id in victims:
-            cluster.remove_node(by_id[node_id], allow_graceful=False)
-        detect_s = wait_dead(set(victims))
+        detect_s = kill(sim, victims)
 
-        restorer = Rank.options(scheduling_strategy=on_node(rank_node)).remote(namespace)
+        restorer = Rank.options(scheduling_strategy=on_node(rank_node)).remote()
+        ray.get(restorer.connect.remote(namespace, JOB, 0, 1, CONFIG))
         restored = ray.get(restorer.restore.remote())
         ray.kill(restorer, no_restart=True)
-        if restored["size"] != size or restored["checksum"] != saved["checksum"]:
+        if restored["step"] is None:
+            raise BenchError("restore() found no committed step")
+        if restored["source"] != "peers":
+            raise BenchError(f"restored from {restored['source']!r}, expected 'peers'")
+        if restored["size"] != size or restored["checksum"] != expected:
             raise BenchError(
                 f"{size} bytes: restored state differs from the saved one (checksum "
-                f"{restored['checksum']:#x} vs {saved['checksum']:#x}, {restored['size']} bytes)"
+                f"{restored['checksum']:#x} vs {expected:#x}, {restored['size']} bytes)"
             )
 
         survivors = [str(n.node_id) for n in workers if str(n.node_id) not in victims]
@@ -207,11 +131,11 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
             fan_in.append(seconds)
         return {
             "size_bytes": size,
-            "restore_s": restored["restore_s"],
+            "restore_s": restored["seconds"],
             "raw_transfer_s": raw[-1],
-            "ratio": raw[-1] / restored["restore_s"],
+            "ratio": raw[-1] / restored["seconds"],
             "phases_s": restored["phases_s"],
-            "save_s": saved["save_s"],
+            "save_s": saved["seconds"],
             "save_phases_s": saved["phases_s"],
             "raw_cold_s": raw[0],
             "object_pull_s": pulled[-1],
@@ -219,9 +143,6 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
             "detect_s": detect_s,
             "killed": sorted(i for i, n in nodes.items() if n in victims),
         }
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _gbps(size: int, seconds: float) -> str:

@@ -73,7 +73,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from benchutil import BenchError, render_table, sizes_mib
+from benchutil import BenchError, on_node, render_table, sizes_mib
+
+from ray_ckpt.testing import float_state, touch
 
 MIB = 1 << 20
 WORKERS = 6
@@ -98,128 +100,8 @@ GOALS = (  # (numerator, denominator, label, passes(ratio))
 )
 
 
-# ---- the state (used in this process, the rank actor and the Ray Train worker) ------------------
-
-
-def make_state(size: int) -> dict[str, Any]:
-    """Four float32 tensors, ``size`` bytes in all (rounded down to whole floats)."""
-    import torch
-
-    n = size // 4
-    embed = n // 6
-    proj = n // 6
-    exp_avg = (n - embed - proj) // 2
-    exp_avg_sq = n - embed - proj - exp_avg
-    generator = torch.Generator().manual_seed(0)
-
-    def tensor(count: int) -> torch.Tensor:
-        return torch.rand(count, generator=generator, dtype=torch.float32)
-
-    return {
-        "model": {"embed.weight": tensor(embed), "proj.weight": tensor(proj)},
-        "optim": {"exp_avg": tensor(exp_avg), "exp_avg_sq": tensor(exp_avg_sq)},
-    }
-
-
-def tensors_of(state: dict[str, Any]) -> list[Any]:
-    return [t for part in state.values() for t in part.values()]
-
-
-def mutate(state: dict[str, Any]) -> None:
-    """Change every tensor in place, as a training step would."""
-    for tensor in tensors_of(state):
-        tensor.add_(1.0)
-
-
-def state_bytes(state: dict[str, Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors_of(state))
-
-
 def median(values: list[float]) -> float:
     return float(statistics.median(values))
-
-
-# ---- ray_ckpt and memcpy, inside a rank actor on the simulated cluster ---------------------------
-
-
-def _rank_class() -> Any:
-    """The rank actor class (defined after RAY_TMPDIR is set and Ray is importable)."""
-    import ray
-
-    @ray.remote(num_cpus=0, max_restarts=0)
-    class Rank:
-        """One training rank holding the state; saves it through ray_ckpt or copies it bare."""
-
-        def __init__(self, size: int) -> None:
-            import torch
-
-            self.state = make_state(size)
-            self.threads = torch.get_num_threads()
-            self.checkpointer: Any = None
-            self.step = 0
-
-        def connect(self, namespace: str, config: dict[str, Any]) -> None:
-            """Create the Checkpointer (once the service runs in ``namespace``)."""
-            from ray_ckpt.checkpointer import Checkpointer
-            from ray_ckpt.config import CheckpointConfig
-
-            self.checkpointer = Checkpointer(
-                job=JOB, rank=0, world_size=1, config=CheckpointConfig(**CODE, **config), namespace=namespace
-            )
-
-        def info(self) -> dict[str, Any]:
-            return {"torch_threads": self.threads, "state_bytes": state_bytes(self.state)}
-
-        def memcpy(self, repeats: int) -> list[float]:
-            """Bare copies of the tensors into views of one preallocated uint8 buffer."""
-            import torch
-
-            tensors = tensors_of(self.state)
-            buffer = torch.empty(state_bytes(self.state), dtype=torch.uint8)
-            views, offset = [], 0
-            for tensor in tensors:
-                nbytes = tensor.numel() * tensor.element_size()
-                views.append(buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape))
-                offset += nbytes
-            times = []
-            for attempt in range(repeats + 1):  # the first one (page faults) is not counted
-                mutate(self.state)
-                started = time.perf_counter()
-                for view, tensor in zip(views, tensors):
-                    view.copy_(tensor)
-                elapsed = time.perf_counter() - started
-                if attempt:
-                    times.append(elapsed)
-            del views, buffer
-            return times
-
-        def saves(self, repeats: int, back_to_back: bool) -> list[dict[str, float]]:
-            """One warm-up save, then ``repeats`` timed saves; each save's phase dict (the
-            background fills in encode/scatter/stage), read once the last save is staged."""
-            handle = self._save()  # warm-up: buffer allocation, first touch, actor handles
-            if not back_to_back:
-                handle.staged()
-            phases = []
-            for _ in range(repeats):
-                if not back_to_back:
-                    time.sleep(GAP_S)
-                    mutate(self.state)
-                handle = self._save()
-                phases.append(self.checkpointer.last_save_phases_s)  # the dict of this save
-                if not back_to_back:
-                    handle.staged()
-            handle.staged()
-            return [dict(p) for p in phases]
-
-        def _save(self) -> Any:
-            handle = self.checkpointer.save(self.step, self.state)
-            self.step += 1
-            return handle
-
-        def close(self) -> None:
-            self.checkpointer.close()
-
-    return Rank
 
 
 def estimate_cluster_bytes(size: int, config: dict[str, Any]) -> int:
@@ -253,44 +135,35 @@ def fitting_config(size: int) -> tuple[dict[str, Any] | None, str]:
 def bench_ray_ckpt(size: int, repeats: int, config: dict[str, Any]) -> dict[str, Any]:
     """One fresh simulated cluster: memcpy, gapped saves, back-to-back saves in the rank actor."""
     import ray
-    from ray.cluster_utils import Cluster
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from ray_ckpt import service
+    from ray_ckpt.testing import SimulatedCluster, rank_actor
 
-    Rank = _rank_class()
+    Rank = rank_actor()
     shard = size // CODE["data_shards"] + MIB
-    # the rank node's object store holds a save's 6 shards (1.5x) and its local copy (1x) at once
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 2 * shard + 96 * MIB},
-    )
-    try:
-        rank_node = cluster.add_node(num_cpus=1, object_store_memory=3 * size + 128 * MIB)
-        for _ in range(WORKERS - 1):
-            cluster.add_node(num_cpus=1, object_store_memory=2 * shard + 96 * MIB)
-        cluster.wait_for_nodes()
-        namespace = f"bench-{uuid.uuid4().hex[:8]}"
-        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    with SimulatedCluster(
+        WORKERS,
+        namespace=namespace,
+        start_service=False,
+        head_object_store_bytes=2 * shard + 96 * MIB,
+        # the rank node's object store holds a save's 6 shards (1.5x) and its local copy (1x) at once
+        worker_object_store_bytes=[3 * size + 128 * MIB] + [2 * shard + 96 * MIB] * (WORKERS - 1),
+        fast_failure_detection=False,
+    ) as sim:
         # the rank starts (imports, builds its state) while the stores start
-        rank = Rank.options(scheduling_strategy=NodeAffinitySchedulingStrategy(rank_node.node_id, soft=False)).remote(
-            size
-        )
+        rank = Rank.options(scheduling_strategy=on_node(sim.node_id(0))).remote(size, state="floats")
         # Peak per store: keep_committed committed steps plus the one being saved (older steps
         # are evicted only after the new one commits). The rank's node holds its full local copy
         # (1x per step; none without local_copy); every other node one shard (1/4x per step).
-        service.start(store_budget_bytes=(config["keep_committed"] + 1) * (size + MIB) + 16 * MIB, namespace=namespace)
-        ray.get(rank.connect.remote(namespace, config))
+        sim.start_service((config["keep_committed"] + 1) * (size + MIB) + 16 * MIB)
+        ray.get(rank.connect.remote(namespace, JOB, 0, 1, {**CODE, **config}))
         info = ray.get(rank.info.remote())
         memcpy = ray.get(rank.memcpy.remote(repeats))
-        gapped = ray.get(rank.saves.remote(repeats, False))
-        back_to_back = ray.get(rank.saves.remote(repeats, True))
+        gapped = ray.get(rank.saves.remote(repeats, False, GAP_S))
+        back_to_back = ray.get(rank.saves.remote(repeats, True, GAP_S))
         ray.get(rank.close.remote())
         ray.kill(rank, no_restart=True)
         return {"info": info, "memcpy": memcpy, "gapped": gapped, "back_to_back": back_to_back}
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 # ---- torch.save and DCP async_save, in this process ----------------------------------------------
@@ -302,7 +175,7 @@ def bench_torch_save(state: dict[str, Any], repeats: int, folder: pathlib.Path) 
     path = folder / "state.pt"
     times = []
     for attempt in range(repeats + 1):
-        mutate(state)
+        touch(state)
         started = time.perf_counter()
         torch.save(state, path)
         elapsed = time.perf_counter() - started
@@ -321,7 +194,7 @@ def bench_dcp_async_save(state: dict[str, Any], repeats: int, folder: pathlib.Pa
     try:
         times = []
         for attempt in range(repeats + 1):
-            mutate(state)
+            touch(state)
             target = folder / f"dcp-{attempt}"
             started = time.perf_counter()
             future = dcp.async_save(state, checkpoint_id=str(target))
@@ -347,10 +220,10 @@ def _train_loop(config: dict[str, Any]) -> None:
     results = []
     training = random.Random(config["seed"])
     for size in config["sizes"]:
-        state = make_state(size)
+        state = float_state(size)
         save_s, report_s = [], []
         for attempt in range(config["repeats"] + 1):
-            mutate(state)
+            touch(state)
             time.sleep(training.uniform(0.0, TRAIN_POLL_S))  # the training steps between checkpoints
             with tempfile.TemporaryDirectory(prefix="ckpt") as folder:
                 started = time.perf_counter()
@@ -534,7 +407,7 @@ def run_all(sizes: list[int], repeats: int, rows: list[dict[str, Any]], details:
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            state = make_state(size)
+            state = float_state(size)
             with tempfile.TemporaryDirectory(prefix="bench_save") as folder:
                 saved = bench_torch_save(state, repeats, pathlib.Path(folder))
                 dcp = bench_dcp_async_save(state, repeats, pathlib.Path(folder))

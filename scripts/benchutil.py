@@ -1,4 +1,5 @@
-"""Helpers the benchmark scripts share: errors, node pinning, waiting for node deaths, tables.
+"""Helpers the benchmark scripts share: errors, node pinning, the restore benchmarks' cluster, killing
+nodes, tables.
 
 Registered with Ray's pickler by value: the scripts' actors (defined in ``__main__``) may refer
 to what is here, and Ray workers cannot import this folder.
@@ -15,6 +16,8 @@ import ray.cloudpickle
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+MIB = 1 << 20
+
 
 class BenchError(RuntimeError):
     """A result differs from what was saved, or the cluster misbehaved: the run is void."""
@@ -27,17 +30,29 @@ def on_node(node_id: str) -> Any:
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
 
-def wait_dead(node_ids: set[str], timeout_s: float = 60.0) -> float:
-    """Seconds until Ray declared every node in ``node_ids`` dead; BenchError past ``timeout_s``."""
-    from ray_ckpt import naming
+def restore_cluster(workers: int, size: int, namespace: str) -> Any:
+    """The ``SimulatedCluster`` the restore benchmarks kill nodes of: ``workers`` one-CPU
+    workers, fast failure detection, a store budget of one ``size``-byte state per node; every
+    worker's object store fits a rank's RS(4,2) shards in flight (1.5x the size), or 4 fetched
+    shards plus a raw object (2x)."""
+    from ray_ckpt.testing import SimulatedCluster
 
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
-        if not alive & node_ids:
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise BenchError(f"nodes {sorted(node_ids)} were not declared dead within {timeout_s:.0f}s")
+    return SimulatedCluster(
+        workers,
+        namespace=namespace,
+        store_budget_bytes=size + 16 * MIB,
+        head_object_store_bytes=size // 2 + 128 * MIB,
+        worker_object_store_bytes=2 * size + 128 * MIB,
+    )
+
+
+def kill(sim: Any, node_ids: list[str]) -> float:
+    """``SimulatedCluster.kill``: hard-kill the nodes, seconds until Ray declared them dead; a
+    node never declared dead voids the run (BenchError)."""
+    try:
+        return float(sim.kill(node_ids))
+    except TimeoutError as error:
+        raise BenchError(str(error)) from None
 
 
 def render_table(lines: list[tuple[str, ...]]) -> str:

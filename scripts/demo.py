@@ -32,12 +32,6 @@ import time
 import uuid
 from typing import Any
 
-FAST_FAILURE_DETECTION = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 600,
-    "health_check_failure_threshold": 3,
-}
 SEQ_LEN = 32
 BATCH = 8
 
@@ -105,6 +99,7 @@ def train_loop(config: dict[str, Any]) -> None:
     Ray Train way (torch.save + ray.train.report) every ``baseline_every`` steps."""
     import ray
     import ray.train
+    import ray.train.collective  # not imported by ray.train itself
     import ray.train.torch
     import torch
 
@@ -406,24 +401,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    import ray
-    from ray.cluster_utils import Cluster
-
     import ray_ckpt
-    from ray_ckpt import events
+    from ray_ckpt import events, quiet
+    from ray_ckpt.testing import SimulatedCluster
 
     first, second = args.steps // 4, args.steps // 2
     schedule = [(first, [1], 0), (second, [0], 1)]  # rank 1's node; then rank 0's node + a shard holder
     print(f"starting a simulated Ray cluster: a head + {args.nodes} one-CPU nodes ...", flush=True)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_FAILURE_DETECTION},
-    )
+    sim = SimulatedCluster(args.nodes, start_service=False, logging_level="ERROR")
+    cluster = sim.cluster
     try:
-        for _ in range(args.nodes):
-            cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
         ray_ckpt.start(store_budget_bytes=1 << 30)
         print(f"1/3 uninterrupted reference run, {args.steps} steps ...", flush=True)
         reference = run_job(cluster, "reference", "ray_ckpt", args.steps, [])
@@ -441,9 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         # stalls are printed at the end
         report_stall_s = 2 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2"))
         baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
-        for _ in range(3):  # replace the nodes killed above
-            cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+        sim.add_workers(3)  # replace the nodes killed above
         ray_ckpt.start()
         print(
             f"3/3 baseline: Ray Train checkpoints (torch.save + report) every {baseline_every} steps, same kills ...",
@@ -482,11 +468,11 @@ def main(argv: list[str] | None = None) -> int:
             args.events.parent.mkdir(parents=True, exist_ok=True)
             events.write(args.events, records + [r for r in all_records if r not in records])
             print(f"events written to {args.events}; view them with: ray-ckpt dashboard --events {args.events}")
+        print(f"Ray's own logs of this run (node deaths, worker restarts): {quiet.logs_dir()}")
         ok = bit_exact and all_from_memory and len(ours_failures) == len(schedule)
         return 0 if ok else 1
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        sim.shutdown()
 
 
 if __name__ == "__main__":

@@ -30,13 +30,7 @@ from ray.train.torch import TorchTrainer
 
 import ray_ckpt
 from ray_ckpt import naming
-
-FAST_FAILURE_DETECTION = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 600,
-    "health_check_failure_threshold": 3,
-}
+from ray_ckpt.testing import SimulatedCluster
 
 
 def build_model() -> torch.nn.Module:
@@ -159,28 +153,17 @@ def run_with_kill(*, steps: int, workers: int, nodes: int, kill_at_step: int) ->
     """On a fresh simulated cluster: an uninterrupted reference run, then the same job with the
     node of rank 1 hard-killed after ``kill_at_step`` committed. Returns the report:
     ``{"killed", "restores", "bit_exact", "reference_digest", "final_digest"}``."""
-    from ray.cluster_utils import Cluster
-
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_FAILURE_DETECTION},
-    )
-    for _ in range(nodes):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
     checkpoint = {"data_shards": 2, "parity_shards": 1}
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-        ray_ckpt.start(store_budget_bytes=512 << 20)
+    with SimulatedCluster(nodes, store_budget_bytes=512 << 20) as sim:
         common: dict[str, Any] = {"storage_path": storage, "steps": steps, "workers": workers, "checkpoint": checkpoint}
         reference = run(name="reference", events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **common)
         events = tempfile.mkdtemp()
         killed: dict[str, Any] = {}
         namespace = ray_ckpt.settings.namespace()
         thread = threading.Thread(
-            target=lambda: killed.update(kill_rank_node_when(cluster, "killed", 1, kill_at_step, namespace)),
+            target=lambda: killed.update(kill_rank_node_when(sim.cluster, "killed", 1, kill_at_step, namespace)),
             daemon=True,
         )
         thread.start()
@@ -193,9 +176,6 @@ def run_with_kill(*, steps: int, workers: int, nodes: int, kill_at_step: int) ->
             "final_digest": final["params_digest"],
             "bit_exact": final["params_digest"] == reference["params_digest"],
         }
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

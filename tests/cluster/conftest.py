@@ -1,36 +1,23 @@
-"""Simulated multi-node clusters (ray.cluster_utils.Cluster) with fast failure detection."""
+"""Simulated multi-node clusters for the cluster tests: ``ray_ckpt.testing.SimulatedCluster``."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import ray
 import sim
-from ray.cluster_utils import Cluster
 
-import ray_ckpt
-from ray_ckpt import naming
+from ray_ckpt.testing import SimulatedCluster
 
 # Ranks run as Ray tasks defined in sim.py; workers cannot import the tests folder.
 ray.cloudpickle.register_pickle_by_value(sim)
 
-FAST_FAILURE_DETECTION = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 300,
-    "health_check_timeout_ms": 600,
-    "health_check_failure_threshold": 3,
-}
 
+class SimCluster(SimulatedCluster):
+    """The harness's cluster, plus the shard-holder lookup the tests pick victims with."""
 
-@dataclass
-class SimCluster:
-    cluster: Cluster
-    workers: list[Any]  # ray.cluster_utils node handles, one CPU each
     namespace: str
 
     def worker_holders(self, shards: dict[int, str], count: int, indices: list[int] | None = None) -> list[str]:
@@ -46,25 +33,6 @@ class SimCluster:
             raise ValueError(f"fewer than {count} worker nodes hold shards {indices}: {shards}")
         return chosen[:count]
 
-    def node_id(self, index: int) -> str:
-        return str(self.workers[index].node_id)
-
-    def kill(self, node_ids: list[str]) -> None:
-        """Hard-kill the given nodes at once and wait until Ray declares them dead."""
-        doomed = [n for n in self.workers if n.node_id in node_ids]
-        if len(doomed) != len(set(node_ids)):
-            raise ValueError(f"only worker nodes can be killed; {node_ids} includes another node")
-        for node in doomed:
-            self.cluster.remove_node(node, allow_graceful=False)
-            self.workers.remove(node)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
-            if not alive & set(node_ids):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"nodes {node_ids} were not declared dead")
-
 
 @pytest.fixture
 def sim_cluster(ray_tmpdir: str, request: pytest.FixtureRequest) -> Iterator[SimCluster]:
@@ -72,22 +40,11 @@ def sim_cluster(ray_tmpdir: str, request: pytest.FixtureRequest) -> Iterator[Sim
     the ray_ckpt service started on all of them with a 256 MiB budget per store."""
     marker = request.node.get_closest_marker("nodes")
     count = marker.args[0] if marker else 7
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "_system_config": FAST_FAILURE_DETECTION,
-            "object_store_memory": 200 << 20,
-        },
-    )
-    workers = [cluster.add_node(num_cpus=1, object_store_memory=150 << 20) for _ in range(count)]
-    cluster.wait_for_nodes()
-    namespace = f"test-{uuid.uuid4().hex[:8]}"
-    ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
-    ray_ckpt.service.start(store_budget_bytes=256 << 20, namespace=namespace)
-    try:
-        yield SimCluster(cluster, workers, namespace)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with SimCluster(
+        count,
+        store_budget_bytes=256 << 20,
+        namespace=f"test-{uuid.uuid4().hex[:8]}",
+        head_object_store_bytes=200 << 20,
+        worker_object_store_bytes=150 << 20,
+    ) as cluster:
+        yield cluster

@@ -1,8 +1,8 @@
-"""Helpers for cluster tests: deterministic states, ranks as Ray tasks, shard lookups."""
+"""Helpers for cluster tests: deterministic states, ranks as Ray tasks, shard lookups; ``digest``
+(from ``ray_ckpt.testing``) compares restored states."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import ray
@@ -10,8 +10,9 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import ray_ckpt
-from ray_ckpt import naming, snapshot
+from ray_ckpt import naming
 from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.testing import digest
 
 
 def make_state(rank: int, step: int, size: int = 50_000) -> dict[str, Any]:
@@ -25,12 +26,6 @@ def make_state(rank: int, step: int, size: int = 50_000) -> dict[str, Any]:
         "optim": {"state": {0: {"exp_avg": torch.randn(100, generator=generator)}}, "lr": 0.1},
         "step": step,
     }
-
-
-def digest(state: Any) -> str:
-    """A hash of a state's canonical snapshot bytes (equal digests = bit-exact states)."""
-    header, payload = snapshot.snapshot(state)
-    return hashlib.sha256(header + payload.tobytes()).hexdigest()
 
 
 @ray.remote(num_cpus=1, max_retries=0)

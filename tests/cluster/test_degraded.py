@@ -71,8 +71,7 @@ def test_a_shrinking_cluster_keeps_saving_with_real_protection_and_recovers_full
     assert digest(restored.state) == digest(expected[2])
     save(3)  # the head's store alone: the job goes on, unprotected
     assert ckpt.last_protection == 0
-    for _ in range(3):
-        sim_cluster.workers.append(sim_cluster.cluster.add_node(num_cpus=1, object_store_memory=150 << 20))
+    sim_cluster.add_workers(3)
     wait_for_stores(namespace, 4)
     save(4)
     assert ckpt.last_protection == 2

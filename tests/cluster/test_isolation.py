@@ -37,7 +37,7 @@ def test_one_job_cannot_overwrite_or_evict_another_jobs_shards(sim_cluster: SimC
         )
     )
     stores = naming.store_handles(sim_cluster.namespace)
-    held = [m for h in stores.values() for m in ray.get(h.holdings.remote())[1]]
+    held = [m for h in stores.values() for m in ray.get(h.holdings.remote())["metas"]]
     assert {m["step"] for m in held if m["job"] == "job-A"} == {5}  # A evicted its own old steps
     assert {m["step"] for m in held if m["job"] == "job-B"} == {1}  # ... and none of B's
     result = ray.get(restore_rank.remote(sim_cluster.namespace, "job-B", 0, 1, CODE))
@@ -104,19 +104,13 @@ def test_store_actor_survives_malformed_requests(sim_cluster: SimCluster) -> Non
 TOKEN_AUTH_SCRIPT = """
 import sys, uuid
 import ray, sim
-from ray.cluster_utils import Cluster
-import ray_ckpt
 from ray_ckpt import naming
-from conftest import FAST_FAILURE_DETECTION
+from ray_ckpt.testing import SimulatedCluster
 ray.cloudpickle.register_pickle_by_value(sim)
 code = {"data_shards": 2, "parity_shards": 1, "keep_committed": 1, "local_copy": False}
-cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 0, "include_dashboard": False, "_system_config": FAST_FAILURE_DETECTION})
-workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
-cluster.wait_for_nodes()
+simulated = SimulatedCluster(3, store_budget_bytes=64 << 20, namespace="auth")
+cluster, workers = simulated.cluster, simulated.workers
 try:
-    ray.init(address=cluster.address, namespace="auth", log_to_driver=False)
-    ray_ckpt.start(store_budget_bytes=64 << 20, namespace="auth")
     here = sim.on_node(workers[0].node_id)
     ray.get(sim.save_steps.options(scheduling_strategy=here).remote("auth", "job", 0, 1, [0, 1], code, 10_000))
     located = ray.get(naming.registry_handle("auth").locate.remote("job", 1))[0]["nodes"]
@@ -127,8 +121,7 @@ try:
     print("RESTORED", result["step"], result["source"], ok)
     sys.exit(0 if ok else 1)
 finally:
-    ray.shutdown()
-    cluster.shutdown()
+    simulated.shutdown()
 """
 
 

@@ -4,9 +4,6 @@ CUDA device is present; skipped elsewhere."""
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
@@ -15,12 +12,7 @@ from ray_ckpt import blob, snapshot
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.restore import load
 from ray_ckpt.save import SavePipeline
-
-
-def digest(state: Any) -> str:
-    header, payload = snapshot.snapshot(state)
-    return hashlib.sha256(header + payload.tobytes()).hexdigest()
-
+from ray_ckpt.testing import digest
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 HEAVY = ("ray", "ray.train", "torch", "torch.distributed")
-PURE = ("codec", "placement", "protection", "registry", "store", "shard", "config", "errors", "wire")
+PURE = ("codec", "placement", "protection", "registry", "store", "shard", "config", "errors", "wire", "testing")
 
 
 def loaded_after(statement: str) -> list[str]:

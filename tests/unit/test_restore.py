@@ -3,7 +3,6 @@ corrupt shards, decode, load; the local copy, the backup fallback and the world-
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -19,13 +18,8 @@ from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError
 from ray_ckpt.restore import Restorer
 from ray_ckpt.shard import ShardMeta
+from ray_ckpt.testing import digest
 from ray_ckpt.wire import RankRecord, RestorePlan
-
-
-def digest(state: Any) -> str:
-    header, payload = snapshot.snapshot(state)
-    return hashlib.sha256(header + payload.tobytes()).hexdigest()
-
 
 JOB, K, M, WORLD = "job", 3, 2, 2
 NODES = [f"n{i}" for i in range(K + M)]
