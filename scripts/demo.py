@@ -345,6 +345,10 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
         if recovery["kill_time"] is None:  # the baseline's first start, not a failure
             continue
         kill_time = recovery["kill_time"]
+        if recovery.get("failed"):  # a restart whose restore raised: a failure, with its error
+            errors = sorted(set(recovery.get("errors", {}).values()))
+            result.append({"failed": True, "errors": errors, "killed_nodes": [n[:8] for n in recovery["killed_nodes"]]})
+            continue
         before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
         newest = max(before) if before else recovery["step"]
         result.append(
@@ -377,6 +381,9 @@ def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
     )
     print(head + "  sources")
     for i, f in enumerate(failures, 1):
+        if f.get("failed"):
+            print(f"  {i:>2} FAILED to restore: {'; '.join(f['errors'])}")
+            continue
         phases = f["phases"]
         cells = " ".join(
             f"{phases.get(p):>8.2f}" if phases.get(p) is not None else f"{'-':>8}"
@@ -447,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Ray Train {base_stall * 1e3:.1f} ms (a checkpoint every {baseline_every} steps)"
         )
         print(f"job wall time: ray_ckpt {ours['wall_s']:.1f} s, baseline {baseline['wall_s']:.1f} s")
-        all_from_memory = all(s in ("local", "peers") for f in ours_failures for s in f["sources"].values())
+        all_from_memory = all(
+            not f.get("failed") and all(s in ("local", "peers") for s in f["sources"].values()) for f in ours_failures
+        )
         print("every failure recovered from peer memory" if all_from_memory else "SOME failure fell back")
         print(
             "final model bit-identical to the uninterrupted run"
