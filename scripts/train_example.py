@@ -149,13 +149,17 @@ def read_restores(events_dir: str) -> list[dict[str, Any]]:
     )
 
 
-def run_with_kill(*, steps: int, workers: int, nodes: int, kill_at_step: int) -> dict[str, Any]:
+def run_with_kill(
+    *, steps: int, workers: int, nodes: int, kill_at_step: int, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """On a fresh simulated cluster: an uninterrupted reference run, then the same job with the
-    node of rank 1 hard-killed after ``kill_at_step`` committed. Returns the report:
-    ``{"killed", "restores", "bit_exact", "reference_digest", "final_digest"}``."""
+    node of rank 1 hard-killed after ``kill_at_step`` committed. ``checkpoint``: the
+    CheckpointConfig fields (default RS(2,1)). Returns the report: ``{"killed", "restores",
+    "bit_exact", "reference_digest", "final_digest", "final_status"}`` (``final_status``: the
+    job's ``ray_ckpt.status()`` entry at the end, with its protection)."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
-    checkpoint = {"data_shards": 2, "parity_shards": 1}
+    checkpoint = {"data_shards": 2, "parity_shards": 1} if checkpoint is None else checkpoint
     with SimulatedCluster(nodes, store_budget_bytes=512 << 20) as sim:
         common: dict[str, Any] = {"storage_path": storage, "steps": steps, "workers": workers, "checkpoint": checkpoint}
         reference = run(name="reference", events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **common)
@@ -171,6 +175,7 @@ def run_with_kill(*, steps: int, workers: int, nodes: int, kill_at_step: int) ->
         thread.join(timeout=5)
         return {
             "killed": killed,
+            "final_status": ray_ckpt.status(namespace=namespace)["jobs"].get("killed"),
             "restores": read_restores(events),
             "reference_digest": reference["params_digest"],
             "final_digest": final["params_digest"],

@@ -25,11 +25,13 @@ def load_example():  # type: ignore[no-untyped-def]
 
 
 def test_torch_trainer_job_recovers_from_a_node_kill_bit_exact(ray_tmpdir: str) -> None:
-    """The example job (DDP over gloo, 2 workers): after the node of rank 1 is hard-killed,
-    Ray Train restarts the group, every rank restores the newest committed step from memory,
-    and the final parameters equal an uninterrupted run's, bit for bit."""
+    """The example job (DDP over gloo, 2 workers) with the default CheckpointConfig, RS(4,2),
+    on exactly k+m = 6 store nodes (a head and 5 workers): after the node of rank 1 is
+    hard-killed, Ray Train restarts the group, every rank restores the newest committed step
+    from memory, the job goes on saving on the 5 stores left (protection 1 of 2, reported by
+    status) and finishes with parameters equal to an uninterrupted run's, bit for bit."""
     example = load_example()
-    report = example.run_with_kill(steps=16, workers=2, nodes=4, kill_at_step=5)
+    report = example.run_with_kill(steps=16, workers=2, nodes=5, kill_at_step=5, checkpoint={})
     killed_step = report["killed"]["latest_committed"]
     restores = report["restores"]
     first, second = (
@@ -42,3 +44,6 @@ def test_torch_trainer_job_recovers_from_a_node_kill_bit_exact(ray_tmpdir: str) 
     assert all(r["source"] in ("local", "peers") for r in after_kill)
     assert all(r["restored_step"] >= killed_step for r in after_kill)
     assert report["bit_exact"], (report["reference_digest"], report["final_digest"])
+    final = report["final_status"]
+    assert final["latest_committed"] == 15
+    assert (final["protection"], final["full_protection"]) == (1, 2)
