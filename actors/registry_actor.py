@@ -11,14 +11,21 @@ import ray
 
 from actors import store_actor
 from ray_ckpt import events, metrics, naming, settings
-from ray_ckpt.registry import Registry
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import StoreHoldings, ranks_to_wire
+from ray_ckpt.errors import ConfigError, RayCkptError
+from ray_ckpt.registry import Registry, StageOutcome
+from ray_ckpt.wire import StageRequest, StageResult, StoreHoldings, ranks_to_wire
 
 logger = logging.getLogger(__name__)
 
+_HANDLES_TTL_S = 1.0  # how stale the commit fan-out's list of stores may be
+# Stages serialize on the registry's lock anyway: a few threads take them, so that hundreds of
+# concurrent batches do not convoy on the GIL; blocking calls (wait_committed) use the others.
+_STAGE_THREADS = 4
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=64)  # type: ignore[call-overload]
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_restarts=-1, max_concurrency=64, concurrency_groups={"stage": _STAGE_THREADS}
+)
 class RegistryActor:
     """On (re)start it rebuilds its view from every live store's self-describing shards, so a
     killed registry comes back with the same committed steps. A watch thread starts stores on
@@ -42,6 +49,9 @@ class RegistryActor:
             events_path = f"{context.get_temp_dir()}/{context.get_session_name()}/ray_ckpt/events-{namespace}.jsonl"
         self._events = events.EventLog(events_path)
         self._status_snapshots = events.Coalescer(self._record_status, events.STATUS_EVERY_S)
+        self._handles_lock = threading.Lock()
+        self._handles: dict[str, Any] = {}
+        self._handles_at = float("-inf")
         self._rebuild(rebuild_timeout_s)
         if settings.store_watch_interval_s() > 0:
             threading.Thread(target=self._watch_stores, name="ray_ckpt-store-watch", daemon=True).start()
@@ -100,6 +110,7 @@ class RegistryActor:
     def events_path(self) -> str | None:
         return None if self._events.path is None else str(self._events.path)
 
+    @ray.method(concurrency_group="stage")
     def stage(
         self,
         metas: list[dict[str, Any]],
@@ -109,25 +120,59 @@ class RegistryActor:
         local: dict[str, Any] | None = None,
         local_node: str | None = None,
     ) -> bool:
-        """Stage one rank's shards; on commit, tells every store to evict superseded steps."""
-        parsed = [ShardMeta.from_dict(m) for m in metas]
-        job = parsed[0].job
-        if attempt is not None:
-            self._drop(job, self._registry.join(job, attempt))
-        decision = self._registry.stage(
-            parsed,
-            nodes,
-            keep_committed=keep_committed,
-            attempt=attempt,
-            local=None if local is None else ShardMeta.from_dict(local),
-            local_node=local_node,
-        )
-        if decision.committed:
-            self._observe_jobs([job])
-            for handle in naming.store_handles(self._namespace).values():
-                handle.mark_committed.remote(job, decision.keep_steps[-1], list(decision.keep_steps))
-            self._status_snapshots.request(job)  # off the stage path, at most one per job a second
-        return decision.committed
+        """Stage one rank's shards (a batch of one, see ``stage_batch``); True if the step
+        committed with it. A refused stage raises its ray_ckpt error."""
+        request = {
+            "metas": metas,
+            "nodes": nodes,
+            "keep_committed": keep_committed,
+            "attempt": attempt,
+            "local": local,
+            "local_node": local_node,
+        }
+        result = StageResult.from_wire(self._stage_batch([request])[0])
+        result.raise_error()
+        return result.committed
+
+    @ray.method(concurrency_group="stage")
+    def stage_batch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Stage several ranks' shards (``StageRequest``s on the wire: a node's ranks, sent by its
+        store) in one call; a ``StageResult`` on the wire per request, in order. Torn steps of a
+        new attempt are dropped from the stores; then, per job that committed, one
+        ``mark_committed`` per store (the newest commit of the batch: evicting for it evicts
+        for every older one too). The work per commit does not depend on the number of ranks:
+        metrics and the status snapshot are coalesced off this path."""
+        return self._stage_batch(requests)
+
+    def _stage_batch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        parsed: list[StageRequest | RayCkptError] = []
+        for values in requests:
+            try:
+                parsed.append(StageRequest.from_wire(values))
+            except RayCkptError as error:
+                parsed.append(error)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                parsed.append(ConfigError(f"malformed stage request ({type(error).__name__}: {error})"))
+        staged = iter(self._registry.stage_batch([r for r in parsed if isinstance(r, StageRequest)]))
+        outcomes = [next(staged) if isinstance(r, StageRequest) else StageOutcome(error=r) for r in parsed]
+        commits: dict[str, tuple[int, ...]] = {}
+        for request, outcome in zip(parsed, outcomes):
+            if not isinstance(request, StageRequest):
+                continue
+            job = request.metas[0].job if request.metas else None
+            if job is not None and outcome.torn:
+                self._drop(job, outcome.torn)
+            decision = outcome.decision
+            newest = commits.get(job or "", (-1,))[-1]
+            if job is not None and decision is not None and decision.committed and decision.keep_steps[-1] >= newest:
+                commits[job] = decision.keep_steps
+        for job, keep in commits.items():
+            for handle in self._store_handles().values():
+                handle.mark_committed.remote(job, keep[-1], list(keep))
+            self._status_snapshots.request(job)  # metrics and status: off the stage path, at most one per job a second
+        return [
+            StageResult(committed=bool(o.decision and o.decision.committed), error=o.error).to_wire() for o in outcomes
+        ]
 
     def _record_status(self, job: str) -> None:
         """Record a ``status`` event of ``job``'s newest committed step (``events.status_event``):
@@ -135,6 +180,7 @@ class RegistryActor:
         step = self._registry.latest_committed(job)
         if step is None:  # forgotten meanwhile
             return
+        self._observe_jobs([job])
         located = self._registry.locate(job, step)
         refs = {node_id: h.stats.remote() for node_id, h in naming.store_handles(self._namespace).items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5.0) if refs else ([], [])
@@ -158,6 +204,16 @@ class RegistryActor:
                 ray_nodes=ray.nodes(),
             )
         )
+
+    def _store_handles(self) -> dict[str, Any]:
+        """The live stores' handles for fire-and-forget fan-outs, looked up at most once every
+        ``_HANDLES_TTL_S`` (a lookup is one GCS call per store; a commit must not pay it)."""
+        with self._handles_lock:
+            now = time.monotonic()
+            if now - self._handles_at > _HANDLES_TTL_S:
+                self._handles = naming.store_handles(self._namespace)
+                self._handles_at = now
+            return self._handles
 
     def _drop(self, job: str, steps: tuple[int, ...]) -> None:
         if steps:
@@ -197,6 +253,10 @@ class RegistryActor:
     def locate(self, job: str, step: int) -> dict[int, dict[str, Any]]:
         """rank -> its ``RankRecord`` on the wire, for a committed step."""
         return ranks_to_wire(self._registry.locate(job, step))
+
+    def locate_rank(self, job: str, step: int, rank: int) -> dict[str, Any]:
+        """One rank's records of a committed step and its world size: a ``RankLocation`` on the wire."""
+        return self._registry.locate_rank(job, step, rank).to_wire()
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         return self._registry.jobs()

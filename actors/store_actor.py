@@ -10,14 +10,21 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ckpt import metrics, naming, settings
+from ray_ckpt.batcher import Batcher
+from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
 from ray_ckpt.wire import StoreHoldings
 
+_STAGE_THREADS = 32  # ranks of this node that can wait on a stage at once
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)  # type: ignore[call-overload]
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_restarts=0, max_concurrency=16, concurrency_groups={"stage": _STAGE_THREADS}
+)
 class ShardStoreActor:
-    """Threaded (max_concurrency) so a slow put never blocks a get. ``max_restarts=0``: a
+    """Threaded (max_concurrency) so a slow put never blocks a get; stages wait in their own
+    threads (concurrency group "stage") so they never hold up a put. ``max_restarts=0``: a
     restarted store would be empty anyway, and its death is what callers must see."""
 
     def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float) -> None:
@@ -30,6 +37,8 @@ class ShardStoreActor:
             node_memory=_node_memory,
         )
         metrics.observe_store(self._store.stats())
+        self._stages: Batcher[dict[str, Any], dict[str, Any]] = Batcher(self._send_stages)
+        self._registry: RegistryClient | None = None
 
     def ready(self) -> str:
         return self._store.node_id
@@ -45,6 +54,18 @@ class ShardStoreActor:
     ) -> tuple[dict[str, Any], np.ndarray] | None:
         found = self._store.get(job, step, rank, index, local=local)
         return None if found is None else (found[0].to_dict(), found[1])
+
+    @ray.method(concurrency_group="stage")
+    def stage(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Stage one rank of this node (a ``StageRequest`` on the wire) with the registry; its
+        ``StageResult`` on the wire. The stages of this node's ranks are coalesced: sent at once
+        when none is in flight, else together in the next ``stage_batch`` call (``Batcher``)."""
+        return self._stages.submit(request)
+
+    def _send_stages(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self._registry is None:
+            self._registry = RegistryClient(ray.get_runtime_context().namespace)
+        return list(self._registry.call("stage_batch", requests))
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
         freed = self._store.mark_committed(job, step, keep_steps)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ray_ckpt.errors import ConfigError, NoCheckpointError, StaleAttemptError
+from ray_ckpt.errors import ConfigError, NoCheckpointError, RayCkptError, StaleAttemptError
 from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankRecord, RestorePlan, StoreHoldings
+from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan, StageRequest, StoreHoldings
 
 
 @dataclasses.dataclass
@@ -40,6 +40,17 @@ class CommitDecision:
     committed: bool
     keep_steps: tuple[int, ...]
     evict_steps: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageOutcome:
+    """What one stage of a batch did: its ``decision``, or the ``error`` that refused it (then
+    nothing changed for that stage), and ``torn``: the steps its attempt's join discarded (their
+    shards are to be dropped from the stores; see ``Registry.join``)."""
+
+    decision: CommitDecision | None = None
+    error: RayCkptError | None = None
+    torn: tuple[int, ...] = ()
 
 
 class Registry:
@@ -106,6 +117,47 @@ class Registry:
             record.committed = True
             self._lock.notify_all()
             return self._retire_locked(job, keep_committed)
+
+    def stage_batch(self, requests: Sequence[StageRequest]) -> list[StageOutcome]:
+        """Stage several ranks' steps (a node's ranks, forwarded by its store) under one lock
+        acquisition: each request in order exactly as ``join`` (with its attempt) then ``stage``
+        would, so the two-phase commit, the attempts and StaleAttemptError are the same per
+        request; a refused request changes nothing and does not stop the others. One exception,
+        for retries after a registry restart: a request identical (same shard metadata) to the
+        record its rank already holds in a committed step is acknowledged as committed again
+        instead of refused as not newer than the newest commit."""
+        outcomes = []
+        with self._lock:
+            for request in requests:
+                try:
+                    outcomes.append(self._stage_one_locked(request))
+                except RayCkptError as error:
+                    outcomes.append(StageOutcome(error=error))
+        return outcomes
+
+    def _stage_one_locked(self, request: StageRequest) -> StageOutcome:
+        if not request.metas:
+            raise ConfigError("stage needs the metadata of at least one shard")
+        first = request.metas[0]
+        torn = () if request.attempt is None else self._join_locked(first.job, request.attempt)
+        record = self._jobs.get(first.job, {}).get(first.step)
+        held = None if record is None or not record.committed else record.ranks.get(first.rank)
+        if held is not None and dict(held.metas) == {m.index: m for m in request.metas}:
+            return StageOutcome(decision=self._acknowledge_locked(first.job, request.keep_committed), torn=torn)
+        decision = self.stage(
+            list(request.metas),
+            dict(request.nodes),
+            keep_committed=request.keep_committed,
+            attempt=request.attempt,
+            local=request.local,
+            local_node=request.local_node,
+        )
+        return StageOutcome(decision=decision, torn=torn)
+
+    def _acknowledge_locked(self, job: str, keep_committed: int) -> CommitDecision:
+        """The decision of a step that committed already: the kept steps, nothing new to evict."""
+        committed = sorted(s for s, r in self._jobs[job].items() if r.committed)
+        return CommitDecision(True, tuple(committed[-keep_committed:]), ())
 
     def _retire_locked(self, job: str, keep_committed: int) -> CommitDecision:
         steps = self._jobs[job]
@@ -245,13 +297,24 @@ class Registry:
     def locate(self, job: str, step: int) -> dict[int, RankRecord]:
         """Every rank's shard records of a committed step; NoCheckpointError if not committed."""
         with self._lock:
-            record = self._jobs.get(job, {}).get(step)
-            if record is None or not record.committed:
-                known = sorted(s for s, r in self._jobs.get(job, {}).items() if r.committed)
-                raise NoCheckpointError(
-                    f"job {job!r} has no committed step {step} (committed: {known})", job=job, step=step
-                )
-            return dict(record.ranks)
+            return dict(self._committed_record_locked(job, step).ranks)
+
+    def locate_rank(self, job: str, step: int, rank: int) -> RankLocation:
+        """One rank's shard records of a committed step and the number of ranks that saved it
+        (what a restoring rank needs: O(1) in the world size); NoCheckpointError if not
+        committed. ``record`` is None when ``rank`` did not save the step."""
+        with self._lock:
+            record = self._committed_record_locked(job, step)
+            return RankLocation(world_size=len(record.ranks), record=record.ranks.get(rank))
+
+    def _committed_record_locked(self, job: str, step: int) -> StepRecord:
+        record = self._jobs.get(job, {}).get(step)
+        if record is None or not record.committed:
+            known = sorted(s for s, r in self._jobs.get(job, {}).items() if r.committed)
+            raise NoCheckpointError(
+                f"job {job!r} has no committed step {step} (committed: {known})", job=job, step=step
+            )
+        return record
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         """Per job: committed steps, staged-only steps with the ranks that staged them."""

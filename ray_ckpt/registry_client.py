@@ -18,7 +18,7 @@ import ray
 from ray_ckpt import naming, remote, settings
 from ray_ckpt.errors import StoreUnavailableError
 from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankRecord, RestorePlan, ranks_from_wire
+from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan, StageRequest, StageResult, ranks_from_wire
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,11 @@ class RegistryClient:
         """Every rank's record of a committed step (NoCheckpointError if it is not committed)."""
         return ranks_from_wire(self.call("locate", job, step))
 
+    def locate_rank(self, job: str, step: int, rank: int) -> RankLocation:
+        """One rank's record of a committed step and the step's world size (NoCheckpointError if
+        the step is not committed): what a restoring rank needs, whatever the world size."""
+        return RankLocation.from_wire(self.call("locate_rank", job, step, rank))
+
     def latest_committed(self, job: str) -> int | None:
         latest = self.call("latest_committed", job)
         return None if latest is None else int(latest)
@@ -128,3 +133,9 @@ class RegistryClient:
     def events(self, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
         following, records = self.call("events", since)
         return int(following), list(records)
+
+    def stage_batch(self, requests: list[StageRequest]) -> list[StageResult]:
+        """Stage several ranks' steps in one call (a node's store forwards its ranks' stages
+        so); one result per request, in order. Retried across a registry restart like every
+        call: a request the restarted registry already holds committed is acknowledged again."""
+        return [StageResult.from_wire(r) for r in self.call("stage_batch", [r.to_wire() for r in requests])]

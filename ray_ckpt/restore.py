@@ -32,7 +32,7 @@ from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError
 from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankRecord, RestorePlan
+from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class RegistryView(Protocol):
     def plan_restore(self, job: str, attempt: str | None) -> RestorePlan: ...
 
     def locate(self, job: str, step: int) -> dict[int, RankRecord]: ...
+
+    def locate_rank(self, job: str, step: int, rank: int) -> RankLocation: ...
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None: ...
 
@@ -244,9 +246,19 @@ class Restorer:
             )
 
     def _locate(self, step: int) -> RankRecord:
-        located = self.registry.locate(self.job, step)
-        self.check_world_size(len(located), step)
-        return located[self.rank]
+        """This rank's record of ``step`` (only its own: O(1) bytes in the world size), after
+        the world-size check every rank makes alike."""
+        located = self.registry.locate_rank(self.job, step, self.rank)
+        self.check_world_size(located.world_size, step)
+        if located.record is None:
+            raise ConfigError(
+                f"job {self.job!r} step {step}: the registry holds no record of rank {self.rank} although "
+                f"{located.world_size} ranks saved the step; rank ids must be 0..world_size-1",
+                job=self.job,
+                step=step,
+                rank=self.rank,
+            )
+        return located.record
 
     def _from_memory(self, step: int, record: RankRecord, t0: float) -> Restored:
         t1 = time.perf_counter()

@@ -6,7 +6,8 @@ tensors live on a GPU). ``SavePipeline.complete`` runs on the checkpointer's bac
 thread: it waits for that event, computes the m parity shards on the CPU into reused buffers
 (data shards are slices of the buffer), checksums every shard, places the k+m shards on live
 stores (doubling up when fewer than k+m are alive, see ray_ckpt.placement), puts them (and the
-optional local copy), stages the step with the registry and writes the periodic backup.
+optional local copy), stages the step with the registry (through its node's store, which
+batches the stages of the node's ranks into one registry call) and writes the periodic backup.
 Collaborators are passed in (registry, stores, backup), as for the restore path.
 """
 
@@ -30,6 +31,7 @@ from ray_ckpt.errors import RayCkptError, StoreUnavailableError, unwrap_remote
 from ray_ckpt.placement import place
 from ray_ckpt.protection import cluster_margin, rank_protection
 from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import StageRequest, StageResult
 
 if TYPE_CHECKING:
     from ray_ckpt.registry_client import RegistryClient
@@ -182,13 +184,15 @@ class SavePipeline:
         t1 = time.perf_counter()
         targets, local = self._scatter(shards, metas, buffer[:size], common)
         t2 = time.perf_counter()
-        committed = self.registry.stage(
-            metas,
-            dict(enumerate(targets)),
-            self.config.keep_committed,
-            self.attempt,
-            local,
-            self.node_id if local is not None else None,
+        committed = self._stage(
+            StageRequest(
+                metas=tuple(metas),
+                nodes=dict(enumerate(targets)),
+                keep_committed=self.config.keep_committed,
+                attempt=self.attempt,
+                local=local,
+                local_node=self.node_id if local is not None else None,
+            )
         )
         t3 = time.perf_counter()
         phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
@@ -204,6 +208,20 @@ class SavePipeline:
                 "save", step=step, phases_s=dict(phases), bytes=size, returned=returned, protection=self.last_protection
             )
         return committed
+
+    def _stage(self, request: StageRequest) -> bool:
+        """Stage this rank's step through its own node's store, which forwards the stages of
+        the node's ranks to the registry in one batch; straight to the registry when that store
+        is gone or fails (a request the registry holds already is acknowledged, not doubled).
+        True if the step committed; a refused stage raises its ray_ckpt error."""
+        try:
+            answer = self.stores.stage(self.node_id, request).result(timeout=3 * settings.peer_timeout_s())
+            result = StageResult.from_wire(answer)
+        except Exception as error:  # no store here, it died, or it could not reach the registry
+            logger.info("rank %d: staging through this node's store failed (%s); staging directly", self.rank, error)
+            result = self.registry.stage_batch([request])[0]
+        result.raise_error()
+        return result.committed
 
     def _scatter(
         self, shards: list[np.ndarray], metas: list[ShardMeta], body: np.ndarray, common: dict[str, Any]

@@ -18,6 +18,7 @@ import ray
 from ray_ckpt import naming
 from ray_ckpt.placement import Node
 from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import StageRequest
 
 
 class StoreDirectory:
@@ -57,6 +58,11 @@ class StoreDirectory:
 
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
         return self._handle(node_id).get.remote(job, step, rank, index, local).future()
+
+    def stage(self, node_id: str, request: StageRequest) -> Future[dict[str, Any]]:
+        """Stage through that node's store, which batches its ranks' stages into one registry
+        call; the future's result is a ``StageResult`` on the wire (KeyError: no live store)."""
+        return self._handle(node_id).stage.remote(request.to_wire()).future()
 
     def forget(self, node_id: str) -> None:
         """Drop a cached handle (its store failed; a new one may take its place)."""

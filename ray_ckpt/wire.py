@@ -6,9 +6,13 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
 
 - ``RankRecord``: where one rank's shards of one step live (and its local copy), with the
   code parameters and the protection derived from it.
+- ``RankLocation``: one rank's ``RankRecord`` of a committed step and the step's world size
+  (a restoring rank's share of the registry's view, O(1) in the world size).
 - ``RestorePlan``: the step every rank of an attempt restores, and from where.
 - ``StoreHoldings``: what one store holds, for rebuilding the registry.
 - ``KillResult``: one simulated failure (the kill tool's answer).
+- ``StageRequest`` / ``StageResult``: one rank's stage of one step and its outcome, as a
+  node's store forwards them to the registry in one batch.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import dataclasses
 from collections.abc import Container, Mapping
 from typing import Any
 
+from ray_ckpt import errors
 from ray_ckpt.protection import rank_protection
 from ray_ckpt.shard import ShardMeta
 
@@ -94,6 +99,25 @@ def ranks_from_wire(values: Mapping[Any, Mapping[str, Any]]) -> dict[int, RankRe
 
 
 @dataclasses.dataclass(frozen=True)
+class RankLocation:
+    """One rank's records of a committed step (None if that rank did not save it) and how many
+    ranks saved the step (``world_size``)."""
+
+    world_size: int
+    record: RankRecord | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "record": None if self.record is None else self.record.to_wire()}
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> RankLocation:
+        record = values.get("record")
+        return cls(
+            world_size=int(values["world_size"]), record=None if record is None else RankRecord.from_wire(record)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class RestorePlan:
     """The step all ranks of one attempt restore. ``source``: "peers" (``step`` is committed
     and every rank can rebuild it from memory; ``world_size`` ranks saved it), "backup" (use
@@ -142,6 +166,148 @@ class StoreHoldings:
             metas=tuple(ShardMeta.from_dict(m) for m in values["metas"]),
             committed={str(j): int(s) for j, s in values["committed"].items()},
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRequest:
+    """One rank's stage of one step: its shards' metadata, the node of each shard index, how
+    many commits the job keeps, its attempt, and its optional local copy (on ``local_node``)."""
+
+    metas: tuple[ShardMeta, ...]
+    nodes: Mapping[int, str]
+    keep_committed: int
+    attempt: str | None = None
+    local: ShardMeta | None = None
+    local_node: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """Compact: what the rank's shards share is sent once, then per shard index its
+        checksum and node (a batch of a node's ranks is parsed by the registry at every step,
+        so its size and parse time per rank matter). Requests whose shards do not share job,
+        step, rank, world size and code (never built by ray_ckpt) go as full records."""
+        first = self.metas[0] if self.metas else None
+        if (
+            first is None
+            or any(_shared(m) != _shared(first) for m in self.metas)
+            or set(self.nodes) != {m.index for m in self.metas}
+        ):
+            return {"metas": [m.to_dict() for m in self.metas], "nodes": dict(self.nodes), **self._tail()}
+        return {
+            "shared": list(_shared(first)),
+            "shards": [[m.index, m.checksum, self.nodes[m.index]] for m in self.metas],
+            **self._tail(),
+        }
+
+    def _tail(self) -> dict[str, Any]:
+        return {
+            "keep_committed": self.keep_committed,
+            "attempt": self.attempt,
+            "local": None if self.local is None else self.local.to_dict(),
+            "local_node": self.local_node,
+        }
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> StageRequest:
+        """Parse a peer's request; SnapshotFormatError if its metadata is malformed (the same
+        checks as ``ShardMeta.from_dict``)."""
+        local = values.get("local")
+        if "shared" in values:
+            shared = _checked_shared(values["shared"])
+            metas = []
+            nodes = {}
+            for index, digest, node in values["shards"]:
+                if not (
+                    type(index) is int and type(digest) is int and 0 <= index < shared[4] + shared[5] and digest >= 0
+                ):
+                    raise errors.SnapshotFormatError(
+                        f"shard metadata is inconsistent: index {index!r}, checksum {digest!r}"
+                    )
+                metas.append(_meta(shared, index, digest))
+                nodes[index] = str(node)
+        else:
+            metas = [ShardMeta.from_dict(meta) for meta in values["metas"]]
+            nodes = {int(i): str(n) for i, n in values["nodes"].items()}
+        return cls(
+            metas=tuple(metas),
+            nodes=nodes,
+            keep_committed=int(values["keep_committed"]),
+            attempt=values.get("attempt"),
+            local=None if local is None else ShardMeta.from_dict(local),
+            local_node=values.get("local_node"),
+        )
+
+
+def _shared(meta: ShardMeta) -> tuple[Any, ...]:
+    return (
+        meta.job,
+        meta.step,
+        meta.rank,
+        meta.world_size,
+        meta.data_shards,
+        meta.parity_shards,
+        meta.payload_size,
+        meta.shard_size,
+    )
+
+
+def _checked_shared(shared: Any) -> tuple[Any, ...]:
+    """The fields a rank's shards share (``_shared``), validated as ``ShardMeta.from_dict``
+    validates a record; SnapshotFormatError if malformed."""
+    if not isinstance(shared, (list, tuple)) or len(shared) != 8:
+        raise errors.SnapshotFormatError("shared shard metadata must list job, step, rank, world_size, k, m, sizes")
+    job, _step, rank, world_size, k, m, payload_size, shard_size = shared
+    if not isinstance(job, str):
+        raise errors.SnapshotFormatError("shard metadata field job must be a str")
+    if not all(type(n) is int and n >= 0 for n in shared[1:]):
+        raise errors.SnapshotFormatError(f"shard metadata fields must be ints >= 0, got {shared}")
+    if k < 1 or k + m > 256 or rank >= world_size or shard_size != -(-payload_size // k):
+        raise errors.SnapshotFormatError(f"shard metadata is inconsistent: {shared}")
+    return tuple(shared)
+
+
+def _meta(shared: tuple[Any, ...], index: int, digest: int) -> ShardMeta:
+    job, step, rank, world_size, k, m, payload_size, shard_size = shared
+    return ShardMeta(
+        job=job,
+        step=step,
+        rank=rank,
+        index=index,
+        world_size=world_size,
+        data_shards=k,
+        parity_shards=m,
+        payload_size=payload_size,
+        shard_size=shard_size,
+        checksum=digest,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StageResult:
+    """The outcome of one ``StageRequest``: whether the step committed with it, or the ray_ckpt
+    error that refused it (raised at the rank as itself, see ``raise_error``)."""
+
+    committed: bool = False
+    error: errors.RayCkptError | None = None
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def to_wire(self) -> dict[str, Any]:
+        error = None
+        if self.error is not None:
+            error = {"kind": type(self.error).__name__, "message": self.error.message, "details": self.error.details}
+        return {"committed": self.committed, "error": error}
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> StageResult:
+        error = values.get("error")
+        if error is None:
+            return cls(committed=bool(values.get("committed")))
+        kind = getattr(errors, str(error.get("kind")), None)
+        if not (isinstance(kind, type) and issubclass(kind, errors.RayCkptError)):
+            kind = errors.RayCkptError
+        return cls(committed=False, error=kind(str(error.get("message")), **dict(error.get("details") or {})))
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from ray_ckpt.errors import ConfigError, InsufficientShardsError
 from ray_ckpt.restore import Restorer
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.testing import digest
-from ray_ckpt.wire import RankRecord, RestorePlan
+from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan
 
 JOB, K, M, WORLD = "job", 3, 2, 2
 NODES = [f"n{i}" for i in range(K + M)]
@@ -104,6 +104,9 @@ class FakeRegistry:
 
     def locate(self, job: str, step: int) -> dict[int, RankRecord]:
         return self.records[step]
+
+    def locate_rank(self, job: str, step: int, rank: int) -> RankLocation:
+        return RankLocation(world_size=len(self.records[step]), record=self.records[step].get(rank))
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
         return step
