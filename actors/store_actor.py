@@ -27,7 +27,8 @@ class ShardStoreActor:
     threads (concurrency group "stage") so they never hold up a put. ``max_restarts=0``: a
     restarted store would be empty anyway, and its death is what callers must see."""
 
-    def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float) -> None:
+    def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float, namespace: str) -> None:
+        self._namespace = namespace  # of this deployment (its registry), not of the job that created it
         if budget_bytes is None:
             budget_bytes = int(psutil.virtual_memory().total * budget_fraction)
         self._store = ShardStore(
@@ -64,7 +65,7 @@ class ShardStoreActor:
 
     def _send_stages(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self._registry is None:
-            self._registry = RegistryClient(ray.get_runtime_context().namespace)
+            self._registry = RegistryClient(self._namespace)
         return list(self._registry.call("stage_batch", requests))
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
@@ -104,7 +105,7 @@ def deploy(namespace: str, node_id: str, budget_bytes: int | None, budget_fracti
         lifetime="detached",
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(node_id, budget_bytes, budget_fraction)
+    ).remote(node_id, budget_bytes, budget_fraction, namespace)
 
 
 def _node_memory() -> tuple[int, int]:

@@ -54,7 +54,6 @@ def start(
     namespace = namespace or settings.namespace()
     nodes = [str(node["NodeID"]) for node in naming.alive_nodes()]
     handles = [store_actor.deploy(namespace, node_id, store_budget_bytes, fraction) for node_id in nodes]
-    remote.get([h.ready.remote() for h in handles], timeout=timeout_s)
     head = naming.head_node_id()
     # the head node: it hosts the GCS, so it lives exactly as long as the cluster
     strategy = NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
@@ -65,7 +64,8 @@ def start(
         get_if_exists=True,
         scheduling_strategy=strategy,
     ).remote(namespace, events_path, store_budget_bytes=store_budget_bytes, store_budget_fraction=fraction)
-    remote.get(registry.ready.remote(), timeout=timeout_s)
+    # the stores and the registry start together (each is a new worker process: about 1 s of CPU)
+    remote.get([h.ready.remote() for h in [*handles, registry]], timeout=timeout_s)
     default = CheckpointConfig()
     spare, protection = cluster_margin(len(nodes), default.data_shards, default.parity_shards)
     margin = (

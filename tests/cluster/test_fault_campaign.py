@@ -27,7 +27,7 @@ def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathl
             "--trials",
             "2",
             "--ops",
-            "6",
+            "3",
             "--seed",
             "7",
             "--always",
