@@ -17,7 +17,6 @@ import ray
 
 from ray_ckpt import naming, remote, settings
 from ray_ckpt.errors import StoreUnavailableError
-from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan, StageRequest, StageResult, ranks_from_wire
 
 logger = logging.getLogger(__name__)
@@ -69,28 +68,6 @@ class RegistryClient:
             logger.debug("could not record a %s event: %s", event.get("kind"), error)
 
     # ---- typed calls --------------------------------------------------------------------
-
-    def stage(
-        self,
-        metas: list[ShardMeta],
-        nodes: dict[int, str],
-        keep_committed: int,
-        attempt: str | None,
-        local: ShardMeta | None,
-        local_node: str | None,
-    ) -> bool:
-        """Stage one rank's shards of one step; True if the step committed with it."""
-        return bool(
-            self.call(
-                "stage",
-                [meta.to_dict() for meta in metas],
-                nodes,
-                keep_committed,
-                attempt,
-                None if local is None else local.to_dict(),
-                local_node,
-            )
-        )
 
     def plan_restore(self, job: str, attempt: str | None) -> RestorePlan:
         return RestorePlan.from_wire(self.call("plan_restore", job, attempt))
