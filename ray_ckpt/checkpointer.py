@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -206,6 +207,7 @@ class Checkpointer:
             source=None if restored is None else restored.source,
             steps_lost=None if restored is None or newest is None else max(0, int(newest) - restored.step),
             bytes=self._restorer.restored_bytes,
+            pid=os.getpid(),
             started=self._created,
             phases_s={} if restored is None else restored.phases_s,
         )
@@ -222,6 +224,24 @@ class Checkpointer:
         finally:
             self._closed = True
             self._background.shutdown(wait=True)
+            self._saves.release()
+            self._stores.clear()
+
+    def abandon(self, timeout_s: float) -> None:
+        """Close without raising: wait up to ``timeout_s`` for the save in flight (its error,
+        if any, is logged, not raised), then release the buffers. For a checkpointer whose
+        worker group failed; its unfinished step is discarded by the next attempt."""
+        if self._closed:
+            return
+        try:
+            if self._in_flight is not None:
+                self._in_flight.result(timeout=timeout_s)
+        except Exception as error:
+            logger.info("rank %d: the abandoned save of step %s ended with %s", self.rank, self._last_step, error)
+        finally:
+            self._closed = True
+            self._in_flight = None
+            self._background.shutdown(wait=False)
             self._saves.release()
             self._stores.clear()
 

@@ -86,6 +86,11 @@ class KillTimeoutError(KillError, TimeoutError):
     """A kill happened, but its victim (node or store) was not seen dead within the wait given."""
 
 
+class InPlaceRecoveryError(RayCkptError, RuntimeError):
+    """An in-place recovery could not complete (no replacement joined in time, or a full
+    restart overtook it); Ray Train then restarts the worker group, which restores from peers."""
+
+
 class CliError(RayCkptError):
     """A command-line failure, reported as one line on stderr (exit status 1)."""
 

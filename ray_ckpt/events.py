@@ -8,7 +8,7 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   every RAY_CKPT_SAVE_EVENT_EVERY-th save.
 - ``kill``: node_id, mode ("node", "store", ...), by (the tool that killed).
 - ``node_dead``: node_id, the time Ray declared the node dead.
-- ``restore``: job, rank, attempt, step, source, steps_lost, bytes, started (when this
+- ``restore``: job, rank, attempt, step, source, steps_lost, bytes, pid, started (when this
   rank's checkpointer was created: the new worker is running), phases_s {locate, fetch,
   decode, load}. step -1 means the rank had to start from scratch. A restore that raised
   has ``error`` ("ErrorTypeName: message") with step and source None.
@@ -19,6 +19,11 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   store), placement {rank: [node id of shard 0, 1, ...]}, local {rank: node id of its local
   copy}, nodes {node id: {host, address, alive, store, used_bytes, budget_bytes, shards[,
   error]}} (every store's memory, and any node holding a shard of the step).
+- ``rejoin``: job, rank, attempt, how a worker entered an in-place generation: role
+  ("survivor" or "replacement"), generation, pid, process_started (its process was created),
+  worker_started (it began its training function), detected (a survivor saw the collective fail), joined (it asked to
+  join), round_started (the first rank asked), formed (every rank had joined), ready (its
+  process group was up).
 
 An events file holds one event per line (JSON lines); ``read`` skips lines it cannot parse,
 so a file cut by a crash stays readable.
@@ -40,7 +45,7 @@ from ray_ckpt import protection
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("save", "kill", "node_dead", "restore", "status")
+KINDS = ("save", "kill", "node_dead", "restore", "status", "rejoin")
 STATUS_EVERY_S = 1.0  # the most frequent status snapshots of one job
 
 

@@ -9,14 +9,21 @@ job's previous successful recovery (or its first event): an attempt that follows
 still answers the same kills, and its time to resume includes the failed attempt.
 Phases, in seconds, on the critical path (the slowest rank):
 
-    detect      kill -> Ray declared the killed node(s) dead (``node_dead``)
-    restart     dead -> the new worker group was running (its checkpointers were created)
+    detect      kill -> Ray declared the killed node(s) dead (``node_dead``); in place: kill ->
+                the first survivor saw its collective fail (its own view)
+    restart     dead -> the new worker group was running (its checkpointers were created);
+                None in place
+    replace     in place: detected -> the replacement worker started its training function
+    rendezvous  in place: the last rank asked to join -> every rank was back at its restore
+                (process group up, the training function re-run up to its Checkpointer)
     locate, fetch, decode, load    the restore itself (slowest rank per phase)
     first_step  restore done -> the first step of the new attempt done (its save returned:
                 a save event's ``returned``, else its time)
 
 ``time_to_resume_s`` spans kill -> first step done. Without a recorded kill (a crash the kill
-tool did not cause) the phases before the restore are None.
+tool did not cause) the phases before the restore are None. A recovery is ``in_place`` when
+its attempt has ``rejoin`` events (survivors kept their processes; ``survivor_pids`` and
+``replacement_pids`` list them), else a ``restart`` of the worker group.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ from typing import Any
 
 BURST_S = 2.0
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
-PHASES = ("detect", "restart", *RESTORE_PHASES, "first_step")
+PHASES = ("detect", "restart", "replace", "rendezvous", *RESTORE_PHASES, "first_step")
 
 
 def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Recovery records, oldest first: ``{"job", "attempt", "kill_time", "killed_nodes",
     "phases_s", "time_to_resume_s", "steps_lost", "step", "bytes_moved", "sources", "failed",
-    "error", "errors"}``. ``step`` and ``steps_lost`` are None when no rank restored a step."""
+    "error", "errors", "mode", "survivor_pids", "replacement_pids"}``. ``step`` and
+    ``steps_lost`` are None when no rank restored a step."""
     ordered = sorted(events, key=lambda e: e.get("time", 0.0))
     kills = [e for e in ordered if e["kind"] == "kill"]
     deaths = [e for e in ordered if e["kind"] == "node_dead"]
@@ -40,6 +48,10 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in ordered:
         if record["kind"] == "restore" and (record.get("step") is not None or record.get("error")):
             attempts.setdefault((record["job"], str(record.get("attempt"))), []).append(record)
+    rejoins: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in ordered:
+        if record["kind"] == "rejoin":
+            rejoins.setdefault((record["job"], str(record.get("attempt"))), []).append(record)
     first_saves: dict[tuple[str, str], dict[int, float]] = {}
     for record in ordered:
         if record["kind"] == "save":
@@ -74,16 +86,19 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             phases["first_step"] = max(0.0, first_step_done - restored)
         kill_time = None
         killed = []
+        joined = rejoins.get((job, attempt), [])
         if burst:
             kill_time = float(burst[0]["time"])
             killed = [str(k.get("node_id")) for k in burst]
             dead = [float(d["time"]) for d in deaths if d.get("node_id") in killed and d["time"] >= kill_time]
-            if dead:
+            if dead and not joined:
                 detected = max(dead)
                 phases["detect"] = detected - kill_time
                 phases["restart"] = max(0.0, started - detected)
-            else:
+            elif not joined:
                 phases["restart"] = max(0.0, started - kill_time)
+        if joined:
+            _in_place_phases(phases, joined, kill_time, started)
         began.append(kill_time if kill_time is not None else first_start)
         end = first_step_done if first_step_done is not None else restored
         result.append(
@@ -101,10 +116,28 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "failed": failed,
                 "error": errors[min(errors, key=int)] if errors else None,
                 "errors": errors,
+                "mode": "in_place" if joined else "restart",
+                "survivor_pids": {str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "survivor"},
+                "replacement_pids": {str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "replacement"},
             }
         )
     order = sorted(range(len(result)), key=lambda i: (began[i], result[i]["job"]))
     return [result[i] for i in order]
+
+
+def _in_place_phases(
+    phases: dict[str, float | None], rejoins: list[dict[str, Any]], kill_time: float | None, restarted: float
+) -> None:
+    """Fill detect, replace and rendezvous from an in-place generation's rejoin events
+    (detect needs the kill; replace runs from the first survivor's detection, else the kill)."""
+    detected = [float(r["detected"]) for r in rejoins if r.get("detected") is not None]
+    started = [float(r["worker_started"]) for r in rejoins if r.get("role") == "replacement"]
+    seen = min(detected) if detected else kill_time
+    if detected and kill_time is not None:
+        phases["detect"] = max(0.0, min(detected) - kill_time)
+    if started and seen is not None:
+        phases["replace"] = max(0.0, max(started) - seen)
+    phases["rendezvous"] = max(0.0, restarted - max(float(r["joined"]) for r in rejoins))
 
 
 def _burst_before(kills: list[dict[str, Any]], before: float) -> list[dict[str, Any]]:

@@ -9,9 +9,12 @@ import pyarrow.fs as pafs
 import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
-from ray_ckpt import checkpointer
+from ray_ckpt import checkpointer, inplace
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import ConfigError
+from ray_ckpt.inplace import InPlaceRecovery
+
+__all__ = ["Checkpointer", "InPlaceRecovery", "default_backup_uri", "job_name"]
 
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
 
@@ -45,9 +48,10 @@ class Checkpointer(checkpointer.Checkpointer):
     ``job_name(<the run's experiment name>)``; rank/world size = the worker's world rank and
     size; node identity = this worker's Ray node id. Every worker group (each restart of the
     run) gets a fresh attempt id, chosen by rank 0 and broadcast to all ranks, so steps torn by
-    a failed group are discarded rather than completed by the next one. Must be constructed by
-    every rank, with the same ``job`` (the broadcast is a collective). ``backup_uri`` defaults
-    to the run's storage path.
+    a failed group are discarded rather than completed by the next one. Under
+    ``InPlaceRecovery`` the attempt is the generation's (no broadcast), and a failure of the
+    generation abandons this checkpointer. Must be constructed by every rank, with the same
+    ``job`` (the broadcast is a collective). ``backup_uri`` defaults to the run's storage path.
     """
 
     def __init__(
@@ -66,7 +70,9 @@ class Checkpointer(checkpointer.Checkpointer):
             uri = default_backup_uri()
             if uri is not None:
                 config = dataclasses.replace(config, backup_uri=uri)
-        attempt = broadcast_from_rank_zero(uuid.uuid4().hex)
+        attempt = inplace.current_attempt()
+        if attempt is None:
+            attempt = broadcast_from_rank_zero(uuid.uuid4().hex)
         super().__init__(
             job=job,
             rank=context.get_world_rank(),
@@ -75,3 +81,8 @@ class Checkpointer(checkpointer.Checkpointer):
             namespace=namespace,
             attempt=attempt,
         )
+        if inplace.current_attempt() is not None:
+            inplace.track(self)
+            rejoin = inplace.take_rejoin()
+            if rejoin is not None:
+                self._record("rejoin", **rejoin)

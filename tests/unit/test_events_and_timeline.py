@@ -214,6 +214,8 @@ def test_one_failure_gives_one_recovery_with_every_phase() -> None:
         {
             "detect": 15 - 10,  # last node_dead - first kill
             "restart": 21 - 15,  # newest worker start - last node_dead
+            "replace": None,
+            "rendezvous": None,
             "locate": 0.2,
             "fetch": 2.0,
             "decode": 0.7,
@@ -225,6 +227,43 @@ def test_one_failure_gives_one_recovery_with_every_phase() -> None:
     assert record["steps_lost"] == 2
     assert record["bytes_moved"] == 3000
     assert record["sources"] == {"0": "peers", "1": "local"}
+    assert (record["mode"], record["survivor_pids"], record["replacement_pids"]) == ("restart", {}, {})
+
+
+def rejoin(rank: int, role: str, **times: float) -> dict[str, Any]:
+    fields = {name: None if value is None else T0 + value for name, value in times.items()}
+    return event(
+        "rejoin", time=T0 + times["ready"], job="job", rank=rank, attempt="G2", role=role, pid=100 + rank, **fields
+    )
+
+
+def test_an_in_place_recovery_has_detect_replace_and_rendezvous_phases() -> None:
+    """With rejoin events, the survivor's own view is the detect phase, the replacement's start
+    the replace phase, and last join -> last process group up the rendezvous; no restart."""
+    history = [
+        save(1, 0, 10, "G1"),
+        save(1.1, 1, 10, "G1"),
+        kill(10, "n1"),
+        dead(11.5, "n1"),
+        rejoin(0, "survivor", worker_started=0, detected=10.4, joined=10.9, ready=16.2),
+        rejoin(1, "replacement", worker_started=16.0, detected=None, joined=16.01, ready=16.3),
+        restore(16.5, 0, "G2", started=16.4, step=10, source="local", phases={"locate": 0.01, "fetch": 0.02}),
+        restore(16.6, 1, "G2", started=16.4, step=10, source="peers", phases={"locate": 0.01, "fetch": 0.05}),
+        save(17, 0, 11, "G2"),
+        save(17.2, 1, 11, "G2"),
+    ]
+    (record,) = recoveries(history)
+    assert record["mode"] == "in_place"
+    assert record["survivor_pids"] == {"0": 100} and record["replacement_pids"] == {"1": 101}
+    phases = record["phases_s"]
+    assert phases["detect"] == pytest.approx(0.4)
+    assert phases["restart"] is None
+    assert phases["replace"] == pytest.approx(16.0 - 10.4)
+    assert phases["rendezvous"] == pytest.approx(16.4 - 16.01)  # last join -> last checkpointer created
+    assert phases["fetch"] == pytest.approx(0.05)
+    assert phases["first_step"] == pytest.approx(17.2 - 16.6)
+    assert record["time_to_resume_s"] == pytest.approx(17.2 - 10)
+    assert record["sources"] == {"0": "local", "1": "peers"}
 
 
 def test_two_failures_give_two_records_each_with_its_own_kill_burst() -> None:
@@ -277,7 +316,17 @@ def test_restore_without_kill_has_no_kill_phases() -> None:
     assert record["time_to_resume_s"] is None
     assert record["phases_s"]["detect"] is None and record["phases_s"]["restart"] is None
     assert record["phases_s"] == pytest.approx(
-        {"detect": None, "restart": None, "locate": 0.1, "fetch": 0.2, "decode": 0.3, "load": 0.4, "first_step": 2}
+        {
+            "detect": None,
+            "restart": None,
+            "replace": None,
+            "rendezvous": None,
+            "locate": 0.1,
+            "fetch": 0.2,
+            "decode": 0.3,
+            "load": 0.4,
+            "first_step": 2,
+        }
     )
 
 
@@ -358,7 +407,17 @@ def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:
     assert failed["step"] is None and failed["steps_lost"] is None and failed["time_to_resume_s"] is None
     assert failed["kill_time"] == pytest.approx(T0 + 10) and failed["killed_nodes"] == ["n1"]
     assert failed["phases_s"] == pytest.approx(
-        {"detect": 2, "restart": 6, "locate": None, "fetch": None, "decode": None, "load": None, "first_step": None}
+        {
+            "detect": 2,
+            "restart": 6,
+            "replace": None,
+            "rendezvous": None,
+            "locate": None,
+            "fetch": None,
+            "decode": None,
+            "load": None,
+            "first_step": None,
+        }
     )
     assert resumed["attempt"] == "C" and resumed["failed"] is False and resumed["error"] is None
     assert resumed["errors"] == {}

@@ -8,6 +8,8 @@
   var PHASE_COLORS = {
     detect: "#e15759",
     restart: "#f28e2b",
+    replace: "#ff9da7",
+    rendezvous: "#9c755f",
     locate: "#edc948",
     fetch: "#4e79a7",
     decode: "#76b7b2",

@@ -1,0 +1,78 @@
+"""Generations of an in-place job, without Ray: who forms the next generation, and when."""
+
+from __future__ import annotations
+
+from ray_ckpt.generations import Generations, Member
+
+
+def member(rank: int, tag: str = "a", *, epoch: int = 1, node: str | None = None) -> Member:
+    return Member(
+        rank=rank, incarnation=f"{tag}{rank}", node_id=node or f"n{rank}", pid=1000 + rank, host="h", epoch=epoch
+    )
+
+
+def started(world_size: int = 3) -> Generations:
+    gens = Generations()
+    number = gens.begin(world_size, now=0.0)
+    for rank in range(world_size):
+        assert gens.register(member(rank), number, now=0.0)
+    return gens
+
+
+def test_the_next_generation_forms_only_when_every_rank_joined() -> None:
+    gens = started()
+    assert gens.join(member(0), now=1.0) and gens.join(member(1), now=1.1)
+    assert not gens.complete()
+    assert gens.join(member(2, "b"), now=5.0)  # the replacement of rank 2
+    assert gens.complete()
+    formed = gens.form(now=5.0)
+    assert formed.number == 2 and formed.members[2].incarnation == "b2"
+    assert gens.attempt(2).endswith(".g2") and gens.history[-1]["round_started"] == 1.0
+    assert gens.pending == {}
+
+
+def test_a_newer_process_of_a_rank_replaces_the_older_one_in_the_round() -> None:
+    gens = started()
+    gens.join(member(0), now=1.0)
+    gens.join(member(1), now=1.0)
+    gens.join(member(1, "b"), now=2.0)  # rank 1 died while waiting and was replaced
+    assert gens.pending[1].incarnation == "b1" and not gens.complete()
+
+
+def test_members_on_dead_nodes_or_silent_are_dropped_from_the_round() -> None:
+    gens = started()
+    gens.join(member(0), now=1.0)
+    gens.join(member(1), now=1.0)
+    gens.join(member(2, "b", node="n9"), now=1.0)
+    dropped = gens.drop_dead({"n0", "n9"}, now=2.0, beat_timeout_s=10)
+    assert [m.rank for m in dropped] == [1] and sorted(gens.pending) == [0, 2]
+    gens.beat(member(0), now=5.0)
+    dropped = gens.drop_dead({"n0", "n9"}, now=12.5, beat_timeout_s=10)
+    assert [m.rank for m in dropped] == [2]  # silent since 1.0; rank 0 beat at 5.0
+    assert sorted(gens.pending) == [0]
+
+
+def test_a_full_start_supersedes_the_round_and_its_epoch() -> None:
+    gens = started()
+    gens.join(member(0), now=1.0)
+    number = gens.begin(3, now=2.0)
+    assert gens.epoch == 2 and gens.pending == {}
+    assert not gens.join(member(1), now=3.0), "a join from the previous epoch is refused"
+    assert not gens.register(member(0), number, now=3.0), "a member of the old epoch cannot register"
+    assert gens.register(member(0, "c", epoch=2), number, now=3.0)
+
+
+def test_a_waiter_that_gives_up_leaves_the_round() -> None:
+    gens = started()
+    gens.join(member(0), now=1.0)
+    gens.join(member(1), now=1.0)
+    gens.leave("a0")
+    assert sorted(gens.pending) == [1]
+
+
+def test_hung_members_are_those_silent_past_the_bound() -> None:
+    gens = started()
+    gens.beat(member(0), now=9.0)
+    gens.beat(member(1), now=9.0)
+    assert [m.rank for m in gens.hung(now=10.5, hang_timeout_s=10)] == [2]
+    assert gens.hung(now=5.0, hang_timeout_s=10) == []

@@ -1,0 +1,52 @@
+"""The Ray Train internals in-place recovery relies on: this fails when a Ray upgrade moves them."""
+
+from __future__ import annotations
+
+import inspect
+
+from ray_ckpt import _ray_compat
+
+
+def test_this_ray_is_one_the_replica_group_path_was_verified_on() -> None:
+    """Upgrading Ray past the tested range fails here: re-verify the path, then widen TESTED_RAY."""
+    assert _ray_compat.tested(), (_ray_compat.ray_version(), _ray_compat.TESTED_RAY)
+
+
+def test_the_replica_group_path_is_found() -> None:
+    path = _ray_compat.replica_groups()
+    assert path.missing is None, path.missing
+    assert path.torch_backend is _ray_compat.torch_backend_base()
+    assert path.replica_group is not None and path.replica_group.__name__ == "ReplicaGroup"
+
+
+def test_the_controller_replaces_only_failing_groups_when_the_size_is_unchanged() -> None:
+    """The behaviour in-place recovery depends on, read from Ray's own code."""
+    from ray.train.v2._internal.execution.controller.controller import TrainController
+    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
+
+    decide = inspect.getsource(TrainController._execute_resize_decision)
+    assert "failing_rgs != all_rgs" in decide and "_replace_bad_workers" in decide
+    replace = inspect.getsource(WorkerGroup._replace_replica_group_impl)
+    for needed in (
+        "old_placement_group_bundle_indices",
+        "sync_actor.reset",
+        "clear_result_queue",
+        "starting_world_rank",
+    ):
+        assert needed in replace, needed
+
+
+def test_a_replacement_gets_on_start_with_its_replica_group() -> None:
+    from ray.train.v2._internal.callbacks.backend_setup import BackendSetupCallback
+    from ray.train.v2._internal.execution.callback import ReplicaGroupCallback
+
+    assert issubclass(BackendSetupCallback, ReplicaGroupCallback)
+    assert "on_start" in inspect.getsource(BackendSetupCallback.after_execution_group_start)
+
+
+def test_is_replica_group_tells_a_replacement_from_a_full_start() -> None:
+    replica_group = _ray_compat.replica_groups().replica_group
+    assert replica_group is not None
+    group = replica_group([], {})
+    assert _ray_compat.is_replica_group(group)
+    assert not _ray_compat.is_replica_group(object())
