@@ -57,7 +57,9 @@ def train_loop(config: dict[str, Any]) -> None:
     torch.use_deterministic_algorithms(True)
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    model = ray.train.torch.prepare_model(build_model())
+    # a fixed gradient-bucket layout (no rebuild after the first step): with more than 2 ranks the
+    # order of the allreduce sums depends on it, and a resumed run must reduce as the original did
+    model = ray.train.torch.prepare_model(build_model(), parallel_strategy_kwargs={"find_unused_parameters": True})
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     ckpt = ray_ckpt.train.Checkpointer(ray_ckpt.CheckpointConfig(**config["checkpoint"]))
     restored = ckpt.restore()
@@ -71,6 +73,7 @@ def train_loop(config: dict[str, Any]) -> None:
         "rank": rank,
         "attempt": ckpt.attempt,
         "node_id": ckpt.node_id,
+        "pid": os.getpid(),
         "restored_step": None if restored is None else restored.step,
         "source": None if restored is None else restored.source,
         "phases_s": None if restored is None else restored.phases_s,
@@ -100,10 +103,14 @@ def run(
     checkpoint: dict[str, Any],
     step_sleep_s: float = 0.1,
     max_failures: int = 3,
+    in_place: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the job on the connected cluster; returns rank 0's final record (params digest)."""
+    """Run the job on the connected cluster; returns rank 0's final record (params digest).
+    ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``."""
+    recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
-        train_loop,
+        train_loop if recovery is None else recovery.wrap(train_loop),
+        torch_config=recovery,
         train_loop_config={
             "steps": steps,
             "checkpoint": checkpoint,
@@ -142,6 +149,32 @@ def kill_rank_node_when(
     raise TimeoutError(f"step {at_step} was not committed within {timeout_s} s")
 
 
+def wait_committed(job: str, step: int, timeout_s: float = 300) -> None:
+    """Wait until ``job`` has committed ``step`` (or a newer one)."""
+    registry = naming.registry_handle(ray_ckpt.settings.namespace())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        latest = ray.get(registry.latest_committed.remote(job))
+        if latest is not None and latest >= step:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"job {job!r}: step {step} was not committed within {timeout_s} s")
+
+
+def rank_node(job: str, rank: int) -> str:
+    """The node that ran ``rank`` at ``job``'s newest committed step (where its local copy is)."""
+    registry = naming.registry_handle(ray_ckpt.settings.namespace())
+    latest = ray.get(registry.latest_committed.remote(job))
+    return str(ray.get(registry.locate.remote(job, latest))[rank]["local_node"])
+
+
+def remove_node(sim: SimulatedCluster, node_id: str) -> None:
+    """Hard-kill one worker node of the simulated cluster, without waiting."""
+    node = next(n for n in sim.workers if str(n.node_id) == node_id)
+    sim.cluster.remove_node(node, allow_graceful=False)
+    sim.workers.remove(node)
+
+
 def read_restores(events_dir: str) -> list[dict[str, Any]]:
     return sorted(
         (json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("restore-*.json")),
@@ -150,7 +183,13 @@ def read_restores(events_dir: str) -> list[dict[str, Any]]:
 
 
 def run_with_kill(
-    *, steps: int, workers: int, nodes: int, kill_at_step: int, checkpoint: dict[str, Any] | None = None
+    *,
+    steps: int,
+    workers: int,
+    nodes: int,
+    kill_at_step: int,
+    checkpoint: dict[str, Any] | None = None,
+    in_place: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """On a fresh simulated cluster: an uninterrupted reference run, then the same job with the
     node of rank 1 hard-killed after ``kill_at_step`` committed. ``checkpoint``: the
@@ -171,7 +210,7 @@ def run_with_kill(
             daemon=True,
         )
         thread.start()
-        final = run(name="killed", events_dir=events, **common)
+        final = run(name="killed", events_dir=events, in_place=in_place, **common)
         thread.join(timeout=5)
         return {
             "killed": killed,

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import sys
 import uuid
 from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 import pytest
 import ray
@@ -48,3 +53,17 @@ def sim_cluster(ray_tmpdir: str, request: pytest.FixtureRequest) -> Iterator[Sim
         worker_object_store_bytes=150 << 20,
     ) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def train_example() -> ModuleType:
+    """scripts/train_example.py as a module, pickled by value (workers cannot import scripts/)."""
+    path = pathlib.Path(__file__).parents[2] / "scripts" / "train_example.py"
+    spec = importlib.util.spec_from_file_location("train_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["train_example"] = module
+    spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
+    loaded: Any = module
+    return loaded

@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
+from typing import Any
 
 import pytest
-import ray
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLE = pathlib.Path(__file__).parents[2] / "scripts" / "train_example.py"
 
-
-def load_example():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_example"] = module
-    spec.loader.exec_module(module)
-    ray.cloudpickle.register_pickle_by_value(module)  # workers cannot import scripts/
-    return module
-
-
-def test_torch_trainer_job_recovers_from_a_node_kill_bit_exact(ray_tmpdir: str) -> None:
+def test_torch_trainer_job_recovers_from_a_node_kill_bit_exact(ray_tmpdir: str, train_example: Any) -> None:
     """The example job (DDP over gloo, 2 workers) with the default CheckpointConfig, RS(4,2),
     on exactly k+m = 6 store nodes (a head and 5 workers): after the node of rank 1 is
     hard-killed, Ray Train restarts the group, every rank restores the newest committed step
     from memory, the job goes on saving on the 5 stores left (protection 1 of 2, reported by
     status) and finishes with parameters equal to an uninterrupted run's, bit for bit."""
-    example = load_example()
-    report = example.run_with_kill(steps=16, workers=2, nodes=5, kill_at_step=5, checkpoint={})
+    report = train_example.run_with_kill(steps=16, workers=2, nodes=5, kill_at_step=5, checkpoint={})
     killed_step = report["killed"]["latest_committed"]
     restores = report["restores"]
     first, second = (
