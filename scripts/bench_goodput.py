@@ -15,9 +15,12 @@ running sums of gaps drawn from an exponential distribution with mean ``--mtbf-s
 in the last 5 steps). At each failure step the node of one rank (rank 1, then 0, alternately)
 is hard-killed, a seeded uniform 0..``--step-sleep-s`` seconds after that step's save returned
 (a random point of the next step, where a real failure would fall). The same schedule, delays included,
-hits two runs of the same job:
+hits three runs of the same job:
 
-* ray_ckpt: RS(2,2) every step (``ray_ckpt.train.Checkpointer``), restore from peer memory;
+* in place: ray_ckpt with ``ray_ckpt.train.InPlaceRecovery``: only the lost rank's worker is
+  replaced, the survivor keeps its process and rolls back from its local copy;
+* ray_ckpt: RS(2,2) every step (``ray_ckpt.train.Checkpointer``), Ray Train's full restart of
+  the worker group, restore from peer memory;
 * Ray Train: ``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path
   every N steps, N chosen as the demo does, from the estimate that a report stalls about two
   controller poll intervals: N = max(1, min(steps // 3, ceil(2 * RAY_TRAIN_HEALTH_CHECK_INTERVAL_S
@@ -38,9 +41,11 @@ consecutive steps. Also reported: the part that depends on the checkpointing alo
 x step time + the restore's own locate/fetch/decode/load), without the failure detection and
 worker-group restart that Ray Train spends either way.
 
-JSON: ``{"benchmark": "goodput", "schedule", "baseline_every", "ray_ckpt": {...}, "ray_train":
-{...}, "ratio", "ratio_checkpoint_part", "baseline_stall_per_checkpoint_s", "equal_stall_every",
-"ray_train_equal_stall": {...}, "ratio_equal_stall"}``; each side has ``failures`` (the demo's records plus
+JSON: ``{"benchmark": "goodput", "schedule", "baseline_every", "in_place": {...}, "ray_ckpt": {...},
+"ray_train": {...}, "ratio", "ratio_checkpoint_part", "baseline_stall_per_checkpoint_s",
+"equal_stall_every", "ray_train_equal_stall": {...}, "ratio_equal_stall", "ratio_in_place",
+"ratio_in_place_equal_stall"}`` (the ``ratio*`` without ``in_place`` compare the full-restart
+run); each side has ``failures`` (the demo's records plus
 ``wasted_s``), ``step_time_s``, ``mean_stall_s``, ``wasted_per_failure_s``, ``wall_s``.
 """
 
@@ -179,7 +184,8 @@ def format_table(result: dict[str, Any]) -> str:
     )
     lines: list[tuple[str, ...]] = [header]
     for key, label in (
-        ("ray_ckpt", "ray_ckpt, every step"),
+        ("in_place", "ray_ckpt in place, every step"),
+        ("ray_ckpt", "ray_ckpt full restart, every step"),
         ("ray_train", f"Ray Train, every {result['baseline_every']}"),
     ):
         side = result[key]
@@ -228,8 +234,12 @@ def plot(result: dict[str, Any], path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parts = ("lost work", "detect", "restart", "restore", "first step")
-    sides = (("ray_ckpt", "ray_ckpt\nevery step"), ("ray_train", f"Ray Train\nevery {result['baseline_every']} steps"))
+    parts = ("lost work", "detect", "restart / replace", "restore", "first step")
+    sides = (
+        ("in_place", "ray_ckpt in place\nevery step"),
+        ("ray_ckpt", "ray_ckpt restart\nevery step"),
+        ("ray_train", f"Ray Train\nevery {result['baseline_every']} steps"),
+    )
     values: dict[str, list[float]] = {p: [] for p in parts}
     for key, _ in sides:
         measured = [f for f in result[key]["failures"] if f["wasted_s"] is not None]
@@ -239,18 +249,23 @@ def plot(result: dict[str, Any], path: pathlib.Path) -> None:
 
         values["lost work"].append(mean(lambda f: f["lost_work_s"]))
         values["detect"].append(mean(lambda f: f["phases"].get("detect") or 0.0))
-        values["restart"].append(mean(lambda f: f["phases"].get("restart") or 0.0))
+        values["restart / replace"].append(
+            mean(lambda f: sum(f["phases"].get(p) or 0.0 for p in ("restart", "replace", "rendezvous")))
+        )
         values["restore"].append(mean(lambda f: sum(f["phases"].get(p) or 0.0 for p in RESTORE_PHASES)))
         values["first step"].append(mean(lambda f: f["phases"].get("first_step") or 0.0))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    bottom = [0.0, 0.0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(sides)
     for part in parts:
         ax.bar([s[1] for s in sides], values[part], bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, values[part])]
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total:.1f} s", ha="center", va="bottom")
     ax.set_ylabel("wasted seconds per failure (mean)")
-    ax.set_title(f"Wasted time per failure, ratio {result['ratio']:.2f}x (simulated cluster, 2 cores)", fontsize=9)
+    ax.set_title(
+        f"Wasted time per failure: Ray Train / in place {result['ratio_in_place']:.2f}x (simulated cluster, 2 cores)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s = 30, 12.0, 1, 0.05
-    if not 1 <= args.max_failures <= 4:
-        parser.error("--max-failures must be in 1..4 (the demo's FailureConfig allows 4 restarts)")
+    if not 1 <= args.max_failures <= 6:
+        parser.error("--max-failures must be in 1..6 (the demo's FailureConfig allows 6 restarts)")
     if args.step_sleep_s < 0:
         parser.error("--step-sleep-s must be >= 0")
     if not 0 <= args.state_mib <= 2048:
@@ -298,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray_ckpt
+    from ray_ckpt import quiet
     from ray_ckpt.testing import SimulatedCluster
 
     demo = load_demo()
@@ -323,8 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     cluster = sim.cluster
     ok = False
     try:
+        quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
         extra = {"step_sleep_s": args.step_sleep_s, "state_mib": args.state_mib, "kill_delay_s": args.step_sleep_s}
-        print("1/2 ray_ckpt, RS(2,2) every step ...", flush=True)
+        print("1/3 ray_ckpt in place (InPlaceRecovery), RS(2,2) every step ...", flush=True)
+        inplace = demo.run_job(cluster, "goodput-in_place", "ray_ckpt", args.steps, schedule, in_place=True, **extra)
+        inplace_records = demo.job_events("goodput-in_place")
+        sim.add_workers(failures)  # replace the killed nodes
+        ray_ckpt.start()
+        print("2/3 ray_ckpt with full restarts, RS(2,2) every step ...", flush=True)
         ours = demo.run_job(cluster, "goodput-ray_ckpt", "ray_ckpt", args.steps, schedule, **extra)
         ours_records = demo.job_events("goodput-ray_ckpt")
         ours_stall = demo.mean_stall("goodput-ray_ckpt", ours_records)
@@ -332,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
         sim.add_workers(failures)  # replace the killed nodes
         ray_ckpt.start()
-        print(f"2/2 Ray Train checkpointing (torch.save + report) every {baseline_every} steps ...", flush=True)
+        print(f"3/3 Ray Train checkpointing (torch.save + report) every {baseline_every} steps ...", flush=True)
         base = demo.run_job(
             cluster, "goodput-ray_train", "baseline", args.steps, schedule, baseline_every=baseline_every, **extra
         )
@@ -346,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             "state_mib": args.state_mib,
             "schedule": [{"step": s, "ranks": r} for s, r, _ in schedule],
             "baseline_every": baseline_every,
+            "in_place": summarize("goodput-in_place", inplace_records, demo, inplace),
             "ray_ckpt": summarize("goodput-ray_ckpt", ours_records, demo, ours),
             "ray_train": summarize("goodput-ray_train", base_records, demo, base),
         }
@@ -367,10 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     result["ray_train_equal_stall"] = replay
     replay_w = replay["wasted_per_failure_s"]
     result["ratio_equal_stall"] = replay_w / ours_w if ours_w and replay_w else None
+    inplace_w = result["in_place"]["wasted_per_failure_s"]
+    result["ratio_in_place"] = base_w / inplace_w if inplace_w and base_w else None
+    result["ratio_in_place_equal_stall"] = replay_w / inplace_w if inplace_w and replay_w else None
     ours_c = result["ray_ckpt"]["checkpoint_part_per_failure_s"]
     base_c = result["ray_train"]["checkpoint_part_per_failure_s"]
     result["ratio_checkpoint_part"] = base_c / ours_c if ours_c and base_c else None
-    demo.print_failures("ray_ckpt (peer memory, every step):", result["ray_ckpt"]["failures"])
+    demo.print_failures("ray_ckpt in place (peer memory, every step):", result["in_place"]["failures"])
+    demo.print_failures("ray_ckpt with full restarts (peer memory, every step):", result["ray_ckpt"]["failures"])
     demo.print_failures(f"Ray Train checkpointing (every {baseline_every} steps):", result["ray_train"]["failures"])
     print()
     print(format_table(result))
@@ -387,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         if ratio is not None and equal is not None
         else "wasted time per failure: no measured failure on one side"
     )
+    in_place_equal = result["ratio_in_place_equal_stall"]
+    if in_place_equal is not None:
+        print(
+            f"wasted time per failure in place: Ray Train / ray_ckpt in place = {in_place_equal:.2f}x at equal "
+            f"stall (goal >= 3x by default, >= 5x with --state-mib 256 and 5 s steps); "
+            f"{result['ratio_in_place']:.2f}x measured with Ray Train every {baseline_every} steps"
+        )
     if part is not None:
         print(f"checkpoint-dependent part (lost work + restore, no detect/restart): {part:.1f}x")
     if args.json is not None:
@@ -396,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         target = args.plots / "bench_goodput.png"
         plot(result, target)
         print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
-    measured = [f for side in ("ray_ckpt", "ray_train") for f in result[side]["failures"] if f["wasted_s"] is not None]
-    return 0 if len(measured) == 2 * failures else 1
+    sides = ("in_place", "ray_ckpt", "ray_train")
+    measured = [f for side in sides for f in result[side]["failures"] if f["wasted_s"] is not None]
+    return 0 if len(measured) == len(sides) * failures else 1
 
 
 if __name__ == "__main__":

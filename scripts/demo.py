@@ -3,15 +3,18 @@
 On one machine, with no arguments: starts a simulated Ray cluster (a head plus several
 one-CPU nodes, dashboard off, its own temp dir), trains a small transformer language model on
 a generated corpus with ``TorchTrainer`` (DDP over gloo), checkpointing every step with ray_ckpt
-RS(2,2), and hard-kills nodes on a schedule: one node, then two at once. Ray Train restarts the
-worker group after each failure and every rank resumes from the newest committed step in peer
-memory. Then the same failures hit the same job checkpointing the way Ray Train does by default
+RS(2,2), and hard-kills nodes on a schedule: one node, then two at once. The same kills hit
+three modes. ``in_place``: ray_ckpt with ``InPlaceRecovery``; Ray Train replaces only the
+lost workers, survivors keep their processes and roll back from their local copy, replacements
+restore from peers. ``full_restart``: ray_ckpt alone; Ray Train restarts the whole worker group
+and every rank resumes from peer memory. ``ray_train``: the same job checkpointing the way Ray Train does by default
 (``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path) at an interval
 estimated to cost the same stall (each report taken as two controller polls, which is what a
 report costs when reports come faster than the controller polls; the measured stalls of both
 are printed, and ``scripts/bench_goodput.py`` compares at the measured equal stall). The report
-shows, per failure, the time to resume and its phases, the steps lost and each rank's restore
-source, and checks that the final model equals an uninterrupted run's, bit for bit.
+shows, per mode and failure, the time to resume and its phases, the steps lost, each rank's
+restore source and whether the survivors kept their processes, the job wall times and which
+mode won, and checks that the final models equal an uninterrupted run's, bit for bit.
 
     python scripts/demo.py [--steps 60] [--json PATH] [--events PATH]
 """
@@ -159,6 +162,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 source="storage" if checkpoint is not None else "scratch",
                 steps_lost=None,
                 bytes=0,
+                pid=os.getpid(),
                 started=created,
                 phases_s={"locate": t1 - began, "fetch": 0.0, "decode": 0.0, "load": time.perf_counter() - t1},
             )
@@ -293,17 +297,22 @@ def run_job(
     steps: int,
     kills: list[tuple[int, list[int], int]],
     kill_delay_s: float = 0.0,
+    in_place: bool = False,
     **extra: Any,
 ) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    import ray_ckpt
+
     out_dir = tempfile.mkdtemp(prefix="rckdemo-out")
     killer = Killer(cluster, name, kills, delay_s=kill_delay_s)
     killer.start()
     began = time.time()
+    recovery = ray_ckpt.train.InPlaceRecovery() if in_place else None
     TorchTrainer(
-        train_loop,
+        train_loop if recovery is None else recovery.wrap(train_loop),
+        torch_config=recovery,
         train_loop_config={
             "mode": mode,
             "steps": steps,
@@ -316,7 +325,7 @@ def run_job(
         run_config=RunConfig(
             name=name,
             storage_path=extra.get("storage", tempfile.mkdtemp()),
-            failure_config=FailureConfig(max_failures=4),
+            failure_config=FailureConfig(max_failures=6),
         ),
     ).fit()
     killer.join(timeout=5)
@@ -351,8 +360,12 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
             continue
         before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
         newest = max(before) if before else recovery["step"]
+        pids_before, pids_after = _survivor_pids(name, records, recovery)
         result.append(
             {
+                "mode": recovery["mode"],
+                "survivor_pids_before": pids_before,
+                "survivor_pids_after": pids_after,
                 "time_to_resume_s": recovery["time_to_resume_s"],
                 "steps_lost": max(0, newest - recovery["step"]),
                 "restored_step": recovery["step"],
@@ -362,6 +375,25 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
             }
         )
     return result
+
+
+def _survivor_pids(
+    name: str, records: list[dict[str, Any]], recovery: dict[str, Any]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The pids, before and after ``recovery``, of the ranks whose node was not killed."""
+    restores = [r for r in records if r["kind"] == "restore" and r.get("job") == name and r.get("pid")]
+    after = {str(r["rank"]): (r["pid"], r.get("node_id")) for r in restores if r.get("attempt") == recovery["attempt"]}
+    earlier = [r for r in restores if float(r["time"]) < float(recovery["kill_time"])]
+    before: dict[str, tuple[int, str | None]] = {}
+    for record in earlier:  # the newest attempt before the kill
+        if record.get("attempt") == earlier[-1].get("attempt"):
+            before[str(record["rank"])] = (record["pid"], record.get("node_id"))
+    killed = set(recovery["killed_nodes"])
+    survivors = [rank for rank, (_, node) in before.items() if node not in killed]
+    return (
+        {rank: before[rank][0] for rank in sorted(survivors)},
+        {rank: after[rank][0] for rank in sorted(survivors) if rank in after},
+    )
 
 
 def mean_stall(name: str, records: list[dict[str, Any]]) -> float:
@@ -374,23 +406,24 @@ def mean_stall(name: str, records: list[dict[str, Any]]) -> float:
     return sum(stalls) / len(stalls) if stalls else 0.0
 
 
+TABLE_PHASES = ("detect", "restart", "replace", "rendezvous", "locate", "fetch", "decode", "load", "first_step")
+
+
 def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
     print(f"\n{title}")
-    head = f"  {'#':>2} {'resume s':>8} {'lost':>4} {'step':>4}  " + " ".join(
-        f"{p:>8}" for p in ("detect", "restart", "locate", "fetch", "decode", "load", "1st step")
-    )
-    print(head + "  sources")
+    head = f"  {'#':>2} {'resume s':>8} {'lost':>4} {'step':>4}  " + " ".join(f"{p[:8]:>8}" for p in TABLE_PHASES)
+    print(head + "  sources; survivors' processes")
     for i, f in enumerate(failures, 1):
         if f.get("failed"):
             print(f"  {i:>2} FAILED to restore: {'; '.join(f['errors'])}")
             continue
         phases = f["phases"]
-        cells = " ".join(
-            f"{phases.get(p):>8.2f}" if phases.get(p) is not None else f"{'-':>8}"
-            for p in ("detect", "restart", "locate", "fetch", "decode", "load", "first_step")
-        )
+        cells = " ".join(f"{phases.get(p):>8.2f}" if phases.get(p) is not None else f"{'-':>8}" for p in TABLE_PHASES)
         resume = f["time_to_resume_s"]
         sources = ", ".join(f"r{r}:{s}" for r, s in sorted(f["sources"].items()))
+        kept = f["survivor_pids_before"] and f["survivor_pids_before"] == f["survivor_pids_after"]
+        survivors = "kept" if kept else ("new" if f["survivor_pids_before"] else "none survived")
+        sources = f"{sources}; {survivors}"
         resume_text = f"{resume:>8.2f}" if resume is not None else f"{'-':>8}"
         print(f"  {i:>2} {resume_text} {f['steps_lost']:>4} {f['restored_step']:>4}  {cells}  {sources}")
 
@@ -420,54 +453,78 @@ def main(argv: list[str] | None = None) -> int:
     try:
         quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
         ray_ckpt.start(store_budget_bytes=1 << 30)
-        print(f"1/3 uninterrupted reference run, {args.steps} steps ...", flush=True)
+        print(f"1/4 uninterrupted reference run, {args.steps} steps ...", flush=True)
         reference = run_job(cluster, "reference", "ray_ckpt", args.steps, [])
-        print(
-            f"2/3 ray_ckpt, RS(2,2) every step; kill rank 1's node after step {first}, then rank 0's node "
-            f"and a shard holder at once after step {second} ...",
-            flush=True,
+        kills = (
+            f"kill rank 1's node after step {first}, then rank 0's node and a shard holder at once after step {second}"
         )
-        ours = run_job(cluster, "ray_ckpt", "ray_ckpt", args.steps, schedule)
-        records = job_events("ray_ckpt")
-        ours_failures = failures_report("ray_ckpt", records)
-        ours_stall = mean_stall("ray_ckpt", records)
+        modes: dict[str, dict[str, Any]] = {}
+        records: list[dict[str, Any]] = []
+        for number, (name, title, in_place) in enumerate(
+            (("in_place", "in place (InPlaceRecovery)", True), ("full_restart", "full restart", False)), 2
+        ):
+            print(f"{number}/4 ray_ckpt {title}, RS(2,2) every step; {kills} ...", flush=True)
+            run = run_job(cluster, name, "ray_ckpt", args.steps, schedule, in_place=in_place)
+            job_records = job_events(name)
+            records += [r for r in job_records if r not in records]
+            modes[name] = {
+                "failures": failures_report(name, job_records),
+                "wall_s": run["wall_s"],
+                "save_stall_s": mean_stall(name, job_records),
+                "bit_exact": run["final"]["params_digest"] == reference["final"]["params_digest"],
+            }
+            sim.add_workers(3)  # replace the nodes killed above
+            ray_ckpt.start()
         # the baseline checkpoints at the interval estimated to match ray_ckpt's per-step stall, each
         # report taken as two controller polls (its cost when reports queue up); both measured
         # stalls are printed at the end
+        ours_stall = modes["full_restart"]["save_stall_s"]
         report_stall_s = 2 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2"))
         baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
-        sim.add_workers(3)  # replace the nodes killed above
-        ray_ckpt.start()
         print(
-            f"3/3 baseline: Ray Train checkpoints (torch.save + report) every {baseline_every} steps, same kills ...",
+            f"4/4 Ray Train default checkpointing (torch.save + report) every {baseline_every} steps, same kills ...",
             flush=True,
         )
-        baseline = run_job(cluster, "baseline", "baseline", args.steps, schedule, baseline_every=baseline_every)
-        all_records = job_events("baseline")
-        base_failures = failures_report("baseline", all_records)
-        base_stall = mean_stall("baseline", all_records)
-        bit_exact = ours["final"]["params_digest"] == reference["final"]["params_digest"]
-        print_failures("ray_ckpt (peer memory, every step):", ours_failures)
-        print_failures(f"Ray Train default checkpointing (every {baseline_every} steps):", base_failures)
+        baseline = run_job(cluster, "ray_train", "baseline", args.steps, schedule, baseline_every=baseline_every)
+        base_records = job_events("ray_train")
+        records += [r for r in base_records if r not in records]
+        modes["ray_train"] = {
+            "failures": failures_report("ray_train", base_records),
+            "wall_s": baseline["wall_s"],
+            "save_stall_s": mean_stall("ray_train", base_records),
+            "bit_exact": None,  # restarts from an older checkpoint: not comparable step for step
+        }
+        print_failures(
+            "ray_ckpt in place (survivors keep running, only lost ranks are replaced):", modes["in_place"]["failures"]
+        )
+        print_failures("ray_ckpt with a full restart of the worker group:", modes["full_restart"]["failures"])
+        print_failures(
+            f"Ray Train default checkpointing (every {baseline_every} steps):", modes["ray_train"]["failures"]
+        )
         print(
             f"\nsave stall per training step, mean: ray_ckpt {ours_stall * 1e3:.1f} ms (a checkpoint every step); "
-            f"Ray Train {base_stall * 1e3:.1f} ms (a checkpoint every {baseline_every} steps)"
+            f"Ray Train {modes['ray_train']['save_stall_s'] * 1e3:.1f} ms (a checkpoint every {baseline_every} steps)"
         )
-        print(f"job wall time: ray_ckpt {ours['wall_s']:.1f} s, baseline {baseline['wall_s']:.1f} s")
+        walls = {name: mode["wall_s"] for name, mode in modes.items()}
+        print("job wall time: " + ", ".join(f"{name} {wall:.1f} s" for name, wall in walls.items()))
+        print(f"fastest job: {min(walls, key=lambda name: walls[name])}")
+        ours = modes["in_place"]["failures"] + modes["full_restart"]["failures"]
         all_from_memory = all(
-            not f.get("failed") and all(s in ("local", "peers") for s in f["sources"].values()) for f in ours_failures
+            not f.get("failed") and all(s in ("local", "peers") for s in f["sources"].values()) for f in ours
         )
-        print("every failure recovered from peer memory" if all_from_memory else "SOME failure fell back")
+        print("every ray_ckpt failure recovered from peer memory" if all_from_memory else "SOME failure fell back")
+        bit_exact = bool(modes["in_place"]["bit_exact"] and modes["full_restart"]["bit_exact"])
         print(
-            "final model bit-identical to the uninterrupted run"
+            "final models of both ray_ckpt modes bit-identical to the uninterrupted run"
             if bit_exact
-            else "MISMATCH: the final model differs from the uninterrupted run"
+            else "MISMATCH: a final model differs from the uninterrupted run"
         )
         report = {
-            "failures": ours_failures,
-            "baseline_failures": base_failures,
+            "modes": modes,
+            "failures": modes["full_restart"]["failures"],
+            "baseline_failures": modes["ray_train"]["failures"],
             "baseline_every": baseline_every,
-            "save_stall_s": {"ray_ckpt": ours_stall, "baseline": base_stall},
+            "save_stall_s": {"ray_ckpt": ours_stall, "baseline": modes["ray_train"]["save_stall_s"]},
             "bit_exact": bit_exact,
         }
         if args.json:
@@ -475,10 +532,14 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(report, indent=2))
         if args.events:
             args.events.parent.mkdir(parents=True, exist_ok=True)
-            events.write(args.events, records + [r for r in all_records if r not in records])
+            events.write(args.events, records)
             print(f"events written to {args.events}; view them with: ray-ckpt dashboard --events {args.events}")
         print(f"Ray's own logs of this run (node deaths, worker restarts): {quiet.logs_dir()}")
-        ok = bit_exact and all_from_memory and len(ours_failures) == len(schedule)
+        ok = (
+            bit_exact
+            and all_from_memory
+            and all(len(modes[m]["failures"]) == len(schedule) for m in ("in_place", "full_restart"))
+        )
         return 0 if ok else 1
     finally:
         sim.shutdown()

@@ -15,6 +15,7 @@ is a violation: a partial or mixed state, another exception, or a call that outl
 timeout.
 
     python scripts/fault_campaign.py --trials 20 --seed 1 [--ops 10] [--always shrink] [--json PATH]
+    python scripts/fault_campaign.py --in-place --trials 20 --seed 1   # see InPlaceCampaign
 """
 
 from __future__ import annotations
@@ -379,6 +380,154 @@ class Campaign:
             trial.restore()
 
 
+IN_PLACE_FAULTS = ("kill", "kill_during_recovery", "two_kills", "hang")
+IN_PLACE_STEPS = 18
+IN_PLACE_WORKERS = 3
+
+
+class InPlaceCampaign:
+    """``--in-place``: TorchTrainer jobs (3 ranks, gloo, ``ray_ckpt.train.InPlaceRecovery``,
+    RS(2,2)) from ``scripts/train_example.py`` under one random fault plan each: a node kill, a
+    kill and a second one 0.3-3 s later while the survivors wait for the replacement, two kills
+    6 steps apart, or a worker hung with SIGSTOP; each strikes a seeded 0-0.2 s after its step's
+    commit was seen, i.e. anywhere in the next step (forward, allreduce, save, before the
+    commit). The oracle: the job finishes, its final parameters are bit-identical to an
+    uninterrupted run's, every restore after a failure came from memory (local or peers), and
+    after the first failure of a plain kill the survivors kept their processes."""
+
+    def __init__(self, *, nodes: int, seed: int) -> None:
+        self.nodes, self.seed = nodes, seed
+        self.violations: list[str] = []
+        self.faults = dict.fromkeys(IN_PLACE_FAULTS, 0)
+        self.recoveries = 0
+
+    def run(self, trials: int) -> dict[str, Any]:
+        import importlib.util
+        import threading
+
+        import ray
+
+        from ray_ckpt.testing import SimulatedCluster
+
+        spec = importlib.util.spec_from_file_location(
+            "train_example", pathlib.Path(__file__).with_name("train_example.py")
+        )
+        assert spec is not None and spec.loader is not None
+        example = importlib.util.module_from_spec(spec)
+        sys.modules["train_example"] = example
+        spec.loader.exec_module(example)
+        ray.cloudpickle.register_pickle_by_value(example)  # workers cannot import scripts/
+        os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+        rng = random.Random(self.seed)
+        checkpoint = {"data_shards": 2, "parity_shards": 2}
+        with SimulatedCluster(self.nodes, store_budget_bytes=STORE_BUDGET_BYTES, logging_level="ERROR") as sim:
+            common: dict[str, Any] = {"steps": IN_PLACE_STEPS, "workers": IN_PLACE_WORKERS, "checkpoint": checkpoint}
+            reference = example.run(
+                name="campaign-reference",
+                storage_path=tempfile.mkdtemp(),
+                events_dir=tempfile.mkdtemp(),
+                step_sleep_s=0.0,
+                **common,
+            )["params_digest"]
+            for index in range(trials):
+                kind = rng.choice(IN_PLACE_FAULTS)
+                first = rng.randint(2, IN_PLACE_STEPS - 10)
+                delays = (rng.uniform(0.0, 0.2), rng.uniform(0.3, 3.0))
+                victims = rng.sample(range(IN_PLACE_WORKERS), 2)
+                name, events = f"campaign-{index}", tempfile.mkdtemp()
+                plan = {"kind": kind, "first": first, "delays": delays, "victims": victims, "job": name}
+                killed: list[str] = []
+                errors: list[BaseException] = []
+                thread = threading.Thread(
+                    target=self._inject, args=(plan, sim, example, events, killed, errors), daemon=True
+                )
+                thread.start()
+                what = f"trial {index} ({kind} of ranks {victims} after step {first})"
+                try:
+                    final = example.run(
+                        name=name,
+                        storage_path=tempfile.mkdtemp(),
+                        events_dir=events,
+                        step_sleep_s=0.15,
+                        max_failures=8,
+                        in_place={"timeout_s": 60, "hang_timeout_s": 3.0},
+                        **common,
+                    )
+                except Exception as error:
+                    self.violations.append(f"{what}: the job failed: {type(error).__name__}: {error}")
+                    final = None
+                thread.join(timeout=30)
+                self.faults[kind] += 1
+                if errors:
+                    self.violations.append(f"{what}: the fault did not happen: {errors[0]!r}")
+                if final is not None:
+                    self._check(what, kind, final["params_digest"] == reference, example.read_restores(events))
+                sim.add_workers(max(1, len(killed)))
+                print(f"{what}: recoveries {self.recoveries}, violations {len(self.violations)}", flush=True)
+        return {
+            "mode": "in_place",
+            "trials": trials,
+            "recoveries": self.recoveries,
+            "violations": len(self.violations),
+            "violation_details": self.violations,
+            "faults": self.faults,
+        }
+
+    @staticmethod
+    def _inject(
+        plan: dict[str, Any], sim: Any, example: Any, events: str, killed: list[str], errors: list[BaseException]
+    ) -> None:
+        """Carry out one fault plan (on its own thread); a failure to do so lands in ``errors``."""
+        import signal
+
+        job, first, delays, victims = plan["job"], plan["first"], plan["delays"], plan["victims"]
+
+        def strike(rank: int, after_step: int, delay_s: float) -> None:
+            example.wait_committed(job, after_step)
+            time.sleep(delay_s)
+            node = example.rank_node(job, rank)
+            if node not in killed:
+                killed.append(node)
+                example.remove_node(sim, node)
+
+        try:
+            if plan["kind"] == "hang":
+                example.wait_committed(job, first)
+                time.sleep(delays[0])
+                pid = next(r["pid"] for r in example.read_restores(events) if r["rank"] == victims[0])
+                os.kill(pid, signal.SIGSTOP)
+                return
+            strike(victims[0], first, delays[0])
+            if plan["kind"] == "kill_during_recovery":
+                time.sleep(delays[1])
+                strike(victims[1], first, 0.0)
+            elif plan["kind"] == "two_kills":
+                strike(victims[1], first + 6, delays[0])
+        except BaseException as error:  # reported as a violation
+            errors.append(error)
+
+    def _check(self, what: str, kind: str, bit_exact: bool, restores: list[dict[str, Any]]) -> None:
+        attempts: dict[str, dict[int, dict[str, Any]]] = {}
+        for record in restores:
+            attempts.setdefault(record["attempt"], {})[record["rank"]] = record
+        groups = list(attempts.values())
+        self.recoveries += len(groups) - 1
+        if not bit_exact:
+            self.violations.append(f"{what}: the final parameters differ from the uninterrupted run's")
+        if len(groups) < 2:
+            self.violations.append(f"{what}: no recovery was recorded")
+            return
+        if any(r["source"] not in ("local", "peers") for g in groups[1:] for r in g.values()):
+            self.violations.append(f"{what}: a restore did not come from memory: {groups[1:]}")
+        if kind in ("kill", "two_kills"):
+            before, after = groups[0], groups[1]
+            kept = [r for r in after if after[r]["pid"] == before.get(r, {}).get("pid")]
+            if len(kept) != IN_PLACE_WORKERS - 1:
+                self.violations.append(
+                    f"{what}: {len(kept)} survivor(s) kept their process, expected {IN_PLACE_WORKERS - 1}"
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10)
@@ -393,11 +542,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=OPERATIONS,
         help="run this operation once in every trial, after its first save (repeatable)",
     )
+    parser.add_argument(
+        "--in-place", action="store_true", help="TorchTrainer jobs with InPlaceRecovery under random kills and hangs"
+    )
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckcampaign"))
     started = time.time()
-    report = Campaign(nodes=args.nodes, ranks=args.ranks, seed=args.seed).run(args.trials, args.ops, tuple(args.always))
+    if args.in_place:
+        report = InPlaceCampaign(nodes=max(args.nodes, 7), seed=args.seed).run(args.trials)
+    else:
+        report = Campaign(nodes=args.nodes, ranks=args.ranks, seed=args.seed).run(
+            args.trials, args.ops, tuple(args.always)
+        )
     report["seed"] = args.seed
     report["wall_s"] = round(time.time() - started, 1)
     print(json.dumps({k: v for k, v in report.items() if k != "violation_details"}, indent=2))

@@ -117,7 +117,7 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
     assert len(document["schedule"]) == 1
     assert isinstance(document["baseline_every"], int)
     assert document["baseline_every"] >= 1
-    for side in ("ray_ckpt", "ray_train"):
+    for side in ("in_place", "ray_ckpt", "ray_train"):
         summary = document[side]
         assert len(summary["failures"]) == 1
         failure = summary["failures"][0]
@@ -127,6 +127,12 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
         assert _positive(summary["wasted_per_failure_s"])
         assert _positive(summary["step_time_s"])
     assert all(s in ("local", "peers") for s in document["ray_ckpt"]["failures"][0]["sources"].values())
+    in_place = document["in_place"]["failures"][0]
+    assert in_place["mode"] == "in_place" and in_place["survivor_pids_before"] == in_place["survivor_pids_after"]
+    assert set(in_place["sources"].values()) == {"local", "peers"}
+    assert document["ratio_in_place"] == pytest.approx(
+        document["ray_train"]["wasted_per_failure_s"] / document["in_place"]["wasted_per_failure_s"]
+    )
     assert document["ratio"] == pytest.approx(
         document["ray_train"]["wasted_per_failure_s"] / document["ray_ckpt"]["wasted_per_failure_s"]
     )
