@@ -160,6 +160,12 @@ class InPlaceRecovery(TorchConfig):
 def _backend_class() -> type:
     path = _ray_compat.replica_groups()
     base = _ray_compat.torch_backend_base()
+    if path.missing is None and not _ray_compat.tested():
+        logger.warning(
+            "in-place recovery was verified on Ray %s up to (not including) %s; this is Ray %s: run "
+            "tests/unit/test_ray_compat.py and the in-place cluster tests before relying on it",
+            *(".".join(map(str, v)) for v in (*_ray_compat.TESTED_RAY, _ray_compat.ray_version())),
+        )
 
     class _InPlaceBackend(base):  # type: ignore[misc, valid-type]
         has_replica_groups = path.missing is None

@@ -115,7 +115,8 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef(
         "ckpt_last_recovery_phase_seconds",
         "gauge",
-        "Phases of the job's latest recovery: detect, restart, locate, fetch, decode, load, first_step.",
+        "Phases of the job's latest recovery: detect, restart (or in place: replace, rendezvous), "
+        "locate, fetch, decode, load, first_step.",
         ("ckpt_job", "phase"),
     ),
     MetricDef(
