@@ -11,11 +11,15 @@ so every use of them is here, behind ``replica_groups()``, which says whether th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
+import logging
 from typing import Any
 
 import ray
+
+logger = logging.getLogger(__name__)
 
 TESTED_RAY = ((2, 60), (2, 61))  # [from, to): the versions whose replica-group path was verified
 
@@ -82,3 +86,53 @@ def set_torch_distributed_env_vars() -> None:
     from ray.train.torch.config import _set_torch_distributed_env_vars
 
     _set_torch_distributed_env_vars()
+
+
+def restart_when_a_replacement_fails() -> None:
+    """Make Ray Train's controller restart the whole worker group when replacing single workers
+    fails, instead of ending the run. In Ray 2.60 the replacement asks every surviving worker to
+    clear its result queue; if a survivor's node died meanwhile (a second failure during the
+    recovery), that error escapes the controller's loop and ends the run with retries left.
+    Patches ``TrainController`` and its subclasses in this process (Ray's actor machinery
+    subclasses it and wraps its methods for tracing); called where the backend class is built,
+    which includes the controller; idempotent."""
+    controller = importlib.import_module("ray.train.v2._internal.execution.controller.controller")
+    classes = [controller.TrainController, *_subclasses(controller.TrainController)]
+    for cls in classes:
+        if "_replace_bad_workers" in vars(cls) and not vars(cls).get("_ray_ckpt_restarts_on_failed_replacement"):
+            _patch_controller(cls)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    sub: type
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def _patch_controller(cls: Any) -> None:
+    decide = cls._execute_resize_decision
+    replace = cls._replace_bad_workers
+
+    @functools.wraps(decide)
+    def execute_resize_decision(self: Any, decision: Any) -> Any:
+        self._ray_ckpt_decision = decision
+        return decide(self, decision)
+
+    @functools.wraps(replace)
+    def replace_bad_workers(self: Any, poll_status: Any) -> None:
+        try:
+            replace(self, poll_status)
+        except Exception as error:
+            decision = self._ray_ckpt_decision
+            logger.warning("replacing the failed workers failed (%s); restarting the worker group", error)
+            if self._worker_group:
+                self._shutdown_worker_group()
+            self._start_worker_group(
+                num_workers=decision.num_workers, resources_per_worker=decision.resources_per_worker
+            )
+
+    cls._execute_resize_decision = execute_resize_decision
+    cls._replace_bad_workers = replace_bad_workers
+    cls._ray_ckpt_restarts_on_failed_replacement = True

@@ -190,6 +190,7 @@ def _backend_class() -> type:
                 )
                 super().on_start(group, config)
                 return
+            _ray_compat.restart_when_a_replacement_fails()  # here: the controller's class exists by now
             coordinator = self._coordinator_for(config)
             if _ray_compat.is_replica_group(group):  # a replacement: it rendezvouses in the train function
                 epoch = ray.get(coordinator.epoch.remote())

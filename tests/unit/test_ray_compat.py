@@ -50,3 +50,39 @@ def test_is_replica_group_tells_a_replacement_from_a_full_start() -> None:
     group = replica_group([], {})
     assert _ray_compat.is_replica_group(group)
     assert not _ray_compat.is_replica_group(object())
+
+
+def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_run() -> None:
+    """A survivor dying while Ray replaces another worker makes replace_replica_group raise; the
+    patched controller then shuts the group down and starts it again with the decision's size."""
+    from ray.train.v2._internal.execution.controller.controller import TrainController
+
+    replace = inspect.getsource(TrainController._replace_bad_workers)
+    assert "replace_replica_group" in replace
+    _ray_compat.restart_when_a_replacement_fails()
+    _ray_compat.restart_when_a_replacement_fails()  # idempotent
+
+    calls: list[str] = []
+
+    class Group:
+        def replace_replica_group(self, index: int) -> None:
+            raise RuntimeError("a survivor's node died")
+
+    class Decision:
+        num_workers, resources_per_worker = 3, {"CPU": 1}
+
+    class Controller:
+        _worker_group = Group()
+        _ray_ckpt_decision = Decision()
+
+        def _shutdown_worker_group(self) -> None:
+            calls.append("shutdown")
+
+        def _start_worker_group(self, num_workers: int, resources_per_worker: dict[str, float]) -> None:
+            calls.append(f"start {num_workers} {resources_per_worker}")
+
+    class PollStatus:
+        failing_replica_group_indices = frozenset({1})
+
+    TrainController._replace_bad_workers(Controller(), PollStatus())  # type: ignore[arg-type]
+    assert calls == ["shutdown", "start 3 {'CPU': 1}"]
