@@ -407,6 +407,7 @@ class InPlaceCampaign:
 
         import ray
 
+        from ray_ckpt import quiet
         from ray_ckpt.testing import SimulatedCluster
 
         spec = importlib.util.spec_from_file_location(
@@ -421,6 +422,7 @@ class InPlaceCampaign:
         rng = random.Random(self.seed)
         checkpoint = {"data_shards": 2, "parity_shards": 2}
         with SimulatedCluster(self.nodes, store_budget_bytes=STORE_BUDGET_BYTES, logging_level="ERROR") as sim:
+            quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
             common: dict[str, Any] = {"steps": IN_PLACE_STEPS, "workers": IN_PLACE_WORKERS, "checkpoint": checkpoint}
             reference = example.run(
                 name="campaign-reference",
