@@ -78,7 +78,10 @@ def test_every_block_of_the_guide_runs_and_the_job_recovers(
         assert recovery["job"] == job and not recovery["failed"] and recovery["step"] >= 3
         assert set(recovery["sources"]) == {"0", "1"}
         assert set(recovery["sources"].values()) <= {"local", "peers"}, recovery
-        assert all(seconds is not None for seconds in recovery["phases_s"].values()), recovery
+        assert recovery["mode"] == "restart"
+        in_place_only = {"replace", "rendezvous"}
+        assert all(recovery["phases_s"][p] is None for p in in_place_only), recovery
+        assert all(s is not None for p, s in recovery["phases_s"].items() if p not in in_place_only), recovery
         # the evaluation run (job=JOB, another experiment name) restored the job's last step
         last = namespace["trainer"].train_loop_config["steps"] - 1
         evaluated = [e for e in recorded if e["kind"] == "restore" and e.get("job") == job and e["step"] == last]
