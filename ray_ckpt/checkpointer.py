@@ -222,10 +222,7 @@ class Checkpointer:
         try:
             self._finish_in_flight()
         finally:
-            self._closed = True
-            self._background.shutdown(wait=True)
-            self._saves.release()
-            self._stores.clear()
+            self._release(wait=True)
 
     def abandon(self, timeout_s: float) -> None:
         """Close without raising: wait up to ``timeout_s`` for the save in flight (its error,
@@ -239,11 +236,14 @@ class Checkpointer:
         except Exception as error:
             logger.info("rank %d: the abandoned save of step %s ended with %s", self.rank, self._last_step, error)
         finally:
-            self._closed = True
             self._in_flight = None
-            self._background.shutdown(wait=False)
-            self._saves.release()
-            self._stores.clear()
+            self._release(wait=False)
+
+    def _release(self, *, wait: bool) -> None:
+        self._closed = True
+        self._background.shutdown(wait=wait)
+        self._saves.release()
+        self._stores.clear()
 
     def _check_open(self) -> None:
         if self._closed:

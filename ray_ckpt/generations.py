@@ -141,12 +141,13 @@ class Generations:
         """Members of the current generation whose last heartbeat is older than the bound."""
         if self.current is None:
             return []
-        stale = []
-        for member in self.current.members.values():
-            last = self.beats.get(member.incarnation, (now, member))[0]
-            if now - last > hang_timeout_s and member.incarnation not in {m.incarnation for m in self.pending.values()}:
-                stale.append(member)
-        return stale
+        waiting = {m.incarnation for m in self.pending.values()}
+        return [
+            member
+            for member in self.current.members.values()
+            if member.incarnation not in waiting
+            and now - self.beats.get(member.incarnation, (now, member))[0] > hang_timeout_s
+        ]
 
 
 def _kill_pid(pid: int) -> None:
