@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: lint
-	PYTHONFAULTHANDLER=1 $(PY) -m pytest  # a native crash, even at exit, prints every thread's stack
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest --durations=25  # a native crash prints every thread's stack; the slowest tests are listed
 
 bench: $(STAMP)
 	$(PY) scripts/bench_codec.py --json artifacts/bench_codec.json
