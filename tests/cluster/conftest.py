@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
@@ -14,6 +16,7 @@ import pytest
 import ray
 import sim
 
+from ray_ckpt import naming, service
 from ray_ckpt.testing import SimulatedCluster
 
 # Ranks run as Ray tasks defined in sim.py; workers cannot import the tests folder.
@@ -39,20 +42,113 @@ class SimCluster(SimulatedCluster):
         return chosen[:count]
 
 
+class ClusterPool:
+    """One module's simulated cluster, handed to its tests in turn.
+
+    Starting a cluster of N nodes costs about 20 s here, most of a cluster test. Each test gets
+    the same Ray nodes with a clean slate: the previous test's ray_ckpt service (registry and
+    stores, with their checkpoints) is killed, its driver disconnected (which ends its tasks and
+    actors), the live workers topped up or cut down to the count the test asks for, and a new
+    namespace with a new service. A test that failed takes the cluster with it, so the next
+    test starts on a fresh one."""
+
+    def __init__(self) -> None:
+        self.cluster: SimCluster | None = None
+
+    def take(self, count: int) -> SimCluster:
+        """The cluster with ``count`` live workers and a fresh service in a new namespace."""
+        namespace = f"test-{uuid.uuid4().hex[:8]}"
+        if self.cluster is not None:
+            try:
+                return self._reuse(self.cluster, count, namespace)
+            except Exception:
+                self.close()
+        self.cluster = SimCluster(count, namespace=namespace, **CLUSTER_ARGS)
+        return self.cluster
+
+    def _reuse(self, cluster: SimCluster, count: int, namespace: str) -> SimCluster:
+        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
+        alive = {str(node["NodeID"]) for node in naming.alive_nodes()}
+        for node in list(cluster.cluster.worker_nodes):  # killed behind the Cluster's back (chaos)
+            if str(node.node_id) not in alive:
+                cluster.cluster.remove_node(node, allow_graceful=False)
+        cluster.workers = [node for node in cluster.workers if str(node.node_id) in alive]
+        for node in cluster.workers[count:]:  # a hard kill: Ray declares it dead within seconds
+            cluster.cluster.remove_node(node, allow_graceful=False)
+            cluster.workers.remove(node)
+        if len(cluster.workers) < count:
+            cluster.add_workers(count - len(cluster.workers))
+        _wait_alive(count + 1)
+        cluster.namespace = namespace
+        cluster.start_service(CLUSTER_ARGS["store_budget_bytes"])
+        return cluster
+
+    def give_back(self, failed: bool) -> None:
+        """End the test's use: drop its service and driver; on failure, the whole cluster."""
+        if self.cluster is None:
+            return
+        if failed or not ray.is_initialized():
+            self.close()
+            return
+        try:
+            service.shutdown(namespace=self.cluster.namespace)
+        finally:
+            ray.shutdown()
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+CLUSTER_ARGS: dict[str, Any] = {
+    "store_budget_bytes": 256 << 20,
+    "head_object_store_bytes": 200 << 20,
+    "worker_object_store_bytes": 150 << 20,
+}
+
+
+def _wait_alive(nodes: int, timeout_s: float = 60.0) -> None:
+    """Wait until Ray counts exactly ``nodes`` alive nodes (removed ones declared dead)."""
+    deadline = time.monotonic() + timeout_s
+    while len(naming.alive_nodes()) != nodes:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ray did not settle on {nodes} alive nodes within {timeout_s} s")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster_pool() -> Iterator[ClusterPool]:
+    """The module's shared cluster (own RAY_TMPDIR), stopped after its last test."""
+    pool = ClusterPool()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="rck"))
+        try:
+            yield pool
+        finally:
+            pool.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the test (``rep_setup``, ``rep_call``) for its fixtures."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def sim_cluster(ray_tmpdir: str, request: pytest.FixtureRequest) -> Iterator[SimCluster]:
+def sim_cluster(cluster_pool: ClusterPool, request: pytest.FixtureRequest) -> Iterator[SimCluster]:
     """A head with no CPUs plus N one-CPU workers (N from @pytest.mark.nodes(N), default 7),
-    the ray_ckpt service started on all of them with a 256 MiB budget per store."""
+    the ray_ckpt service started on all of them with a 256 MiB budget per store, in a namespace
+    of this test's own. The nodes are the module's (see ClusterPool)."""
     marker = request.node.get_closest_marker("nodes")
-    count = marker.args[0] if marker else 7
-    with SimCluster(
-        count,
-        store_budget_bytes=256 << 20,
-        namespace=f"test-{uuid.uuid4().hex[:8]}",
-        head_object_store_bytes=200 << 20,
-        worker_object_store_bytes=150 << 20,
-    ) as cluster:
+    cluster = cluster_pool.take(marker.args[0] if marker else 7)
+    try:
         yield cluster
+    finally:
+        failed = any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False) for when in ("setup", "call"))
+        cluster_pool.give_back(failed)
 
 
 @pytest.fixture(scope="session")
