@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from shard_metas import shard_metas
 
 from ray_ckpt.errors import ConfigError, StaleAttemptError
 from ray_ckpt.registry import CommitDecision, Registry
@@ -17,21 +18,7 @@ JOB = "job"
 
 def metas(step: int, rank: int, world_size: int = 2, tag: int = 0, job: str = JOB) -> list[ShardMeta]:
     """Shard metadata of one rank's step; ``tag`` goes into the checksum to tell stages apart."""
-    return [
-        ShardMeta(
-            job=job,
-            step=step,
-            rank=rank,
-            index=index,
-            world_size=world_size,
-            data_shards=K,
-            parity_shards=M,
-            payload_size=100,
-            shard_size=50,
-            checksum=tag * 1_000_000 + step * 1000 + rank * 10 + index,
-        )
-        for index in range(K + M)
-    ]
+    return shard_metas(job, step, rank, world_size, data_shards=K, parity_shards=M, tag=tag)
 
 
 def node(step: int, rank: int, index: int) -> str:

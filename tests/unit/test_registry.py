@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from shard_metas import shard_metas
 
 from ray_ckpt.errors import ConfigError, NoCheckpointError
 from ray_ckpt.registry import CommitDecision, Registry
@@ -17,21 +18,7 @@ NODES = ["n0", "n1", "n2", "n3", "n4"]
 
 
 def metas(job: str, step: int, rank: int, world_size: int) -> list[ShardMeta]:
-    return [
-        ShardMeta(
-            job=job,
-            step=step,
-            rank=rank,
-            index=index,
-            world_size=world_size,
-            data_shards=K,
-            parity_shards=M,
-            payload_size=100 + rank,
-            shard_size=-(-(100 + rank) // K),
-            checksum=step * 1000 + rank * 10 + index,
-        )
-        for index in range(K + M)
-    ]
+    return shard_metas(job, step, rank, world_size, data_shards=K, parity_shards=M, payload_size=100 + rank)
 
 
 def nodes_of(rank: int) -> dict[int, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from shard_metas import shard_metas
 
 from ray_ckpt.errors import ConfigError, NoCheckpointError, SnapshotFormatError, StaleAttemptError
 from ray_ckpt.registry import CommitDecision, Registry, StageOutcome
@@ -14,21 +15,7 @@ JOB = "job"
 
 
 def metas(step: int, rank: int, world_size: int = 4, tag: int = 0, job: str = JOB) -> tuple[ShardMeta, ...]:
-    return tuple(
-        ShardMeta(
-            job=job,
-            step=step,
-            rank=rank,
-            index=index,
-            world_size=world_size,
-            data_shards=K,
-            parity_shards=M,
-            payload_size=100,
-            shard_size=50,
-            checksum=tag * 1_000_000 + step * 1000 + rank * 10 + index,
-        )
-        for index in range(K + M)
-    )
+    return tuple(shard_metas(job, step, rank, world_size, data_shards=K, parity_shards=M, tag=tag))
 
 
 def request(step: int, rank: int, attempt: str | None = None, world_size: int = 4, tag: int = 0) -> StageRequest:
