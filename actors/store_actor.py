@@ -56,6 +56,12 @@ class ShardStoreActor:
         found = self._store.get(job, step, rank, index, local=local)
         return None if found is None else (found[0].to_dict(), found[1])
 
+    def get_ranges(
+        self, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool = False
+    ) -> tuple[dict[str, Any], bool, list[np.ndarray]] | None:
+        found = self._store.get_ranges(job, step, rank, index, ranges, local=local)
+        return None if found is None else (found[0].to_dict(), found[1], found[2])
+
     @ray.method(concurrency_group="stage")
     def stage(self, request: dict[str, Any]) -> dict[str, Any]:
         """Stage one rank of this node (a ``StageRequest`` on the wire) with the registry; its

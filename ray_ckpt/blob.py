@@ -38,6 +38,20 @@ def write_prefix(buffer: np.ndarray, header: bytes) -> int:
     return offset
 
 
+PREFIX_SIZE = _PREFIX.size
+
+
+def header_size(prefix: np.ndarray) -> int:
+    """The snapshot header's length from a blob's first PREFIX_SIZE bytes; SnapshotFormatError
+    if they are not a blob prefix this build reads."""
+    if prefix.size < _PREFIX.size:
+        raise SnapshotFormatError(f"checkpoint blob prefix of {prefix.size} bytes is too short")
+    magic, version, size = _PREFIX.unpack_from(prefix.tobytes(), 0)
+    if magic != MAGIC or version != VERSION:
+        raise SnapshotFormatError(f"checkpoint blob prefix has magic {magic!r} version {version}")
+    return int(size)
+
+
 def split(buffer: np.ndarray) -> tuple[bytes, np.ndarray]:
     """(snapshot header, payload view) of a rebuilt blob; SnapshotFormatError if malformed."""
     if buffer.size < _PREFIX.size:

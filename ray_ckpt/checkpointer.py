@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -10,7 +11,7 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import events, settings, snapshot
+from ray_ckpt import dtensor, events, settings, snapshot
 from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableError
@@ -172,23 +173,49 @@ class Checkpointer:
 
     # ---- restore ------------------------------------------------------------------------
 
+    @staticmethod
+    def _fill(state: Any, into: Any) -> Any:
+        if into is not None:
+            return dtensor.load_into(state, into)
+        sharded = dtensor.holds_shards(state)
+        if sharded:
+            raise ConfigError(
+                f"this checkpoint holds DTensors ({', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}): "
+                "restore them into your state dict, e.g. ckpt.restore(into={'model': model.state_dict()}) with the "
+                "tree you saved (for FSDP2 with an optimizer: get_state_dict(model, optimizer))",
+                keys=sharded,
+            )
+        return state
+
     def latest_step(self) -> int | None:
         """The newest step committed by all ranks of this job, or None if none is."""
         return self._registry.latest_committed(self.job)
 
-    def restore(self, step: int | None = None) -> Restored | None:
+    def restore(self, step: int | None = None, *, into: Any = None) -> Restored | None:
         """Rebuild this rank's state of the newest step every rank can restore (or of ``step``),
         from its local copy on this node, else any k checksum-valid shards on live peers, else
         the newest complete persistent backup. All ranks of one attempt get the same step.
 
+        ``into``: a state of the same tree the caller already has (``model.state_dict()``, or
+        ``{"model": ..., "optim": ...}`` from DCP's ``get_state_dict(model, optimizer)``): the
+        restored tensors are copied into its tensors and DTensors, which must have the same
+        shapes, dtypes and sharding (``dtensor.load_into``); ``Restored.state`` is then that
+        filled tree. A state saved with DTensors needs ``into`` (a DTensor needs the caller's
+        device mesh); without it ConfigError names the DTensor keys. A step saved at another
+        world size is resharded into ``into`` from peer memory: each rank reads only the byte
+        ranges its new shards need (``Restored.from_world_size``, ``values_by_rank``).
+
         Returns None only when the job never committed a step and has no backup. Raises
         ConfigError, the same on every rank, when the step was saved at another world size
-        (nothing is lost: it stays restorable at that size); InsufficientShardsError when a
+        and there is no ``into``, or the state holds no DTensors (per-rank state cannot be
+        resharded; nothing is lost: the step stays restorable at its own size); InsufficientShardsError when a
         committed step can no longer be rebuilt and no backup exists. A failed restore is
         recorded as a failed recovery (a ``restore`` event with ``error``)."""
         self._check_open()
         try:
-            restored, plan = self._restorer.restore(step)
+            restored, plan = self._restorer.restore(step, into)
+            if restored is not None and restored.from_world_size is None:
+                restored = dataclasses.replace(restored, state=self._fill(restored.state, into))
         except Exception as error:
             self._record(
                 "restore",

@@ -26,11 +26,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt import blob, hostmem, snapshot
+from ray_ckpt import blob, hostmem, reshard, snapshot
 from ray_ckpt.backup import Backup
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError
+from ray_ckpt.ranges import RangeReader
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan
 
@@ -43,12 +44,16 @@ Found = tuple[dict[str, Any], np.ndarray] | None  # what a store's get returns: 
 class Restored:
     """A restored checkpoint: the step, the state (CPU tensors), where it came from
     (``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase durations in seconds
-    (``locate``, ``fetch``, ``decode``, ``load``)."""
+    (``locate``, ``fetch``, ``decode``, ``load``). After a resharded restore (the step was
+    saved at another world size), ``from_world_size`` is that size and ``values_by_rank``
+    holds every old rank's non-tensor values (tensors as None), e.g. data loader positions."""
 
     step: int
     state: Any
     source: str
     phases_s: dict[str, float]
+    from_world_size: int | None = None
+    values_by_rank: dict[int, Any] | None = None
 
 
 class RegistryView(Protocol):
@@ -76,6 +81,11 @@ class ShardSource(Protocol):
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Found]:
         """The shard (or with ``local`` the rank's full copy) from that node's store; the
         future fails if the store does."""
+
+    def get_ranges(
+        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool
+    ) -> Future[Any]:
+        """Byte ranges of that shard (or full copy): ``(meta dict, intact, pieces)`` or None."""
 
 
 def check_shard(found: Any, expected: ShardMeta) -> str | None:
@@ -205,18 +215,26 @@ class Restorer:
         self._background, self._timeout_s, self._allocate = background, timeout_s, allocate
         self.restored_bytes = 0
 
-    def restore(self, step: int | None = None) -> tuple[Restored | None, RestorePlan | None]:
+    def restore(self, step: int | None = None, into: Any = None) -> tuple[Restored | None, RestorePlan | None]:
         """The state of the step every rank of this attempt restores (or of ``step``), with the
-        plan it followed (None for an explicit step). See ``Checkpointer.restore``."""
+        plan it followed (None for an explicit step). With ``into``, a step saved at another
+        world size is resharded into it (``reshard``). See ``Checkpointer.restore``."""
         t0 = time.perf_counter()
         self.restored_bytes = 0
         if step is not None:
+            if into is not None and self.registry.locate_rank(self.job, step, self.rank).world_size != self.world_size:
+                return self._resharded(step, into, t0), None
             return self._from_memory(step, self._locate(step), t0), None
         plan = self.registry.plan_restore(self.job, self.attempt)
         if plan.source == "peers" and plan.step is not None:
-            self.check_world_size(int(plan.world_size or 0), plan.step)
+            reshard_into = into is not None and int(plan.world_size or 0) != self.world_size
+            if not reshard_into:
+                self.check_world_size(int(plan.world_size or 0), plan.step)
             try:
-                restored = self._from_memory(plan.step, self._locate(plan.step), t0)
+                if reshard_into:
+                    restored = self._resharded(plan.step, into, t0)
+                else:
+                    restored = self._from_memory(plan.step, self._locate(plan.step), t0)
             except InsufficientShardsError:
                 # this rank cannot rebuild the step every rank agreed on: make sure no later
                 # plan picks it, then fail this attempt so all ranks restart and agree anew
@@ -237,6 +255,7 @@ class Restorer:
                 f"job {self.job!r} step {step} was saved by {saved} rank(s), but this run has world size "
                 f"{self.world_size}: per-rank state cannot be restored into another world size. Restore at "
                 f"world size {saved}, start under a new job name, or drop this job's checkpoints "
+                f"(a state saved as DTensors restores into any world size with restore(into=...)) "
                 f"(`ray-ckpt drop {self.job}` or ray_ckpt.drop({self.job!r})); the step stays restorable at "
                 f"world size {saved} until then",
                 job=self.job,
@@ -281,6 +300,44 @@ class Restorer:
         if lost:
             logger.warning("rank %d step %d: rebuilt without shards %s", self.rank, step, sorted(lost))
         return Restored(step, state, "peers", _phases(t0, t1, t2, t3, time.perf_counter()))
+
+    def _resharded(self, step: int, into: Any, t0: float) -> Restored:
+        """This rank's new shards of ``step`` (saved at another world size), read as byte
+        ranges from every old rank's checkpoint and copied into ``into``."""
+        records = self.registry.locate(self.job, step)
+        t1 = time.perf_counter()
+        readers = [
+            RangeReader(
+                self.stores,
+                records[r],
+                job=self.job,
+                step=step,
+                rank=r,
+                node_id=self.node_id,
+                timeout_s=self._timeout_s,
+            )
+            for r in sorted(records)
+        ]
+        result = reshard.restore_into(reshard.read_old_ranks(readers), into, rank=self.rank)
+        self.restored_bytes = sum(reader.fetched_bytes for reader in readers)
+        t2 = time.perf_counter()
+        logger.info(
+            "job %r rank %d: step %d resharded from %d ranks, %d bytes read for %d needed",
+            self.job,
+            self.rank,
+            step,
+            len(records),
+            self.restored_bytes,
+            result.needed_bytes,
+        )
+        return Restored(
+            step,
+            result.state,
+            "peers",
+            _phases(t0, t1, t2, t2, t2),
+            from_world_size=len(records),
+            values_by_rank=result.values_by_rank,
+        )
 
     def _local_copy(self, step: int, record: RankRecord) -> np.ndarray | None:
         """This rank's local copy, if it lives on this node and is intact."""

@@ -17,7 +17,11 @@ The header is msgpack (``use_bin_type=True``)::
 
 with each node a ``[tag, body]`` pair: ``["d", [[key, node], ...]]`` (dict, insertion order),
 ``["o", ...]`` (OrderedDict), ``["l", [node, ...]]`` (list), ``["t", [node, ...]]`` (tuple),
-``["T", tensor index]`` and ``["v", plain value]``. Tensor bytes lie in the payload at offsets
+``["T", tensor index]``, ``["v", plain value]`` and, from version 2, ``["D", {"local": tensor
+index, "shape", "placements", "mesh", "mesh_dims", "coordinate", "offsets"}]`` for a DTensor: this
+rank's local shard plus its global layout (see :mod:`ray_ckpt.dtensor`; restored as a
+:class:`~ray_ckpt.dtensor.SavedShard`). A state without DTensors is written as version 1, which
+ray_ckpt versions before DTensor support read too; both versions are read. Tensor bytes lie in the payload at offsets
 that are multiples of :data:`ALIGNMENT`; gaps between them are zero, so the same state always
 gives the same header and payload bytes (empty tensors get offset 0). Only tensor data is kept:
 ``requires_grad`` is dropped and Parameters come back as plain tensors, always on the CPU. A
@@ -41,11 +45,12 @@ import msgpack
 import numpy as np
 import torch
 
-from ray_ckpt import settings, workpool
+from ray_ckpt import dtensor, settings, workpool
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
 MAGIC = "ray_ckpt.snapshot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest version written; 1 when the state holds no DTensor
+READ_VERSIONS = (1, 2)
 ALIGNMENT = 64  # byte alignment of every tensor inside the payload
 MAX_DEPTH = 100  # containers nested deeper than this are refused (also stops reference cycles)
 MAX_DIMS = 64
@@ -138,7 +143,7 @@ def _plan(state: State) -> SnapshotLayout:
     header = msgpack.packb(
         {
             "magic": MAGIC,
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if walker.sharded else 1,
             "payload_size": cursor,
             "tensors": specs,
             "tree": tree,
@@ -247,6 +252,8 @@ class _Planner:
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self._index: dict[int, int] = {}
+        self.sharded = False  # a DTensor was seen: the header needs version 2
+        self._locals: list[torch.Tensor] = []
 
     def encode(self, obj: Any, path: _Path, depth: int) -> list[Any]:
         kind = type(obj)
@@ -254,6 +261,8 @@ class _Planner:
             _check_plain(obj, path)
             return ["v", obj]
         if isinstance(obj, torch.Tensor):
+            if dtensor.is_dtensor(obj):
+                return ["D", self._dtensor(obj, path)]
             return ["T", self._tensor(obj, path)]
         if depth >= MAX_DEPTH:
             raise _unsupported(path, obj, f"containers are nested deeper than {MAX_DEPTH} levels (a cycle?)")
@@ -272,6 +281,15 @@ class _Planner:
             items = [self.encode(value, (path, i), depth + 1) for i, value in enumerate(obj)]
             return ["l" if kind is list else "t", items]
         raise _unsupported(path, obj, _hint(obj))
+
+    def _dtensor(self, tensor: torch.Tensor, path: _Path) -> dict[str, Any]:
+        try:
+            shard = dtensor.describe(tensor)
+        except ValueError as error:
+            raise _unsupported(path, tensor, f"DTensor: {error}") from None
+        self.sharded = True
+        self._locals.append(shard.local)  # alive while planning: _index is keyed by id()
+        return {"local": self._tensor(shard.local, path), **shard.layout()}
 
     def _tensor(self, tensor: torch.Tensor, path: _Path) -> int:
         index = self._index.get(id(tensor))
@@ -365,7 +383,7 @@ def restore(header: bytes, payload: Any, *, copy: bool = True) -> State:
 
 
 def _restore(header: Any, payload: Any, copy: bool) -> State:
-    payload_size, specs, tree = _parse_header(header)
+    version, payload_size, specs, tree = _parse_header(header)
     data = _readable_bytes(payload)
     if data.size < payload_size:
         raise SnapshotFormatError(
@@ -378,13 +396,32 @@ def _restore(header: Any, payload: Any, copy: bool) -> State:
         if not data.flags.writeable:
             raise ValueError("restore(copy=False) needs a writable payload; pass copy=True or a writable copy")
         base = torch.from_numpy(data)
-    return _Restorer(specs, data, base).decode(tree, (), 0)
+    return _Restorer(specs, data, base, sharded=version >= 2).decode(tree, (), 0)
 
 
 _Spec = tuple[torch.dtype, tuple[int, ...], int, int]
 
 
-def _parse_header(header: Any) -> tuple[int, list[_Spec], Any]:
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor lies in a payload (from :func:`read_layout`): ``nbytes`` bytes at
+    ``offset``, holding ``shape`` of ``dtype`` in row-major order."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def read_layout(header: bytes) -> State:
+    """The state's tree from ``header`` alone, every tensor a :class:`TensorRef` (a DTensor a
+    SavedShard whose ``local`` is one): for reading only the bytes needed. Checked as
+    :func:`restore` checks (SnapshotFormatError)."""
+    version, _, specs, tree = _parse_header(header)
+    return _Restorer(specs, None, None, sharded=version >= 2).decode(tree, (), 0)
+
+
+def _parse_header(header: Any) -> tuple[int, int, list[_Spec], Any]:
     if not isinstance(header, (bytes, bytearray, memoryview)):
         raise TypeError(f"header must be bytes, got {type(header).__name__}")
     try:
@@ -396,10 +433,10 @@ def _parse_header(header: Any) -> tuple[int, list[_Spec], Any]:
     version = meta.get("version")
     if type(version) is not int:
         raise SnapshotFormatError(f"header has no valid format version: {version!r}")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         newer = " (newer than this ray_ckpt; upgrade it)" if version > FORMAT_VERSION else ""
         raise SnapshotFormatError(
-            f"snapshot format version {version}{newer}; this ray_ckpt reads version {FORMAT_VERSION}",
+            f"snapshot format version {version}{newer}; this ray_ckpt reads versions {list(READ_VERSIONS)}",
             version=version,
         )
     payload_size = _count(meta.get("payload_size"), "payload_size")
@@ -409,7 +446,7 @@ def _parse_header(header: Any) -> tuple[int, list[_Spec], Any]:
     specs = [_parse_spec(i, spec, payload_size) for i, spec in enumerate(raw_specs)]
     if "tree" not in meta:
         raise SnapshotFormatError("header has no 'tree'")
-    return payload_size, specs, meta["tree"]
+    return version, payload_size, specs, meta["tree"]
 
 
 def _parse_spec(index: int, spec: Any, payload_size: int) -> _Spec:
@@ -449,11 +486,12 @@ def _count(value: Any, what: str) -> int:
 
 
 class _Restorer:
-    def __init__(self, specs: list[_Spec], data: np.ndarray, base: torch.Tensor | None) -> None:
+    def __init__(self, specs: list[_Spec], data: np.ndarray | None, base: torch.Tensor | None, sharded: bool) -> None:
         self.specs = specs
+        self.sharded = sharded
         self.data = data
         self.base = base
-        self.tensors: list[torch.Tensor | None] = [None] * len(specs)
+        self.tensors: list[Any] = [None] * len(specs)
 
     def decode(self, node: Any, path: _Path, depth: int) -> Any:
         if type(node) is not list or len(node) != 2 or type(node[0]) is not str:
@@ -469,6 +507,8 @@ class _Restorer:
             if type(body) is not int or not 0 <= body < len(self.specs):
                 raise _bad_node(path, f"tensor index {body!r:.100} out of range 0..{len(self.specs) - 1}")
             return self.tensor(body)
+        if tag == "D" and self.sharded:
+            return self.shard(body, path)
         if type(body) is not list:
             raise _bad_node(path, f"body of a {tag!r:.20} node must be a list")
         if tag == "l" or tag == "t":
@@ -484,12 +524,34 @@ class _Restorer:
             return result
         raise _bad_node(path, f"unknown node tag {tag!r:.20}")
 
-    def tensor(self, index: int) -> torch.Tensor:
+    def shard(self, body: Any, path: _Path) -> dtensor.SavedShard:
+        if type(body) is not dict:
+            raise _bad_node(path, f"DTensor node must be a map, got {body!r:.100}")
+        index = body.get("local")
+        if type(index) is not int or not 0 <= index < len(self.specs):
+            raise _bad_node(path, f"DTensor local tensor index {index!r:.100} out of range")
+        try:
+            layout = dtensor.layout_of(body)
+        except ValueError as error:
+            raise _bad_node(path, f"DTensor layout: {error}") from None
+        local = self.tensor(index)
+        shape, offsets = dtensor.block(
+            layout["global_shape"], layout["mesh_shape"], layout["placements"], layout["coordinate"]
+        )
+        found = (tuple(local.shape), layout["offsets"])
+        if found != (shape, offsets):
+            raise _bad_node(path, f"DTensor local shard {found[0]} at {found[1]} is not its block {shape} at {offsets}")
+        return dtensor.SavedShard(local=local, **layout)
+
+    def tensor(self, index: int) -> Any:
+        """The tensor (a TensorRef without payload data), made once per index."""
         made = self.tensors[index]
         if made is None:
             dtype, shape, offset, nbytes = self.specs[index]
             try:
-                if not nbytes:
+                if self.data is None:
+                    made = TensorRef(dtype, shape, offset, nbytes)
+                elif not nbytes:
                     made = torch.empty(shape, dtype=dtype)
                 elif self.base is not None:
                     made = self.base[offset : offset + nbytes].view(dtype).view(shape)

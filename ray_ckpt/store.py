@@ -12,6 +12,7 @@ import msgpack
 import numpy as np
 
 from ray_ckpt import hostmem
+from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import as_bytes
 from ray_ckpt.errors import StoreFullError
 from ray_ckpt.shard import ShardKey, ShardMeta
@@ -141,6 +142,22 @@ class ShardStore:
         with self._lock:
             entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index))
         return None if entry is None else (entry.meta, entry.data)
+
+    def get_ranges(
+        self, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], *, local: bool = False
+    ) -> tuple[ShardMeta, bool, list[np.ndarray]] | None:
+        """Byte ranges ``[start, stop)`` of a shard (or with ``local`` the rank's local copy):
+        ``(meta, intact, pieces)``, ``intact`` saying whether the whole shard still matches its
+        checksum (a reader of ranges cannot check that itself); None if this store does not
+        hold it. ValueError for a range outside the shard."""
+        found = self.get(job, step, rank, index, local=local)
+        if found is None:
+            return None
+        meta, data = found
+        for start, stop in ranges:
+            if not 0 <= start <= stop <= data.size:
+                raise ValueError(f"range [{start}, {stop}) is outside the shard's {data.size} bytes")
+        return meta, checksum(data) == meta.checksum, [data[start:stop] for start, stop in ranges]
 
     def inventory(self, job: str | None = None) -> list[ShardMeta]:
         """Metadata of every coded shard held (of one job when given; local copies are not

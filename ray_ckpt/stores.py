@@ -59,6 +59,12 @@ class StoreDirectory:
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
         return self._handle(node_id).get.remote(job, step, rank, index, local).future()
 
+    def get_ranges(
+        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool
+    ) -> Future[Any]:
+        """Byte ranges of a shard (or local copy): ``(meta dict, intact, pieces)`` or None."""
+        return self._handle(node_id).get_ranges.remote(job, step, rank, index, ranges, local).future()
+
     def stage(self, node_id: str, request: StageRequest) -> Future[dict[str, Any]]:
         """Stage through that node's store, which batches its ranks' stages into one registry
         call; the future's result is a ``StageResult`` on the wire (KeyError: no live store)."""

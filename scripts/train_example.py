@@ -45,10 +45,20 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def params_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the full parameters (a DTensor is gathered: every rank must call this)."""
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        digest.update(full.detach().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def fsdp2_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
+    """The FSDP2 model's and optimizer's state dicts (DTensors), as saved and restored into."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optim)  # creates Adam's state on first use
+    return {"model": model_state, "optim": optim_state}
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -59,12 +69,24 @@ def train_loop(config: dict[str, Any]) -> None:
     rank = context.get_world_rank()
     # a fixed gradient-bucket layout (no rebuild after the first step): with more than 2 ranks the
     # order of the allreduce sums depends on it, and a resumed run must reduce as the original did
-    model = ray.train.torch.prepare_model(build_model(), parallel_strategy_kwargs={"find_unused_parameters": True})
+    fsdp2 = bool(config.get("fsdp2"))
+    if fsdp2:  # parameters and Adam's moments sharded over the ranks: DTensors
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = build_model()
+        fully_shard(model, mesh=init_device_mesh("cpu", (context.get_world_size(),)))
+    else:
+        model = ray.train.torch.prepare_model(build_model(), parallel_strategy_kwargs={"find_unused_parameters": True})
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     ckpt = ray_ckpt.train.Checkpointer(ray_ckpt.CheckpointConfig(**config["checkpoint"]))
-    restored = ckpt.restore()
+    restored = ckpt.restore(into=fsdp2_state(model, optim)) if fsdp2 else ckpt.restore()
     start = 0
-    if restored is not None:
+    if restored is not None and fsdp2:
+        set_state_dict(model, optim, model_state_dict=restored.state["model"], optim_state_dict=restored.state["optim"])
+        start = restored.step + 1
+    elif restored is not None:
         model.load_state_dict(restored.state["model"])
         optim.load_state_dict(restored.state["optim"])
         start = restored.step + 1
@@ -76,6 +98,9 @@ def train_loop(config: dict[str, Any]) -> None:
         "pid": os.getpid(),
         "restored_step": None if restored is None else restored.step,
         "source": None if restored is None else restored.source,
+        "from_world_size": None if restored is None else restored.from_world_size,
+        # FSDP2: the full parameters as restored (gathered on every rank), to compare with the saver's
+        "restored_digest": params_digest(model) if fsdp2 and restored is not None else None,
         "phases_s": None if restored is None else restored.phases_s,
         "time": time.time(),
     }
@@ -85,7 +110,8 @@ def train_loop(config: dict[str, Any]) -> None:
         optim.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optim.step()
-        ckpt.save(step, {"model": model.state_dict(), "optim": optim.state_dict()})
+        state = fsdp2_state(model, optim) if fsdp2 else {"model": model.state_dict(), "optim": optim.state_dict()}
+        ckpt.save(step, state)
         time.sleep(config["step_sleep_s"])
     ckpt.wait()
     ckpt.close()
@@ -104,9 +130,11 @@ def run(
     step_sleep_s: float = 0.1,
     max_failures: int = 3,
     in_place: dict[str, Any] | None = None,
+    fsdp2: bool = False,
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
-    ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``."""
+    ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
+    ``fsdp2``: shard the model with FSDP2 ``fully_shard`` instead of DDP (a DTensor state)."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
         train_loop if recovery is None else recovery.wrap(train_loop),
@@ -116,6 +144,7 @@ def run(
             "checkpoint": checkpoint,
             "events_dir": events_dir,
             "step_sleep_s": step_sleep_s,
+            "fsdp2": fsdp2,
         },
         scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(

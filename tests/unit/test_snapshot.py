@@ -264,7 +264,7 @@ def test_offsets_are_aligned_and_header_describes_the_layout() -> None:
     layout = snap.plan(state)
     assert all(o % snap.ALIGNMENT == 0 for o in layout.offsets)
     meta = msgpack.unpackb(layout.header, raw=False, strict_map_key=False)
-    assert meta["magic"] == snap.MAGIC and meta["version"] == snap.FORMAT_VERSION
+    assert meta["magic"] == snap.MAGIC and meta["version"] == 1  # no DTensor: readable by older ray_ckpt
     assert meta["tensors"] == [
         ["int8", [3], 0, 3],
         ["float32", [5, 2], 64, 40],

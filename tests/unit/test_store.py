@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
 import pytest
 
+from ray_ckpt.checksum import checksum
 from ray_ckpt.errors import StoreFullError
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
@@ -328,3 +330,20 @@ def test_reusing_an_evicted_array_needs_no_new_memory_so_saves_go_on_at_the_ceil
         store.put(meta(step=3, index=1, size=128), data(128))  # no spare left: refused
     found = store.get("job", 3, 0, 0)
     assert found is not None and (found[1] == 3).all()
+
+
+def test_get_ranges_returns_the_pieces_and_whether_the_whole_shard_still_matches_its_checksum() -> None:
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    shard = np.arange(64, dtype=np.uint8)
+    good = dataclasses.replace(meta(), checksum=checksum(shard))
+    store.put(good, shard)
+    found = store.get_ranges("job", 1, 0, 0, [(2, 5), (60, 64), (9, 9)])
+    assert found is not None
+    held, intact, pieces = found
+    assert held == good and intact
+    assert [p.tolist() for p in pieces] == [[2, 3, 4], [60, 61, 62, 63], []]
+    store.get("job", 1, 0, 0)[1][40] ^= 1  # type: ignore[index]  # the bytes rot in memory
+    assert store.get_ranges("job", 1, 0, 0, [(0, 1)])[1] is False  # type: ignore[index]
+    assert store.get_ranges("job", 1, 0, 1, [(0, 1)]) is None
+    with pytest.raises(ValueError, match="outside"):
+        store.get_ranges("job", 1, 0, 0, [(60, 65)])

@@ -1,0 +1,176 @@
+"""Ranged reads of one rank's checkpoint blob from peer memory.
+
+A resharding rank needs a few byte ranges of several old ranks' blobs, not whole blobs. The
+blob is split into k data shards of ``shard_size`` bytes, so a blob range maps to ranges of
+one or more data shards, read from their stores. A data shard that is lost, unreachable or no
+longer matches its checksum (the store checks the whole shard; a range cannot be checked on
+its own) is an erasure: only the same byte positions are read from k other shards and decoded,
+since Reed-Solomon works position by position. When the rank's local copy lies on this node,
+the ranges are read from it with no network.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import numpy as np
+
+from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.errors import InsufficientShardsError
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.wire import RankRecord
+
+Ranges = list[tuple[int, int]]
+
+
+class RangeSource(Protocol):
+    """Where ranges are read from (``StoreDirectory`` in production)."""
+
+    def live(self, node_ids: Any) -> set[str]:
+        """Which of these nodes run a store that is alive now."""
+
+    def get_ranges(
+        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: Ranges, local: bool
+    ) -> Future[Any]:
+        """``(meta dict, intact, pieces)`` or None; the future fails if the store does."""
+
+
+class RangeReader:
+    """Byte ranges of rank ``rank``'s blob of ``step`` (described by its registry ``record``).
+    ``fetched_bytes`` counts what was read so far (decoding reads k pieces per lost one)."""
+
+    def __init__(
+        self,
+        source: RangeSource,
+        record: RankRecord,
+        *,
+        job: str,
+        step: int,
+        rank: int,
+        node_id: str,
+        timeout_s: Callable[[], float],
+    ) -> None:
+        self.source, self.record, self.job, self.step, self.rank = source, record, job, step, rank
+        self.node_id, self._timeout_s = node_id, timeout_s
+        self.fetched_bytes = 0
+
+    @property
+    def blob_size(self) -> int:
+        return self.record.payload_size
+
+    def read(self, ranges: Ranges) -> list[np.ndarray]:
+        """The bytes of each blob range ``[start, stop)``, in order. InsufficientShardsError
+        when fewer than k shards can serve a lost data shard's positions."""
+        for start, stop in ranges:
+            if not 0 <= start <= stop <= self.blob_size:
+                raise ValueError(f"blob range [{start}, {stop}) is outside the {self.blob_size}-byte blob")
+        local = self._from_local_copy(ranges)
+        if local is not None:
+            return local
+        size = self.record.shard_size
+        pieces: dict[int, Ranges] = {}  # data shard -> ranges inside it
+        parts: list[list[tuple[int, int]]] = []  # per requested range: (shard, piece position)
+        for start, stop in ranges:
+            part = []
+            cursor = start
+            while cursor < stop:
+                index, offset = divmod(cursor, size)
+                end = min(stop, (index + 1) * size)
+                wanted = pieces.setdefault(index, [])
+                part.append((index, len(wanted)))
+                wanted.append((offset, offset + end - cursor))
+                cursor = end
+            parts.append(part)
+        got = self._data_pieces(pieces)
+        out = []
+        for part in parts:
+            chunks = [got[index][position] for index, position in part]
+            out.append(chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.empty(0, np.uint8))
+        return out
+
+    def _from_local_copy(self, ranges: Ranges) -> list[np.ndarray] | None:
+        meta = self.record.local
+        if meta is None or self.record.local_node != self.node_id:
+            return None
+        found = self._fetch({-1: (self.node_id, ranges)}, local=True).get(-1)
+        if found is None or not self._usable(found, meta):
+            return None
+        self.fetched_bytes += sum(stop - start for start, stop in ranges)
+        return list(found[2])
+
+    def _data_pieces(self, pieces: dict[int, Ranges]) -> dict[int, list[np.ndarray]]:
+        nodes = self.record.nodes
+        live = self.source.live({nodes[i] for i in nodes})
+        asked = {i: (nodes[i], r) for i, r in pieces.items() if nodes.get(i) in live}
+        found = self._fetch(asked, local=False)
+        got: dict[int, list[np.ndarray]] = {}
+        for index, wanted in pieces.items():
+            answer = found.get(index)
+            if answer is not None and self._usable(answer, self.record.metas[index]):
+                got[index] = list(answer[2])
+                self.fetched_bytes += sum(stop - start for start, stop in wanted)
+            else:
+                got[index] = self._decode(index, wanted, live)
+        return got
+
+    def _decode(self, lost: int, wanted: Ranges, live: set[str]) -> list[np.ndarray]:
+        """The ``wanted`` ranges of data shard ``lost``, decoded from the same positions of k
+        other shards."""
+        k = self.record.data_shards
+        candidates = [i for i in sorted(self.record.metas) if i != lost and self.record.nodes[i] in live]
+        valid: dict[int, np.ndarray] = {}
+        while candidates and len(valid) < k:
+            batch, candidates = candidates[: k - len(valid)], candidates[k - len(valid) :]
+            found = self._fetch({i: (self.record.nodes[i], wanted) for i in batch}, local=False)
+            for index in batch:
+                answer = found.get(index)
+                if answer is not None and self._usable(answer, self.record.metas[index]):
+                    valid[index] = np.concatenate(answer[2]) if answer[2] else np.empty(0, np.uint8)
+                    self.fetched_bytes += sum(stop - start for start, stop in wanted)
+        if len(valid) < k:
+            raise InsufficientShardsError(
+                f"job {self.job!r} rank {self.rank} step {self.step}: data shard {lost} is lost and only "
+                f"{len(valid)} of the {k} shards needed to decode its bytes survive",
+                job=self.job,
+                rank=self.rank,
+                step=self.step,
+                lost=[lost],
+                needed=k,
+                available=len(valid),
+            )
+        code = ReedSolomon(k, self.record.parity_shards)
+        rebuilt = code.reconstruct(valid, [lost])[lost] if len(valid[next(iter(valid))]) else np.empty(0, np.uint8)
+        out, cursor = [], 0
+        for start, stop in wanted:
+            out.append(rebuilt[cursor : cursor + stop - start])
+            cursor += stop - start
+        return out
+
+    def _fetch(self, asks: dict[int, tuple[str, Ranges]], *, local: bool) -> dict[int, Any]:
+        """Answers by key (None for a failed or unanswered call), all asked at once."""
+        futures: dict[int, Future[Any]] = {}
+        for key, (node_id, ranges) in asks.items():
+            index = 0 if local else key
+            try:
+                futures[key] = self.source.get_ranges(node_id, self.job, self.step, self.rank, index, ranges, local)
+            except KeyError:  # no live store there any more
+                continue
+        deadline = time.monotonic() + self._timeout_s()
+        answers: dict[int, Any] = {}
+        for key, future in futures.items():
+            try:
+                answers[key] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # a dead or slow store is an erasure
+                answers[key] = None
+        return answers
+
+    @staticmethod
+    def _usable(answer: Any, expected: ShardMeta) -> bool:
+        meta, intact, _ = answer
+        try:
+            return bool(intact) and ShardMeta.from_dict(meta) == expected
+        except Exception:
+            return False
