@@ -102,6 +102,7 @@ class Checkpointer:
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
         self.last_save_phases_s: dict[str, float] = {}
+        self.last_restore_bytes = 0  # bytes the last restore read (from memory or a backup)
 
     @property
     def last_protection(self) -> int | None:
@@ -226,6 +227,7 @@ class Checkpointer:
                 phases_s={},
             )
             raise
+        self.last_restore_bytes = self._restorer.restored_bytes
         self._saves.restart_counting()  # the next save is this incarnation's first step: always recorded
         newest = None if plan is None else plan.newest_staged
         self._record(

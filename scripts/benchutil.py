@@ -35,15 +35,18 @@ def restore_cluster(workers: int, size: int, namespace: str) -> Any:
     workers, fast failure detection, a store budget of one ``size``-byte state per node; every
     worker's object store fits a rank's RS(4,2) shards in flight (1.5x the size), or 4 fetched
     shards plus a raw object (2x)."""
+    from ray_ckpt import quiet
     from ray_ckpt.testing import SimulatedCluster
 
-    return SimulatedCluster(
+    sim = SimulatedCluster(
         workers,
         namespace=namespace,
         store_budget_bytes=size + 16 * MIB,
         head_object_store_bytes=size // 2 + 128 * MIB,
         worker_object_store_bytes=2 * size + 128 * MIB,
     )
+    quiet.quiet_driver()  # Ray's messages about the nodes killed stay in its logs
+    return sim
 
 
 def kill(sim: Any, node_ids: list[str]) -> float:
