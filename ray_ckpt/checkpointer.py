@@ -209,9 +209,10 @@ class Checkpointer:
         Returns None only when the job never committed a step and has no backup. Raises
         ConfigError, the same on every rank, when the step was saved at another world size
         and there is no ``into``, or the state holds no DTensors (per-rank state cannot be
-        resharded; nothing is lost: the step stays restorable at its own size); InsufficientShardsError when a
-        committed step can no longer be rebuilt and no backup exists. A failed restore is
-        recorded as a failed recovery (a ``restore`` event with ``error``)."""
+        resharded; nothing is lost: the step stays restorable at its own size);
+        InsufficientShardsError when a committed step can no longer be rebuilt and no backup
+        exists. A failed restore is recorded as a failed recovery (a ``restore`` event with
+        ``error``)."""
         self._check_open()
         try:
             restored, plan = self._restorer.restore(step, into)

@@ -84,7 +84,10 @@ def restore_into(old: list[OldRank], into: Any, *, rank: int) -> Resharded:
             keys=plan.plain,
         )
     fetched_before = sum(o.reader.fetched_bytes for o in old)
-    data = {o.rank: o.reader.read(plan.reads[o.rank]) if plan.reads.get(o.rank) else [] for o in old}
+    sources = [o for o in old if plan.reads.get(o.rank)]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(sources))), thread_name_prefix="ray_ckpt-ranges") as pool:
+        pieces = list(pool.map(lambda o: o.reader.read(plan.reads[o.rank]), sources))
+    data = {o.rank: got for o, got in zip(sources, pieces, strict=True)}
     with torch.no_grad():
         for fill in plan.fills:
             fill(data)
