@@ -100,6 +100,9 @@ def restore_into(old: list[OldRank], into: Any, *, rank: int) -> Resharded:
 
 
 class _Plan:
+    """What to read from which old rank and how to copy it into ``into``, built while walking
+    the trees and checking every leaf; nothing is read or written until it is complete."""
+
     def __init__(self, old: list[OldRank], primary: OldRank) -> None:
         self.old, self.primary = old, primary
         self.reads: dict[int, list[tuple[int, int]]] = {}

@@ -112,6 +112,16 @@ def train_loop(config: dict[str, Any]) -> None:
         optim.step()
         state = fsdp2_state(model, optim) if fsdp2 else {"model": model.state_dict(), "optim": optim.state_dict()}
         ckpt.save(step, state)
+        if fsdp2:  # what this step saved, to compare a later (resharded) restore with
+            digest = params_digest(model)
+            if rank == 0:
+                record = {
+                    "step": step,
+                    "attempt": ckpt.attempt,
+                    "digest": digest,
+                    "world_size": context.get_world_size(),
+                }
+                (events / f"step-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
         time.sleep(config["step_sleep_s"])
     ckpt.wait()
     ckpt.close()
@@ -125,7 +135,7 @@ def run(
     storage_path: str,
     events_dir: str,
     steps: int,
-    workers: int,
+    workers: int | tuple[int, int],
     checkpoint: dict[str, Any],
     step_sleep_s: float = 0.1,
     max_failures: int = 3,
@@ -134,7 +144,8 @@ def run(
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
-    ``fsdp2``: shard the model with FSDP2 ``fully_shard`` instead of DDP (a DTensor state)."""
+    ``fsdp2``: shard the model with FSDP2 ``fully_shard`` instead of DDP (a DTensor state);
+    then every step's full-parameter digest is also written (``read_step_digests``)."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
         train_loop if recovery is None else recovery.wrap(train_loop),
@@ -146,7 +157,8 @@ def run(
             "step_sleep_s": step_sleep_s,
             "fsdp2": fsdp2,
         },
-        scaling_config=ScalingConfig(num_workers=workers),
+        # a (min, max) pair: elastic, the group restarts at another size as nodes come and go
+        scaling_config=ScalingConfig(num_workers=workers, elastic_resize_monitor_interval_s=2.0),
         run_config=RunConfig(
             name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=max_failures)
         ),
@@ -202,6 +214,11 @@ def remove_node(sim: SimulatedCluster, node_id: str) -> None:
     node = next(n for n in sim.workers if str(n.node_id) == node_id)
     sim.cluster.remove_node(node, allow_graceful=False)
     sim.workers.remove(node)
+
+
+def read_step_digests(events_dir: str) -> list[dict[str, Any]]:
+    """An FSDP2 run's per-step records (rank 0's): step, attempt, digest, world size."""
+    return [json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("step-*.json")]
 
 
 def read_restores(events_dir: str) -> list[dict[str, Any]]:
