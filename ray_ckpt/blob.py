@@ -45,23 +45,19 @@ def header_size(prefix: np.ndarray) -> int:
     """The snapshot header's length from a blob's first PREFIX_SIZE bytes; SnapshotFormatError
     if they are not a blob prefix this build reads."""
     if prefix.size < _PREFIX.size:
-        raise SnapshotFormatError(f"checkpoint blob prefix of {prefix.size} bytes is too short")
-    magic, version, size = _PREFIX.unpack_from(prefix.tobytes(), 0)
-    if magic != MAGIC or version != VERSION:
-        raise SnapshotFormatError(f"checkpoint blob prefix has magic {magic!r} version {version}")
+        raise SnapshotFormatError(f"checkpoint blob of {prefix.size} bytes is shorter than its prefix")
+    magic, version, size = _PREFIX.unpack_from(prefix.data, 0)
+    if magic != MAGIC:
+        raise SnapshotFormatError(f"checkpoint blob has magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise SnapshotFormatError(f"checkpoint blob version {version} is not supported (this build reads {VERSION})")
     return int(size)
 
 
 def split(buffer: np.ndarray) -> tuple[bytes, np.ndarray]:
     """(snapshot header, payload view) of a rebuilt blob; SnapshotFormatError if malformed."""
-    if buffer.size < _PREFIX.size:
-        raise SnapshotFormatError(f"checkpoint blob of {buffer.size} bytes is shorter than its prefix")
-    magic, version, header_size = _PREFIX.unpack_from(buffer.data, 0)
-    if magic != MAGIC:
-        raise SnapshotFormatError(f"checkpoint blob has magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise SnapshotFormatError(f"checkpoint blob version {version} is not supported (this build reads {VERSION})")
-    offset = payload_offset(header_size)
+    size = header_size(buffer)
+    offset = payload_offset(size)
     if offset > buffer.size:
-        raise SnapshotFormatError(f"checkpoint blob header of {header_size} bytes runs past its {buffer.size} bytes")
-    return buffer[_PREFIX.size : _PREFIX.size + header_size].tobytes(), buffer[offset:]
+        raise SnapshotFormatError(f"checkpoint blob header of {size} bytes runs past its {buffer.size} bytes")
+    return buffer[_PREFIX.size : _PREFIX.size + size].tobytes(), buffer[offset:]

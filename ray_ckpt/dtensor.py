@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -167,22 +167,32 @@ def layout_of(node: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def walk(saved: Any, target: Any, leaf: Callable[[Any, Any, tuple[Any, ...]], Any], keys: tuple[Any, ...] = ()) -> Any:
+    """``saved`` rebuilt container by container (dicts keep their type), every other node
+    replaced by ``leaf(node, target's node at the same place or None, its keys)``."""
+    if isinstance(saved, dict):
+        children = target if isinstance(target, Mapping) else {}
+        merged = type(saved)()
+        for key, value in saved.items():
+            merged[key] = walk(value, children.get(key), leaf, (*keys, key))
+        return merged
+    if isinstance(saved, (list, tuple)):
+        items = target if isinstance(target, (list, tuple)) and len(target) == len(saved) else [None] * len(saved)
+        values = [walk(v, t, leaf, (*keys, i)) for i, (v, t) in enumerate(zip(saved, items, strict=True))]
+        return values if isinstance(saved, list) else tuple(values)
+    return leaf(saved, target, keys)
+
+
+def key_path(keys: tuple[Any, ...]) -> str:
+    """``keys`` as a Python subscript of the state: ``state['optim']['state'][3]``."""
+    return "state" + "".join(f"[{key!r}]" for key in keys)
+
+
 def holds_shards(state: Any) -> list[str]:
     """Key paths (as ``state[...]`` subscripts) of the SavedShard leaves in a restored state."""
     found: list[str] = []
-    _walk_shards(state, "state", found)
+    walk(state, None, lambda node, _, keys: found.append(key_path(keys)) if isinstance(node, SavedShard) else None)
     return found
-
-
-def _walk_shards(node: Any, path: str, found: list[str]) -> None:
-    if isinstance(node, SavedShard):
-        found.append(path)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            _walk_shards(value, f"{path}[{key!r}]", found)
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            _walk_shards(value, f"{path}[{i}]", found)
 
 
 def load_into(saved: Any, into: Any) -> Any:
@@ -196,7 +206,7 @@ def load_into(saved: Any, into: Any) -> Any:
     (``into``'s tensors, filled). Everything is checked before anything is copied: a mismatch
     raises ConfigError naming the key and leaves ``into`` untouched."""
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-    merged = _merge(saved, into, "state", copies)
+    merged = walk(saved, into, lambda node, target, keys: _merge(node, target, keys, copies))
     with torch.no_grad():
         for target, source in copies:
             target.copy_(source)
@@ -234,7 +244,8 @@ def plain_target(shape: tuple[int, ...], dtype: torch.dtype, target: Any, path: 
     return target
 
 
-def _merge(saved: Any, target: Any, path: str, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+def _merge(saved: Any, target: Any, keys: tuple[Any, ...], copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    path = key_path(keys)
     if isinstance(saved, SavedShard):
         _check_same_block(saved, target_layout(target, path), path)
         copies.append((target.to_local(), saved.local))
@@ -245,16 +256,6 @@ def _merge(saved: Any, target: Any, path: str, copies: list[tuple[torch.Tensor, 
             return saved
         copies.append((plain, saved))
         return plain
-    if isinstance(saved, dict):
-        children = target if isinstance(target, Mapping) else {}
-        merged = type(saved)()
-        for key, value in saved.items():
-            merged[key] = _merge(value, children.get(key), f"{path}[{key!r}]", copies)
-        return merged
-    if isinstance(saved, (list, tuple)):
-        items = target if isinstance(target, (list, tuple)) and len(target) == len(saved) else [None] * len(saved)
-        values = [_merge(v, t, f"{path}[{i}]", copies) for i, (v, t) in enumerate(zip(saved, items, strict=True))]
-        return values if isinstance(saved, list) else tuple(values)
     return saved
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,7 +60,7 @@ def read_old_ranks(readers: list[RangeReader]) -> list[OldRank]:
     def one(position: int) -> OldRank:
         reader = readers[position]
         first = reader.read([(0, min(FIRST_READ, reader.blob_size))])[0]
-        size = blob.header_size(first[: blob.PREFIX_SIZE])
+        size = blob.header_size(first)
         end = blob.PREFIX_SIZE + size
         header = first[blob.PREFIX_SIZE : end] if end <= first.size else reader.read([(blob.PREFIX_SIZE, end)])[0]
         tree = snapshot.read_layout(header.tobytes())
@@ -74,7 +74,7 @@ def restore_into(old: list[OldRank], into: Any, *, rank: int) -> Resharded:
     """Fill ``into`` (this rank's state dict in the new layout) from the ``old`` ranks."""
     primary = old[rank % len(old)]
     plan = _Plan(old, primary)
-    merged = plan.merge(primary.tree, into, ())
+    merged = dtensor.walk(primary.tree, into, plan.leaf)
     if not plan.sharded:
         raise ConfigError(
             f"this step was saved by {len(old)} ranks as plain per-rank tensors ({', '.join(plan.plain[:3])}"
@@ -117,24 +117,15 @@ class _Plan:
         wanted.append((source.payload_offset + start, source.payload_offset + stop))
         return source.rank, len(wanted) - 1
 
-    def merge(self, saved: Any, target: Any, keys: tuple[Any, ...]) -> Any:
-        path = "state" + "".join(f"[{k!r}]" for k in keys)
+    def leaf(self, saved: Any, target: Any, keys: tuple[Any, ...]) -> Any:
+        """One leaf of the primary's tree (``dtensor.walk``): planned, checked, or passed on."""
+        path = dtensor.key_path(keys)
         if isinstance(saved, dtensor.SavedShard):
             self.sharded = True
             return self.shard(saved, target, keys, path)
         if isinstance(saved, TensorRef):
             self.plain.append(path)
             return self.tensor(saved, target, path)
-        if isinstance(saved, dict):
-            children = target if isinstance(target, Mapping) else {}
-            merged = type(saved)()
-            for key, value in saved.items():
-                merged[key] = self.merge(value, children.get(key), (*keys, key))
-            return merged
-        if isinstance(saved, (list, tuple)):
-            items = target if isinstance(target, (list, tuple)) and len(target) == len(saved) else [None] * len(saved)
-            values = [self.merge(v, t, (*keys, i)) for i, (v, t) in enumerate(zip(saved, items, strict=True))]
-            return values if isinstance(saved, list) else tuple(values)
         return saved
 
     def tensor(self, ref: TensorRef, target: Any, path: str) -> torch.Tensor:
@@ -248,11 +239,6 @@ def _as_tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def _values(tree: Any) -> Any:
     """``tree`` with every tensor (and DTensor shard) replaced by None."""
-    if isinstance(tree, (TensorRef, dtensor.SavedShard)):
-        return None
-    if isinstance(tree, dict):
-        return type(tree)((k, _values(v)) for k, v in tree.items())
-    if isinstance(tree, (list, tuple)):
-        values = [_values(v) for v in tree]
-        return values if isinstance(tree, list) else tuple(values)
-    return tree
+    return dtensor.walk(
+        tree, None, lambda node, _, keys: None if isinstance(node, (TensorRef, dtensor.SavedShard)) else node
+    )

@@ -222,9 +222,10 @@ class Restorer:
         t0 = time.perf_counter()
         self.restored_bytes = 0
         if step is not None:
-            if into is not None and self.registry.locate_rank(self.job, step, self.rank).world_size != self.world_size:
+            located = self.registry.locate_rank(self.job, step, self.rank)
+            if into is not None and located.world_size != self.world_size:
                 return self._resharded(step, into, t0), None
-            return self._from_memory(step, self._locate(step), t0), None
+            return self._from_memory(step, self._record(located, step), t0), None
         plan = self.registry.plan_restore(self.job, self.attempt)
         if plan.source == "peers" and plan.step is not None:
             reshard_into = into is not None and int(plan.world_size or 0) != self.world_size
@@ -234,7 +235,8 @@ class Restorer:
                 if reshard_into:
                     restored = self._resharded(plan.step, into, t0)
                 else:
-                    restored = self._from_memory(plan.step, self._locate(plan.step), t0)
+                    located = self.registry.locate_rank(self.job, plan.step, self.rank)
+                    restored = self._from_memory(plan.step, self._record(located, plan.step), t0)
             except InsufficientShardsError:
                 # this rank cannot rebuild the step every rank agreed on: make sure no later
                 # plan picks it, then fail this attempt so all ranks restart and agree anew
@@ -264,10 +266,9 @@ class Restorer:
                 world_size=self.world_size,
             )
 
-    def _locate(self, step: int) -> RankRecord:
-        """This rank's record of ``step`` (only its own: O(1) bytes in the world size), after
-        the world-size check every rank makes alike."""
-        located = self.registry.locate_rank(self.job, step, self.rank)
+    def _record(self, located: RankLocation, step: int) -> RankRecord:
+        """This rank's record of ``step`` from the registry's ``locate_rank`` (only its own:
+        O(1) bytes in the world size), after the world-size check every rank makes alike."""
         self.check_world_size(located.world_size, step)
         if located.record is None:
             raise ConfigError(

@@ -18,15 +18,16 @@ The header is msgpack (``use_bin_type=True``)::
 with each node a ``[tag, body]`` pair: ``["d", [[key, node], ...]]`` (dict, insertion order),
 ``["o", ...]`` (OrderedDict), ``["l", [node, ...]]`` (list), ``["t", [node, ...]]`` (tuple),
 ``["T", tensor index]``, ``["v", plain value]`` and, from version 2, ``["D", {"local": tensor
-index, "shape", "placements", "mesh", "mesh_dims", "coordinate", "offsets"}]`` for a DTensor: this
-rank's local shard plus its global layout (see :mod:`ray_ckpt.dtensor`; restored as a
+index, "shape", "placements", "mesh", "mesh_dims", "coordinate", "offsets"}]`` for a DTensor:
+this rank's local shard plus its global layout (see :mod:`ray_ckpt.dtensor`; restored as a
 :class:`~ray_ckpt.dtensor.SavedShard`). A state without DTensors is written as version 1, which
-ray_ckpt versions before DTensor support read too; both versions are read. Tensor bytes lie in the payload at offsets
-that are multiples of :data:`ALIGNMENT`; gaps between them are zero, so the same state always
-gives the same header and payload bytes (empty tensors get offset 0). Only tensor data is kept:
-``requires_grad`` is dropped and Parameters come back as plain tensors, always on the CPU. A
-tensor object that appears several times in the state is stored once and restored as one shared
-tensor. Nothing is ever pickled.
+ray_ckpt versions before DTensor support read too; both versions are read.
+
+Tensor bytes lie in the payload at offsets that are multiples of :data:`ALIGNMENT`; gaps
+between them are zero, so the same state always gives the same header and payload bytes (empty
+tensors get offset 0). Only tensor data is kept: ``requires_grad`` is dropped and Parameters
+come back as plain tensors, always on the CPU. A tensor object that appears several times in the
+state is stored once and restored as one shared tensor. Nothing is ever pickled.
 """
 
 from __future__ import annotations
