@@ -12,8 +12,16 @@ import ray
 from actors import store_actor
 from ray_ckpt import events, metrics, naming, settings
 from ray_ckpt.errors import ConfigError, RayCkptError
-from ray_ckpt.registry import Registry, StageOutcome
-from ray_ckpt.wire import StageRequest, StageResult, StoreHoldings, ranks_to_wire
+from ray_ckpt.registry import Registry
+from ray_ckpt.wire import (
+    GroupResult,
+    StageGroup,
+    StageRequest,
+    StageResult,
+    StoreHoldings,
+    ranks_to_wire,
+    step_protection,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,7 @@ class RegistryActor:
         self._handles_lock = threading.Lock()
         self._handles: dict[str, Any] = {}
         self._handles_at = float("-inf")
+        self._stage_calls = 0
         self._rebuild(rebuild_timeout_s)
         if settings.store_watch_interval_s() > 0:
             threading.Thread(target=self._watch_stores, name="ray_ckpt-store-watch", daemon=True).start()
@@ -93,12 +102,17 @@ class RegistryActor:
 
     def _observe_jobs(self, jobs: list[str] | None = None, live_only: bool = False) -> None:
         """Export the jobs' (default: all) newest committed step and its protection; with
-        ``live_only`` shards on dead nodes do not count. Never raises (metrics must not)."""
+        ``live_only`` shards on dead nodes do not count (every rank's record is read then, so
+        only when a node died). Never raises (metrics must not)."""
         try:
             live = {str(n["NodeID"]) for n in naming.alive_nodes()} if live_only else None
             for job in self._registry.jobs() if jobs is None else jobs:
                 step = self._registry.latest_committed(job)
-                if step is not None:
+                if step is None:
+                    continue
+                if live is None:
+                    metrics.observe_job(job, step, self._registry.summary(job, step).protection)
+                else:
                     metrics.observe_committed(job, step, self._registry.locate(job, step), live)
         except Exception as error:
             logger.debug("could not export job metrics: %s", error)
@@ -130,58 +144,86 @@ class RegistryActor:
             "local": local,
             "local_node": local_node,
         }
-        result = StageResult.from_wire(self._stage_batch([request])[0])
+        result = StageResult.from_wire(self._stage_requests([request])[0])
         result.raise_error()
         return result.committed
 
     @ray.method(concurrency_group="stage")
     def stage_batch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Stage several ranks' shards (``StageRequest``s on the wire: a node's ranks, sent by its
-        store) in one call; a ``StageResult`` on the wire per request, in order. Torn steps of a
-        new attempt are dropped from the stores; then, per job that committed, one
-        ``mark_committed`` per store (the newest commit of the batch: evicting for it evicts
-        for every older one too). The work per commit does not depend on the number of ranks:
-        metrics and the status snapshot are coalesced off this path."""
-        return self._stage_batch(requests)
+        """Stage ranks' shards sent by the ranks themselves (``StageRequest``s on the wire, checked
+        here; a rank does this only when its node's store is gone): a ``StageResult`` on the wire
+        per request, in order, each request staged as a group of its own (``stage_groups``)."""
+        return self._stage_requests(requests)
 
-    def _stage_batch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _stage_requests(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self._stage_calls += 1
         parsed: list[StageRequest | RayCkptError] = []
         for values in requests:
             try:
-                parsed.append(StageRequest.from_wire(values))
+                request = StageRequest.from_wire(values)
+                request.check()
+                parsed.append(request)
             except RayCkptError as error:
                 parsed.append(error)
             except (KeyError, TypeError, ValueError, AttributeError) as error:
                 parsed.append(ConfigError(f"malformed stage request ({type(error).__name__}: {error})"))
-        staged = iter(self._registry.stage_batch([r for r in parsed if isinstance(r, StageRequest)]))
-        outcomes = [next(staged) if isinstance(r, StageRequest) else StageOutcome(error=r) for r in parsed]
-        commits: dict[str, tuple[int, ...]] = {}
-        for request, outcome in zip(parsed, outcomes):
-            if not isinstance(request, StageRequest):
-                continue
-            job = request.metas[0].job if request.metas else None
-            if job is not None and outcome.torn:
-                self._drop(job, outcome.torn)
-            decision = outcome.decision
-            newest = commits.get(job or "", (-1,))[-1]
-            if job is not None and decision is not None and decision.committed and decision.keep_steps[-1] >= newest:
-                commits[job] = decision.keep_steps
-        for job, keep in commits.items():
-            for handle in self._store_handles().values():
-                handle.mark_committed.remote(job, keep[-1], list(keep))
-            self._status_snapshots.request(job)  # metrics and status: off the stage path, at most one per job a second
+        groups = [StageGroup.of([r])[0] for r in parsed if isinstance(r, StageRequest)]
+        staged = iter(self._stage_groups(groups))
         return [
-            StageResult(committed=bool(o.decision and o.decision.committed), error=o.error).to_wire() for o in outcomes
+            StageResult(error=r).to_wire()
+            if isinstance(r, RayCkptError)
+            else next(staged).result(r.metas[0].rank).to_wire()
+            for r in parsed
         ]
+
+    @ray.method(concurrency_group="stage")
+    def stage_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Stages relayed by the stores (``StageGroup``s on the wire, their requests checked by
+        the store that packed them): a ``GroupResult`` on the wire per group, in order. Torn
+        steps of a new attempt are dropped from the stores; then, per job that committed, the
+        newest commit of the call goes to the root of the relay tree, which hands it on
+        (``ray_ckpt.relay``). The work per call grows with the groups' parts, not their ranks:
+        metrics and the status snapshot are coalesced off this path."""
+        self._stage_calls += 1
+        return [result.to_wire() for result in self._stage_groups([StageGroup.from_wire(g) for g in groups])]
+
+    def stage_calls(self) -> int:
+        """Stage calls this registry process has served (its control-plane load)."""
+        return self._stage_calls
+
+    def _stage_groups(self, groups: list[StageGroup]) -> list[GroupResult]:
+        outcomes = self._registry.stage_groups(groups)
+        commits: dict[str, tuple[int, ...]] = {}
+        for group, outcome in zip(groups, outcomes):
+            if outcome.torn:
+                self._drop(group.job, outcome.torn)
+            decision = outcome.decision
+            newest = commits.get(group.job, (-1,))[-1]
+            if decision is not None and decision.committed and decision.keep_steps[-1] >= newest:
+                commits[group.job] = decision.keep_steps
+        for job, keep in commits.items():
+            self._announce_commit(job, keep)
+            self._status_snapshots.request(job)  # metrics and status: off the stage path, at most one per job a second
+        return [outcome.result() for outcome in outcomes]
+
+    def _announce_commit(self, job: str, keep: tuple[int, ...]) -> None:
+        """Send a commit to the root of the relay tree, with the tree: every live store, sorted,
+        and the fan-in (RAY_CKPT_RELAY_FANIN)."""
+        handles = self._store_handles()
+        members = sorted(handles)
+        if members:
+            handles[members[0]].mark_committed.remote(job, keep[-1], list(keep), members, None, settings.relay_fanin())
 
     def _record_status(self, job: str) -> None:
         """Record a ``status`` event of ``job``'s newest committed step (``events.status_event``):
-        placement, protection, store memory and hosts, so an events file alone shows them."""
+        placement, protection, store memory and hosts, so an events file alone shows them. A
+        job of more than ``events.PLACEMENT_MAX_RANKS`` ranks gets a summary, read without
+        unpacking its ranks' records unless a node holding its shards is gone."""
         step = self._registry.latest_committed(job)
         if step is None:  # forgotten meanwhile
             return
         self._observe_jobs([job])
-        located = self._registry.locate(job, step)
+        summary = self._registry.summary(job, step)
         refs = {node_id: h.stats.remote() for node_id, h in naming.store_handles(self._namespace).items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5.0) if refs else ([], [])
         stores: dict[str, dict[str, Any]] = {}
@@ -190,18 +232,28 @@ class RegistryActor:
                 stores[node_id] = ray.get(ref, timeout=0) if ref in ready else {"error": "no answer within 5 s"}
             except Exception as error:  # a dead store is reported, not fatal
                 stores[node_id] = {"error": f"{type(error).__name__}"}
-        meta = next(iter(located.values())).first
+        ray_nodes = ray.nodes()
+        live = {str(n["NodeID"]) for n in ray_nodes if n.get("Alive")} & set(stores)
+        shards = local_nodes = None
+        protection = summary.protection
+        if summary.world_size <= events.PLACEMENT_MAX_RANKS:
+            located = self._registry.locate(job, step)
+            shards = {rank: dict(r.nodes) for rank, r in located.items()}
+            local_nodes = {rank: r.local_node if r.local is not None else None for rank, r in located.items()}
+        elif not summary.nodes <= live:
+            protection = step_protection(self._registry.locate(job, step), live)
         self.record(
             events.status_event(
                 job,
                 step,
-                world_size=meta.world_size,
-                data_shards=meta.data_shards,
-                parity_shards=meta.parity_shards,
-                shards={rank: dict(r.nodes) for rank, r in located.items()},
-                local_nodes={rank: r.local_node if r.local is not None else None for rank, r in located.items()},
+                world_size=summary.world_size,
+                data_shards=summary.data_shards,
+                parity_shards=summary.parity_shards,
+                shards=shards,
+                local_nodes=local_nodes,
                 stores=stores,
-                ray_nodes=ray.nodes(),
+                ray_nodes=ray_nodes,
+                summary=(protection, summary.nodes),
             )
         )
 
@@ -224,7 +276,7 @@ class RegistryActor:
         """The step all ranks of ``attempt`` restore: a ``RestorePlan`` on the wire."""
         if attempt is not None:
             self._drop(job, self._registry.join(job, attempt))
-        live = set(naming.store_handles(self._namespace))
+        live = naming.store_node_ids(self._namespace)  # one GCS call, whatever the cluster's size
         return self._registry.plan_restore(job, attempt, live).to_wire()
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -9,23 +10,31 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_ckpt import metrics, naming, settings
-from ray_ckpt.batcher import Batcher
+from ray_ckpt import metrics, naming, remote, settings
+from ray_ckpt.errors import ConfigError, RayCkptError
 from ray_ckpt.registry_client import RegistryClient
+from ray_ckpt.relay import Relay, subtrees
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
-from ray_ckpt.wire import StoreHoldings
+from ray_ckpt.wire import GroupResult, StageGroup, StageRequest, StageResult, StoreHoldings
+
+logger = logging.getLogger(__name__)
 
 _STAGE_THREADS = 32  # ranks of this node that can wait on a stage at once
+_RELAY_THREADS = 32  # child stores that can wait on a relayed stage at once (RAY_CKPT_RELAY_FANIN or more)
 
 
 @ray.remote(  # type: ignore[call-overload]
-    num_cpus=0, max_restarts=0, max_concurrency=16, concurrency_groups={"stage": _STAGE_THREADS}
+    num_cpus=0,
+    max_restarts=0,
+    max_concurrency=16,
+    concurrency_groups={"stage": _STAGE_THREADS, "relay": _RELAY_THREADS},
 )
 class ShardStoreActor:
-    """Threaded (max_concurrency) so a slow put never blocks a get; stages wait in their own
-    threads (concurrency group "stage") so they never hold up a put. ``max_restarts=0``: a
-    restarted store would be empty anyway, and its death is what callers must see."""
+    """Threaded (max_concurrency) so a slow put never blocks a get; stages and relayed stages
+    wait in their own threads (concurrency groups "stage" and "relay") so they never hold up a
+    put. ``max_restarts=0``: a restarted store would be empty anyway, and its death is what
+    callers must see. Each store is a node of the relay tree (``ray_ckpt.relay``)."""
 
     def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float, namespace: str) -> None:
         self._namespace = namespace  # of this deployment (its registry), not of the job that created it
@@ -38,8 +47,14 @@ class ShardStoreActor:
             node_memory=_node_memory,
         )
         metrics.observe_store(self._store.stats())
-        self._stages: Batcher[dict[str, Any], dict[str, Any]] = Batcher(self._send_stages)
+        self._relay = Relay(self._send_up)
         self._registry: RegistryClient | None = None
+        self._parent: str | None = None  # the store stages go up to; None: the registry
+        self._members: list[str] = [node_id]  # this store's part of the relay tree, itself first
+        self._handles: dict[str, Any] = {}  # other stores by node id
+        self._kept: dict[str, tuple[int, ...]] = {}  # job -> the kept steps this store last applied
+        self._relayed = 0  # relay calls taken from stores below
+        self._pushes: dict[str, Any] = {}  # child node id -> its last commit push (an ObjectRef)
 
     def ready(self) -> str:
         return self._store.node_id
@@ -64,22 +79,110 @@ class ShardStoreActor:
 
     @ray.method(concurrency_group="stage")
     def stage(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Stage one rank of this node (a ``StageRequest`` on the wire) with the registry; its
-        ``StageResult`` on the wire. The stages of this node's ranks are coalesced: sent at once
-        when none is in flight, else together in the next ``stage_batch`` call (``Batcher``)."""
-        return self._stages.submit(request)
+        """Stage one rank of this node (a ``StageRequest`` on the wire, checked here); its
+        ``StageResult`` on the wire. It goes up the relay tree with this node's other ranks'
+        stages and the children's: sent at once when nothing is in flight, else in the next
+        call (``Relay``)."""
+        try:
+            parsed = StageRequest.from_wire(request)
+            parsed.check()
+        except RayCkptError as error:
+            return StageResult(error=error).to_wire()
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            malformed = ConfigError(f"malformed stage request ({type(error).__name__}: {error})")
+            return StageResult(error=malformed).to_wire()
+        (group,) = StageGroup.of([parsed])
+        (result,) = self._relay.submit([group], self._linger_s())
+        self._apply_kept(group.job, result.keep_steps)
+        return result.result(parsed.metas[0].rank).to_wire()
 
-    def _send_stages(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    @ray.method(concurrency_group="relay")
+    def relay(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Stages of the stores below this one in the relay tree (``StageGroup``s on the wire),
+        passed on up with this store's own; a ``GroupResult`` on the wire per group."""
+        self._relayed += 1
+        parsed = [StageGroup.from_wire(group) for group in groups]
+        results = self._relay.submit(parsed, self._linger_s())
+        for group, result in zip(parsed, results):
+            self._apply_kept(group.job, result.keep_steps)
+        return [result.to_wire() for result in results]
+
+    def _linger_s(self) -> float:
+        """The root of the tree gathers stages a little before each registry call."""
+        return settings.relay_linger_s() if self._parent is None and len(self._members) > 1 else 0.0
+
+    def _send_up(self, groups: list[StageGroup]) -> list[GroupResult]:
+        """To the parent in the relay tree; to the registry from the root, from a store not yet
+        placed in the tree, or when the parent fails (until the next commit places it again)."""
+        wire = [group.to_wire() for group in groups]
+        parent = self._parent
+        if parent is not None:
+            handle = self._store_handle(parent)
+            try:
+                if handle is not None:
+                    answer = remote.get(handle.relay.remote(wire), timeout=settings.relay_timeout_s())
+                    return [GroupResult.from_wire(result) for result in answer]
+            except Exception as error:  # dead, stopped or failing: the registry takes the stages instead
+                logger.info("ray_ckpt store: relaying stages to %s failed (%s); staging directly", parent, error)
+            self._handles.pop(parent, None)
+            if self._parent == parent:
+                self._parent = None
         if self._registry is None:
             self._registry = RegistryClient(self._namespace)
-        return list(self._registry.call("stage_batch", requests))
+        return [GroupResult.from_wire(result) for result in self._registry.call("stage_groups", wire)]
 
-    def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
+    def _apply_kept(self, job: str, keep_steps: tuple[int, ...]) -> None:
+        """Evict what a commit learned from a stage result supersedes (once per new commit)."""
+        if keep_steps and self._kept.get(job) != keep_steps:
+            self.mark_committed(job, keep_steps[-1], list(keep_steps))
+
+    def _forget_if_dead(self, node_id: str) -> None:
+        """Drop the cached handle of a store whose last commit push failed (it died; a new store
+        may run on its node by now), so the next push looks it up afresh."""
+        previous = self._pushes.pop(node_id, None)
+        if previous is None or not ray.wait([previous], timeout=0)[0]:
+            return
+        try:
+            ray.get(previous, timeout=0)
+        except Exception:
+            self._handles.pop(node_id, None)
+
+    def _store_handle(self, node_id: str) -> Any:
+        if node_id not in self._handles:
+            self._handles.update(naming.store_handles(self._namespace, [node_id]))
+        return self._handles.get(node_id)
+
+    def mark_committed(
+        self,
+        job: str,
+        step: int,
+        keep_steps: list[int],
+        members: list[str] | None = None,
+        parent: str | None = None,
+        fanin: int = 1,
+    ) -> int:
+        """Record that ``step`` of ``job`` committed and evict the job's steps it supersedes
+        (older, not in ``keep_steps``). ``members``: this store's part of the relay tree (itself
+        first), handed down by ``parent`` (None: the registry); the commit goes on to at most
+        ``fanin`` children (``relay.subtrees``), which learn their parts with it. Returns the
+        bytes freed."""
         freed = self._store.mark_committed(job, step, keep_steps)
+        self._kept[job] = tuple(keep_steps)
         metrics.observe_store(self._store.stats())
+        if members and members[0] == self._store.node_id:
+            self._parent, self._members = parent, list(members)
+            for run in subtrees(members, fanin):
+                self._forget_if_dead(run[0])
+                child = self._store_handle(run[0])
+                if child is not None:
+                    self._pushes[run[0]] = child.mark_committed.remote(
+                        job, step, keep_steps, run, self._store.node_id, fanin
+                    )
         return freed
 
     def drop(self, job: str, steps: list[int] | None = None) -> int:
+        if steps is None:
+            self._kept.pop(job, None)
         freed = self._store.drop(job, steps)
         metrics.observe_store(self._store.stats())
         return freed
@@ -91,7 +194,15 @@ class ShardStoreActor:
         ).to_wire()
 
     def stats(self) -> dict[str, Any]:
-        return self._store.stats()
+        """The store's usage (``ShardStore.stats``) and its place in the relay tree: ``parent``
+        (None: it stages with the registry), the calls it made up the tree (``relay_sends``) and
+        the relay calls it took from stores below (``relayed``)."""
+        return {
+            **self._store.stats(),
+            "parent": self._parent,
+            "relay_sends": self._relay.sends,
+            "relayed": self._relayed,
+        }
 
     def set_memory_ceiling(self, fraction: float) -> None:
         """Change the node-memory ceiling (see ShardStore) of this running store."""

@@ -4,12 +4,15 @@
 no batch is in flight the caller sends its item at once, alone; items submitted while a batch
 is in flight queue up and go together as the next batch, sent by one of their callers as soon
 as the batch in flight returned. So a call waits for at most the batch in flight plus its own,
-and N concurrent callers make about log-many sends instead of N. Pure: no Ray import.
+and N concurrent callers make about log-many sends instead of N. ``submit(item, linger_s)``
+trades latency for fewer sends: a caller that finds nothing in flight waits ``linger_s`` for
+more items before it sends. Pure: no Ray import.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -36,8 +39,9 @@ class Batcher(Generic[T, R]):
         self._in_flight = False
         self.batches = 0  # batches sent so far (for tests and stats)
 
-    def submit(self, item: T) -> R:
-        """``item``'s result, from the batch it went in; re-raises that batch's error."""
+    def submit(self, item: T, linger_s: float = 0.0) -> R:
+        """``item``'s result, from the batch it went in; re-raises that batch's error. With
+        ``linger_s``, a batch this call starts waits that long for more items first."""
         slot: _Slot[T, R] = _Slot(item)
         batch: list[_Slot[T, R]] = []
         with self._cond:
@@ -46,6 +50,9 @@ class Batcher(Generic[T, R]):
                 self._cond.wait()
             if not slot.done:  # nothing in flight: this caller sends everything queued
                 self._in_flight = True
+                deadline = time.monotonic() + linger_s
+                while (left := deadline - time.monotonic()) > 0:  # others queue meanwhile
+                    self._cond.wait(left)
                 batch, self._queue = self._queue, []
                 self.batches += 1
         if batch:

@@ -16,9 +16,11 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   job every ``STATUS_EVERY_S``; the newest commit is always snapshotted): step (the job's
   newest committed step), world_size, data_shards, parity_shards, protection (node losses the
   step survives, ``ray_ckpt.protection.step_protection`` over shards on alive nodes with a
-  store), placement {rank: [node id of shard 0, 1, ...]}, local {rank: node id of its local
-  copy}, nodes {node id: {host, address, alive, store, used_bytes, budget_bytes, shards[,
-  error]}} (every store's memory, and any node holding a shard of the step).
+  store), placement {rank: [node id of shard 0, 1, ...]} (None for a job of more than
+  ``PLACEMENT_MAX_RANKS`` ranks: a snapshot must not cost O(ranks) every second), local
+  {rank: node id of its local copy}, nodes {node id: {host, address, alive, store,
+  used_bytes, budget_bytes, shards[, error]}} (every store's memory, and any node holding a
+  shard of the step).
 - ``rejoin``: job, rank, attempt, how a worker entered an in-place generation: role
   ("survivor" or "replacement"), generation, pid, process_started (its process was created),
   worker_started (it began its training function), detected (a survivor saw the collective
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 KINDS = ("save", "kill", "node_dead", "restore", "status", "rejoin")
 STATUS_EVERY_S = 1.0  # the most frequent status snapshots of one job
+PLACEMENT_MAX_RANKS = 512  # a status event lists the placement of jobs up to this many ranks
 
 
 def event(kind: str, **fields: Any) -> dict[str, Any]:
@@ -120,28 +123,39 @@ def status_event(
     world_size: int,
     data_shards: int,
     parity_shards: int,
-    shards: Mapping[int, Mapping[int, str]],
-    local_nodes: Mapping[int, str | None],
+    shards: Mapping[int, Mapping[int, str]] | None,
+    local_nodes: Mapping[int, str | None] | None,
     stores: Mapping[str, Mapping[str, Any]],
     ray_nodes: Iterable[Mapping[str, Any]],
+    summary: tuple[int | None, Iterable[str]] | None = None,
     time: float | None = None,
 ) -> dict[str, Any]:
     """A ``status`` event for ``job``'s newest committed ``step``: ``shards`` rank -> shard index
     -> node id, ``local_nodes`` rank -> node of its local copy (or None), ``stores`` node id ->
     the store's ``stats()`` (or ``{"error": ...}``) for every registered store, ``ray_nodes``
-    Ray's node records (``ray.nodes()``). Protection counts shards on alive nodes with a store."""
+    Ray's node records (``ray.nodes()``). Protection counts shards on alive nodes with a store.
+    A job of more than ``PLACEMENT_MAX_RANKS`` ranks is summarized instead: ``shards`` and
+    ``local_nodes`` None, ``summary`` (its protection so counted, the nodes holding its shards
+    and local copies); its event has ``placement`` None and ``local`` empty."""
     known = {str(n.get("NodeID")): n for n in ray_nodes}
     alive = {node_id for node_id, n in known.items() if n.get("Alive")}
     live = alive & set(stores)
-    placement = {
-        str(rank): [by_index.get(i) for i in range(max(by_index, default=-1) + 1)]
-        for rank, by_index in sorted(shards.items())
-    }
-    value = protection.step_protection(
-        {rank: (by_index.values(), data_shards) for rank, by_index in shards.items()}, live
-    )
-    held = {n for by_index in shards.values() for n in by_index.values()}
-    held |= {n for n in local_nodes.values() if n}
+    placement: dict[str, list[str | None]] | None = None
+    if shards is None or local_nodes is None:
+        if summary is None:
+            raise ValueError("a status event without shards needs the summary")
+        value, held = summary[0], set(summary[1])
+        local_nodes = {}
+    else:
+        placement = {
+            str(rank): [by_index.get(i) for i in range(max(by_index, default=-1) + 1)]
+            for rank, by_index in sorted(shards.items())
+        }
+        value = protection.step_protection(
+            {rank: (by_index.values(), data_shards) for rank, by_index in shards.items()}, live
+        )
+        held = {n for by_index in shards.values() for n in by_index.values()}
+        held |= {n for n in local_nodes.values() if n}
     nodes = {}
     for node_id in sorted(set(stores) | held):
         record = known.get(node_id, {})

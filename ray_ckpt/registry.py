@@ -9,15 +9,76 @@ from typing import Any
 
 from ray_ckpt.errors import ConfigError, NoCheckpointError, RayCkptError, StaleAttemptError
 from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan, StageRequest, StoreHoldings
+from ray_ckpt.wire import (
+    GroupResult,
+    RankLocation,
+    RankRecord,
+    RestorePlan,
+    StageGroup,
+    StagePart,
+    StageRequest,
+    StoreHoldings,
+)
 
 
-@dataclasses.dataclass
 class StepRecord:
-    world_size: int
-    ranks: dict[int, RankRecord] = dataclasses.field(default_factory=dict)
-    committed: bool = False
-    attempt: str | None = None  # the job incarnation that staged it
+    """One step of a job: which ranks staged it and their records, whether it committed, and
+    the attempt (job incarnation) that staged it. Records arrive packed (``StagePart``) and are
+    unpacked only when asked for (``ranks``): staging a step costs O(parts), not O(ranks)."""
+
+    def __init__(self, world_size: int, records: dict[int, RankRecord] | None = None) -> None:
+        self.world_size = world_size
+        self.committed = False
+        self.attempt: str | None = None
+        self._records: dict[int, RankRecord] = dict(records or {})
+        self._packed: list[StagePart] = []  # not unpacked yet, in arrival order
+        self._staged: set[int] = set(self._records)
+        self._protection = min((r.protection() for r in self._records.values()), default=None)
+        self._nodes: set[str] = set().union(*(r.holders() for r in self._records.values()))
+
+    @property
+    def protection(self) -> int | None:
+        """The weakest rank's protection, from where its shards were placed (None: no rank)."""
+        return self._protection
+
+    @property
+    def nodes(self) -> set[str]:
+        """Every node holding a shard or a local copy of this step (do not change it)."""
+        return self._nodes
+
+    @property
+    def staged(self) -> set[int]:
+        """The ranks that staged this step (a read-only view: do not change it)."""
+        return self._staged
+
+    def add(self, parts: Iterable[StagePart]) -> None:
+        for part in parts:
+            self._packed.append(part)
+            self._staged.update(part.ranks)
+            self._nodes.update(part.nodes)
+            self._protection = part.protection if self._protection is None else min(self._protection, part.protection)
+
+    def clear(self) -> None:
+        self._records.clear()
+        self._packed.clear()
+        self._staged.clear()
+        self._nodes.clear()
+        self._protection = None
+
+    def code(self) -> tuple[int, int]:
+        """(k, m) of the step's shards, read from one record."""
+        first = next(iter(self._records.values()), None)
+        if first is None:
+            first = self._packed[0].requests(limit=1)[0].record()
+        return first.data_shards, first.parity_shards
+
+    def ranks(self) -> dict[int, RankRecord]:
+        """rank -> its record (a rank that staged twice: its newest stage)."""
+        for part in self._packed:
+            for request in part.requests():
+                self._records[request.metas[0].rank] = request.record()
+        self._packed.clear()
+        return self._records
 
 
 @dataclasses.dataclass
@@ -53,6 +114,35 @@ class StageOutcome:
     torn: tuple[int, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupOutcome:
+    """What one ``StageGroup`` did: its ``decision`` (None when every stage of it was
+    refused), the ranks whose stage was refused and why, the steps its attempt's join
+    discarded (``torn``, as in ``StageOutcome``) and the job's kept committed steps after it."""
+
+    decision: CommitDecision | None = None
+    refused: dict[int, RayCkptError] = dataclasses.field(default_factory=dict)
+    torn: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
+
+    def result(self) -> GroupResult:
+        """The group's outcome for the stores that relayed it."""
+        committed = bool(self.decision and self.decision.committed)
+        return GroupResult(committed=committed, keep_steps=self.kept, refused=self.refused)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSummary:
+    """A committed step at a glance: world size, code, the weakest rank's placement protection
+    (counting every node as live) and every node holding its shards or local copies."""
+
+    world_size: int
+    data_shards: int
+    parity_shards: int
+    protection: int | None
+    nodes: frozenset[str]
+
+
 class Registry:
     """The two-phase commit of checkpoints: a step commits only when all ``world_size`` ranks
     staged it; the newest ``keep_committed`` committed steps are kept; a step that was staged
@@ -76,47 +166,13 @@ class Registry:
         """Record that one rank stored all its shards of one step (``nodes``: index -> node id),
         plus optionally its full local copy. With an ``attempt``, the stage joins that
         incarnation first (see ``join``); a stage from a superseded one raises StaleAttemptError."""
-        if not metas:
-            raise ConfigError("stage needs the metadata of at least one shard")
-        first = metas[0]
-        job, step, rank, world_size = first.job, first.step, first.rank, first.world_size
-        if any((m.job, m.step, m.rank, m.world_size) != (job, step, rank, world_size) for m in metas):
-            raise ConfigError("all shards staged together must share job, step, rank and world_size")
-        if set(nodes) != {m.index for m in metas}:
-            raise ConfigError("nodes must name the node of every staged shard index, and only those")
+        request = StageRequest(tuple(metas), nodes, keep_committed, attempt, local, local_node)
         with self._lock:
-            if attempt is not None:
-                self._join_locked(job, attempt)
-            steps = self._jobs.setdefault(job, {})
-            newest = self._latest_locked(job)
-            if newest is not None and step <= newest:
-                raise ConfigError(
-                    f"job {job!r}: step {step} is not newer than the newest committed step {newest}; "
-                    "a committed step cannot be overwritten: save steps in increasing order",
-                    job=job,
-                    step=step,
-                )
-            record = steps.setdefault(step, StepRecord(world_size=world_size))
-            if record.world_size != world_size:
-                raise ConfigError(
-                    f"job {job!r} step {step}: rank {rank} says world_size={world_size}, but other "
-                    f"ranks staged it with world_size={record.world_size}; every rank must use the same "
-                    "world size",
-                    job=job,
-                    step=step,
-                )
-            if record.attempt != attempt and record.ranks:
-                # staged by another incarnation (attempt=None callers): start the step afresh
-                record.ranks.clear()
-            record.attempt = attempt
-            incarnation = self._incarnations.setdefault(job, _Incarnations())
-            incarnation.newest_staged = max(step, incarnation.newest_staged or 0)
-            record.ranks[rank] = RankRecord({m.index: m for m in metas}, dict(nodes), local, local_node)
-            if len(record.ranks) < world_size:
-                return CommitDecision(False, (), ())
-            record.committed = True
-            self._lock.notify_all()
-            return self._retire_locked(job, keep_committed)
+            outcome = self._stage_request_locked(request, acknowledge_retries=False)
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.decision is not None  # no error: a decision
+        return outcome.decision
 
     def stage_batch(self, requests: Sequence[StageRequest]) -> list[StageOutcome]:
         """Stage several ranks' steps (a node's ranks, forwarded by its store) under one lock
@@ -126,38 +182,93 @@ class Registry:
         for retries after a registry restart: a request identical (same shard metadata) to the
         record its rank already holds in a committed step is acknowledged as committed again
         instead of refused as not newer than the newest commit."""
-        outcomes = []
         with self._lock:
-            for request in requests:
-                try:
-                    outcomes.append(self._stage_one_locked(request))
-                except RayCkptError as error:
-                    outcomes.append(StageOutcome(error=error))
-        return outcomes
+            return [self._stage_request_locked(request, acknowledge_retries=True) for request in requests]
 
-    def _stage_one_locked(self, request: StageRequest) -> StageOutcome:
-        if not request.metas:
-            raise ConfigError("stage needs the metadata of at least one shard")
-        first = request.metas[0]
-        torn = () if request.attempt is None else self._join_locked(first.job, request.attempt)
-        record = self._jobs.get(first.job, {}).get(first.step)
-        held = None if record is None or not record.committed else record.ranks.get(first.rank)
-        if held is not None and dict(held.metas) == {m.index: m for m in request.metas}:
-            return StageOutcome(decision=self._acknowledge_locked(first.job, request.keep_committed), torn=torn)
-        decision = self.stage(
-            list(request.metas),
-            dict(request.nodes),
-            keep_committed=request.keep_committed,
-            attempt=request.attempt,
-            local=request.local,
-            local_node=request.local_node,
-        )
-        return StageOutcome(decision=decision, torn=torn)
+    def _stage_request_locked(self, request: StageRequest, *, acknowledge_retries: bool) -> StageOutcome:
+        try:
+            request.check()
+            outcome = self._stage_group_locked(StageGroup.of([request])[0], acknowledge_retries)
+        except RayCkptError as error:
+            return StageOutcome(error=error)
+        refusal = next(iter(outcome.refused.values()), None)
+        return StageOutcome(decision=None if refusal else outcome.decision, error=refusal, torn=outcome.torn)
+
+    def stage_groups(self, groups: Sequence[StageGroup]) -> list[GroupOutcome]:
+        """Stage relayed groups (``StageGroup``: many ranks' stages of one step, packed) under
+        one lock acquisition, in order, each as its ranks' stages one by one would be (same
+        commits, attempts, refusals and acknowledged retries as ``stage_batch``) but at a cost
+        that does not grow with the ranks: stages are counted, their records unpacked later."""
+        with self._lock:
+            return [
+                dataclasses.replace(
+                    self._stage_group_locked(group, acknowledge_retries=True),
+                    kept=self._kept_locked(group.job, group.keep_committed),
+                )
+                for group in groups
+            ]
+
+    def _stage_group_locked(self, group: StageGroup, acknowledge_retries: bool) -> GroupOutcome:
+        job, step = group.job, group.step
+        try:
+            torn = () if group.attempt is None else self._join_locked(job, group.attempt)
+        except StaleAttemptError as stale:
+            return GroupOutcome(refused=dict.fromkeys(group.ranks, stale))
+        steps = self._jobs.setdefault(job, {})
+        record = steps.get(step)
+        newest = self._latest_locked(job)
+        if newest is not None and step <= newest:
+            return self._restage_locked(group, record if acknowledge_retries else None, newest, torn)
+        if record is None:
+            record = steps[step] = StepRecord(world_size=group.world_size)
+        if record.world_size != group.world_size:
+            mismatch: RayCkptError = ConfigError(
+                f"job {job!r} step {step}: ranks {group.ranks} say world_size={group.world_size}, but other "
+                f"ranks staged it with world_size={record.world_size}; every rank must use the same world size",
+                job=job,
+                step=step,
+            )
+            return GroupOutcome(refused=dict.fromkeys(group.ranks, mismatch), torn=torn)
+        if record.attempt != group.attempt and record.staged:
+            record.clear()  # staged by another incarnation (attempt=None callers): start the step afresh
+        record.attempt = group.attempt
+        incarnation = self._incarnations.setdefault(job, _Incarnations())
+        incarnation.newest_staged = max(step, incarnation.newest_staged or 0)
+        record.add(group.parts)
+        if len(record.staged) < record.world_size:
+            return GroupOutcome(decision=CommitDecision(False, (), ()), torn=torn)
+        record.committed = True
+        self._lock.notify_all()
+        return GroupOutcome(decision=self._retire_locked(job, group.keep_committed), torn=torn)
+
+    def _restage_locked(
+        self, group: StageGroup, record: StepRecord | None, newest: int, torn: tuple[int, ...]
+    ) -> GroupOutcome:
+        """A group of a step not newer than the newest commit: a retry of stages the registry
+        holds committed in ``record`` (identical shard metadata) is acknowledged; every other
+        stage refused."""
+        held = record.ranks() if record is not None and record.committed else {}
+        refused: dict[int, RayCkptError] = {}
+        for request in (r for part in group.parts for r in part.requests()):
+            rank = request.metas[0].rank
+            if rank not in held or dict(held[rank].metas) != {m.index: m for m in request.metas}:
+                refused[rank] = ConfigError(
+                    f"job {group.job!r}: step {group.step} is not newer than the newest committed step {newest}; "
+                    "a committed step cannot be overwritten: save steps in increasing order",
+                    job=group.job,
+                    step=group.step,
+                )
+        acknowledged = len(refused) < len(group.ranks)
+        decision = self._acknowledge_locked(group.job, group.keep_committed) if acknowledged else None
+        return GroupOutcome(decision=decision, refused=refused, torn=torn)
 
     def _acknowledge_locked(self, job: str, keep_committed: int) -> CommitDecision:
         """The decision of a step that committed already: the kept steps, nothing new to evict."""
-        committed = sorted(s for s, r in self._jobs[job].items() if r.committed)
-        return CommitDecision(True, tuple(committed[-keep_committed:]), ())
+        return CommitDecision(True, self._kept_locked(job, keep_committed), ())
+
+    def _kept_locked(self, job: str, keep_committed: int) -> tuple[int, ...]:
+        """The newest ``keep_committed`` committed steps of ``job``."""
+        return tuple(sorted(s for s, r in self._jobs.get(job, {}).items() if r.committed)[-keep_committed:])
 
     def _retire_locked(self, job: str, keep_committed: int) -> CommitDecision:
         steps = self._jobs[job]
@@ -233,7 +344,7 @@ class Registry:
     def _rebuildable(record: StepRecord, live_nodes: set[str]) -> bool:
         return all(
             rank.live_shards(live_nodes) >= rank.data_shards or rank.local_node in live_nodes
-            for rank in record.ranks.values()
+            for rank in record.ranks().values()
         )
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
@@ -287,7 +398,7 @@ class Registry:
         """Ranks that staged ``step`` so far (all of them once it committed)."""
         with self._lock:
             record = self._jobs.get(job, {}).get(step)
-            return sorted(record.ranks) if record else []
+            return sorted(record.staged) if record else []
 
     def is_committed(self, job: str, step: int) -> bool:
         with self._lock:
@@ -297,7 +408,15 @@ class Registry:
     def locate(self, job: str, step: int) -> dict[int, RankRecord]:
         """Every rank's shard records of a committed step; NoCheckpointError if not committed."""
         with self._lock:
-            return dict(self._committed_record_locked(job, step).ranks)
+            return dict(self._committed_record_locked(job, step).ranks())
+
+    def summary(self, job: str, step: int) -> StepSummary:
+        """What a status page needs of a committed step, without reading every rank's record
+        (NoCheckpointError if not committed)."""
+        with self._lock:
+            record = self._committed_record_locked(job, step)
+            k, m = record.code()
+            return StepSummary(record.world_size, k, m, record.protection, frozenset(record.nodes))
 
     def locate_rank(self, job: str, step: int, rank: int) -> RankLocation:
         """One rank's shard records of a committed step and the number of ranks that saved it
@@ -305,7 +424,7 @@ class Registry:
         committed. ``record`` is None when ``rank`` did not save the step."""
         with self._lock:
             record = self._committed_record_locked(job, step)
-            return RankLocation(world_size=len(record.ranks), record=record.ranks.get(rank))
+            return RankLocation(world_size=len(record.staged), record=record.ranks().get(rank))
 
     def _committed_record_locked(self, job: str, step: int) -> StepRecord:
         record = self._jobs.get(job, {}).get(step)
@@ -322,7 +441,7 @@ class Registry:
             return {
                 job: {
                     "committed_steps": sorted(s for s, r in steps.items() if r.committed),
-                    "staged": {s: sorted(r.ranks) for s, r in steps.items() if not r.committed},
+                    "staged": {s: sorted(r.staged) for s, r in steps.items() if not r.committed},
                     "world_size": max((r.world_size for r in steps.values()), default=0),
                 }
                 for job, steps in self._jobs.items()
@@ -355,12 +474,12 @@ class Registry:
         for job, staged in found.items():
             for step, ranks in staged.items():
                 world_size = next(iter(next(iter(ranks.values()))[0].values())).world_size
-                record = rebuilt.setdefault(job, {}).setdefault(step, StepRecord(world_size=world_size))
-                record.ranks = {rank: RankRecord(metas, nodes) for rank, (metas, nodes) in ranks.items()}
+                records = {rank: RankRecord(metas, nodes) for rank, (metas, nodes) in ranks.items()}
+                rebuilt.setdefault(job, {})[step] = StepRecord(world_size=world_size, records=records)
         for job, steps in rebuilt.items():
             mark = marks.get(job)
             for step, record in steps.items():
-                record.committed = mark is not None and step <= mark and len(record.ranks) == record.world_size
+                record.committed = mark is not None and step <= mark and len(record.staged) == record.world_size
         with self._lock:
             self._jobs = rebuilt
             self._lock.notify_all()

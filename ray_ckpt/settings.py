@@ -85,6 +85,25 @@ def store_watch_interval_s() -> float:
     return max(0.0, _read("RAY_CKPT_STORE_WATCH_INTERVAL_S", 2.0, float))
 
 
+def relay_fanin() -> int:
+    """RAY_CKPT_RELAY_FANIN: children per store in the relay tree that carries stages to the
+    registry (``ray_ckpt.relay``), as the registry draws it; the registry takes a few calls
+    per step, from the root, however many stores there are."""
+    return max(1, _read("RAY_CKPT_RELAY_FANIN", 16, int))
+
+
+def relay_linger_s() -> float:
+    """RAY_CKPT_RELAY_LINGER_S: how long the root of the relay tree waits for more stages before
+    it calls the registry (fewer, larger calls; each commit is that much later)."""
+    return max(0.0, _read("RAY_CKPT_RELAY_LINGER_S", 0.005, float))
+
+
+def relay_timeout_s() -> float:
+    """RAY_CKPT_RELAY_TIMEOUT_S: how long a store waits for its parent in the relay tree before
+    it stages with the registry itself."""
+    return _read("RAY_CKPT_RELAY_TIMEOUT_S", 5.0, float)
+
+
 @contextlib.contextmanager
 def override(**values: object) -> Iterator[None]:
     """Temporarily set knobs by env-var name, e.g. ``override(RAY_CKPT_CODEC_THREADS=1)``."""

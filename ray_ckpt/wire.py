@@ -11,15 +11,18 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
 - ``RestorePlan``: the step every rank of an attempt restores, and from where.
 - ``StoreHoldings``: what one store holds, for rebuilding the registry.
 - ``KillResult``: one simulated failure (the kill tool's answer).
-- ``StageRequest`` / ``StageResult``: one rank's stage of one step and its outcome, as a
-  node's store forwards them to the registry in one batch.
+- ``StageRequest`` / ``StageResult``: one rank's stage of one step and its outcome.
+- ``StageGroup`` / ``GroupResult``: the stages of many ranks of one step, packed, as the
+  stores pass them up the relay tree to the registry (``ray_ckpt.relay``), and their outcome.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any
+
+import msgpack
 
 from ray_ckpt import errors
 from ray_ckpt.protection import rank_protection
@@ -59,6 +62,10 @@ class RankRecord:
     @property
     def world_size(self) -> int:
         return self.first.world_size
+
+    def holders(self) -> set[str]:
+        """The nodes holding these shards or the local copy."""
+        return {*self.nodes.values(), *([self.local_node] if self.local is not None and self.local_node else [])}
 
     def live_shards(self, live_nodes: Container[str]) -> int:
         return sum(1 for node in self.nodes.values() if node in live_nodes)
@@ -180,6 +187,22 @@ class StageRequest:
     local: ShardMeta | None = None
     local_node: str | None = None
 
+    def check(self) -> None:
+        """ConfigError unless this is one rank's stage: at least one shard, all of the same job,
+        step, rank and world size, and ``nodes`` naming the node of exactly the staged indices."""
+        if not self.metas:
+            raise errors.ConfigError("stage needs the metadata of at least one shard")
+        first = self.metas[0]
+        head = (first.job, first.step, first.rank, first.world_size)
+        if any((m.job, m.step, m.rank, m.world_size) != head for m in self.metas):
+            raise errors.ConfigError("all shards staged together must share job, step, rank and world_size")
+        if set(self.nodes) != {m.index for m in self.metas}:
+            raise errors.ConfigError("nodes must name the node of every staged shard index, and only those")
+
+    def record(self) -> RankRecord:
+        """What the registry keeps of this stage."""
+        return RankRecord({m.index: m for m in self.metas}, dict(self.nodes), self.local, self.local_node)
+
     def to_wire(self) -> dict[str, Any]:
         """Compact: what the rank's shards share is sent once, then per shard index its
         checksum and node (a batch of a node's ranks is parsed by the registry at every step,
@@ -294,20 +317,199 @@ class StageResult:
             raise self.error
 
     def to_wire(self) -> dict[str, Any]:
-        error = None
-        if self.error is not None:
-            error = {"kind": type(self.error).__name__, "message": self.error.message, "details": self.error.details}
-        return {"committed": self.committed, "error": error}
+        return {"committed": self.committed, "error": None if self.error is None else _error_to_wire(self.error)}
 
     @classmethod
     def from_wire(cls, values: Mapping[str, Any]) -> StageResult:
         error = values.get("error")
         if error is None:
             return cls(committed=bool(values.get("committed")))
-        kind = getattr(errors, str(error.get("kind")), None)
-        if not (isinstance(kind, type) and issubclass(kind, errors.RayCkptError)):
-            kind = errors.RayCkptError
-        return cls(committed=False, error=kind(str(error.get("message")), **dict(error.get("details") or {})))
+        return cls(committed=False, error=_error_from_wire(error))
+
+
+def _error_to_wire(error: errors.RayCkptError) -> dict[str, Any]:
+    return {"kind": type(error).__name__, "message": error.message, "details": error.details}
+
+
+def _error_from_wire(values: Mapping[str, Any]) -> errors.RayCkptError:
+    kind = getattr(errors, str(values.get("kind")), None)
+    if not (isinstance(kind, type) and issubclass(kind, errors.RayCkptError)):
+        kind = errors.RayCkptError
+    return kind(str(values.get("message")), **dict(values.get("details") or {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePart:
+    """Ranks' stages, packed, with what the registry needs of them without unpacking: ``packed``
+    holds their ``StageRequest``s on the wire in the order of ``ranks``, each packed with
+    msgpack, one after the other (so two parts join by joining their ranks and bytes);
+    ``protection`` is the weakest of their placements' protections and ``nodes`` every node
+    holding one of their shards or local copies."""
+
+    ranks: tuple[int, ...]
+    packed: bytes
+    protection: int
+    nodes: frozenset[str]
+
+    @classmethod
+    def of(cls, requests: Sequence[StageRequest]) -> StagePart:
+        """Checked requests, packed."""
+        records = [r.record() for r in requests]
+        return cls(
+            ranks=tuple(r.metas[0].rank for r in requests),
+            packed=b"".join(msgpack.packb(r.to_wire(), use_bin_type=True) for r in requests),
+            protection=min(r.protection() for r in records),
+            nodes=frozenset().union(*(r.holders() for r in records)),
+        )
+
+    @staticmethod
+    def joined(parts: Sequence[StagePart]) -> StagePart:
+        if len(parts) == 1:
+            return parts[0]
+        return StagePart(
+            ranks=tuple(rank for part in parts for rank in part.ranks),
+            packed=b"".join(part.packed for part in parts),
+            protection=min(part.protection for part in parts),
+            nodes=frozenset().union(*(part.nodes for part in parts)),
+        )
+
+    def requests(self, limit: int | None = None) -> list[StageRequest]:
+        """The stages (the first ``limit`` of them), parsed and checked; SnapshotFormatError if
+        they are malformed or are not the stages of the ranks the part names."""
+        wanted = len(self.ranks) if limit is None else min(limit, len(self.ranks))
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(self.packed), 1 << 20))
+        unpacker.feed(self.packed)
+        try:
+            values = [value for _, value in zip(range(wanted), unpacker)]
+        except (ValueError, TypeError, msgpack.UnpackException) as error:
+            raise errors.SnapshotFormatError(f"a stage part is not valid msgpack: {error}") from None
+        requests = [StageRequest.from_wire(v) for v in values]
+        if [r.metas[0].rank if r.metas else None for r in requests] != list(self.ranks[:wanted]):
+            raise errors.SnapshotFormatError(f"a stage part of ranks {list(self.ranks)} holds other stages")
+        return requests
+
+    def to_wire(self) -> list[Any]:
+        return [list(self.ranks), self.packed, self.protection, sorted(self.nodes)]
+
+    @classmethod
+    def from_wire(cls, values: Sequence[Any]) -> StagePart:
+        ranks, packed, protection, nodes = values
+        part = cls(tuple(ranks), packed, protection, frozenset(nodes))
+        if not (
+            isinstance(packed, bytes)
+            and all(type(r) is int for r in part.ranks)
+            and type(protection) is int
+            and all(isinstance(n, str) for n in part.nodes)
+        ):
+            raise TypeError("a stage part must hold int ranks, bytes, an int protection and node ids")
+        return part
+
+
+@dataclasses.dataclass(frozen=True)
+class StageGroup:
+    """The stages of one step of one job by ranks that share world size, ``keep_committed``
+    and attempt, as the stores pass them up the relay tree (``ray_ckpt.relay``). ``parts``: the
+    ranks and their requests packed (``StagePart``; one part once merged), so relays and the
+    registry move and count stages without parsing them; the registry unpacks a part only when
+    it needs a rank's record (a restore, a status snapshot). The store that packs a request has
+    validated it (``StageRequest.from_wire`` and ``check``)."""
+
+    job: str
+    step: int
+    world_size: int
+    keep_committed: int
+    attempt: str | None
+    parts: tuple[StagePart, ...]
+
+    @property
+    def key(self) -> tuple[str, int, int, int, str | None]:
+        """What the group's stages share: groups with the same key merge."""
+        return (self.job, self.step, self.world_size, self.keep_committed, self.attempt)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [rank for part in self.parts for rank in part.ranks]
+
+    @classmethod
+    def of(cls, requests: Iterable[StageRequest]) -> list[StageGroup]:
+        """Checked requests grouped by what they share, one part per group, in first-seen order."""
+        by_key: dict[tuple[str, int, int, int, str | None], list[StageRequest]] = {}
+        for request in requests:
+            first = request.metas[0]
+            by_key.setdefault(
+                (first.job, first.step, first.world_size, request.keep_committed, request.attempt), []
+            ).append(request)
+        return [cls(*key, parts=(StagePart.of(group),)) for key, group in by_key.items()]
+
+    @staticmethod
+    def merged(groups: Iterable[StageGroup]) -> list[StageGroup]:
+        """Groups with the same key joined into one of a single part (their parts joined in
+        order), in first-seen order: a relay passes on one part per group, however many it got."""
+        parts: dict[tuple[str, int, int, int, str | None], list[StagePart]] = {}
+        first: dict[tuple[str, int, int, int, str | None], StageGroup] = {}
+        for group in groups:
+            first.setdefault(group.key, group)
+            parts.setdefault(group.key, []).extend(group.parts)
+        return [dataclasses.replace(group, parts=(StagePart.joined(parts[key]),)) for key, group in first.items()]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "head": [self.job, self.step, self.world_size, self.keep_committed, self.attempt],
+            "parts": [part.to_wire() for part in self.parts],
+        }
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> StageGroup:
+        """Parse a relayed group (its parts stay packed); SnapshotFormatError if malformed."""
+        try:
+            job, step, world_size, keep_committed, attempt = values["head"]
+            parts = tuple(StagePart.from_wire(part) for part in values["parts"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise errors.SnapshotFormatError(f"malformed stage group ({type(error).__name__}: {error})") from None
+        if not (
+            isinstance(job, str)
+            and all(type(n) is int and n >= 0 for n in (step, world_size, keep_committed))
+            and (attempt is None or isinstance(attempt, str))
+        ):
+            raise errors.SnapshotFormatError(f"malformed stage group {values['head']!r}")
+        return cls(job, step, world_size, keep_committed, attempt, parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupResult:
+    """The outcome of one ``StageGroup``: whether its step is committed now, the job's committed
+    steps the stores keep (``keep_steps``, empty before the first commit: stores evict the
+    others), and per rank the ray_ckpt error that refused its stage (``refused``: that stage
+    changed nothing; the others went through)."""
+
+    committed: bool = False
+    keep_steps: tuple[int, ...] = ()
+    refused: Mapping[int, errors.RayCkptError] = dataclasses.field(default_factory=dict)
+
+    def for_ranks(self, ranks: Iterable[int]) -> GroupResult:
+        """This result as seen by a part of the group: only its ranks' errors."""
+        wanted = set(ranks)
+        return dataclasses.replace(self, refused={r: e for r, e in self.refused.items() if r in wanted})
+
+    def result(self, rank: int) -> StageResult:
+        """What one rank of the group gets back."""
+        error = self.refused.get(rank)
+        return StageResult(committed=self.committed and error is None, error=error)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "committed": self.committed,
+            "keep": list(self.keep_steps),
+            "refused": [[rank, _error_to_wire(error)] for rank, error in self.refused.items()],
+        }
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> GroupResult:
+        return cls(
+            committed=bool(values["committed"]),
+            keep_steps=tuple(int(s) for s in values["keep"]),
+            refused={int(rank): _error_from_wire(error) for rank, error in values["refused"]},
+        )
 
 
 @dataclasses.dataclass

@@ -2,32 +2,42 @@
 
 Starts the real ray_ckpt service (registry actor plus one store per node) on a simulated
 cluster of a few nodes on this machine (``ray_ckpt.testing.SimulatedCluster``: a head with no
-CPUs plus 2 one-CPU workers, dashboard off, a private RAY_TMPDIR) and drives the registry with
-metadata only: no shard bytes are sent. The callers are lightweight: every stage's wire
-record (RS(4,2), 6 shard records spread over the stores' nodes) is built before the clock
-starts, and 32 caller threads of this process send them.
+CPUs plus 2 one-CPU workers, dashboard off, a private RAY_TMPDIR) and drives it with metadata
+only: no shard bytes are sent. The callers are lightweight: every stage's wire record (RS(4,2),
+6 shard records spread over the stores' nodes) is built before the clock starts, and 32 caller
+threads of this process send them.
 
-Per N (``--ranks``):
+Per N (``--ranks``), each of ``--steps`` steps is staged by all N ranks, ``--ranks-per-node``
+(default 8, a GPU node's ranks) per caller call. ``--path`` says which way:
 
-- stages: each of ``--steps`` steps is staged by all N ranks. With ``--ranks-per-node R``
-  (default 8, a GPU node's ranks) each caller thread stands for one node: it sends the stages
-  of R ranks as one ``stage_batch`` call, the call a node's store actor makes when it flushes
-  the stages of the ranks on its node. ``--ranks-per-node 1`` sends one ``stage`` call per rank
-  (what every rank did before stages were batched per node).
-- ``commit_s``: from the first stage sent until the call whose stage committed the step
-  returned (median over the steps);
+- ``relay`` (default, what the stores do): each call stands for one node's store passing its
+  ranks' stages (packed, as that store packs them) up the relay tree (``ray_ckpt.relay``) to
+  its parent, one of the real stores, chosen round-robin; the real stores relay to the root,
+  which calls the registry. One unmeasured step first forms the tree (it is handed down with
+  the first commit).
+- ``direct``: each call is one ``stage_batch`` of the node's ranks straight to the registry
+  (what a rank does when its store is gone; with ``--ranks-per-node 1``, one call per rank).
+
+Measured:
+
+- ``commit_s``: from the first stage sent until a caller first heard that the step committed
+  (median over the steps);
 - ``stage_per_s``: ranks staged per second (N over the time until every call returned);
 - ``plan_s``: one rank's restore-plan latency, as ``Restorer.restore`` asks it (the plan of a
   new attempt, then ``locate_rank``: its own record and the world size), median over 32 ranks
   asking at once;
   ``plan_bytes_per_rank``: the pickled size of what one rank receives for it;
 - ``registry_cpu_s_per_step``: the registry actor process's CPU seconds (psutil, user +
-  system) over the stage phase, divided by the steps committed.
+  system) over the measured steps, divided by the steps committed; ``relay_cpu_s_per_step``:
+  the same for the stores together (all of them: on this cluster every store is a relay).
 
 Rows: ``{"ranks", "commit_s", "stage_per_s", "plan_s", "plan_bytes_per_rank",
-"registry_cpu_s_per_step"}``. All "nodes" share this machine's cores, and the 32 callers share
-one Python process with the driver's Ray client: the numbers are an upper bound on a real
-cluster's per-call costs, not a model of its network.
+"registry_cpu_s_per_step", "relay_cpu_s_per_step", "path", "registry_calls_per_step"}``. All
+"nodes" share this machine's cores, and the 32 callers share one Python process with the
+driver's Ray client: the numbers are an upper bound on a real cluster's per-call costs, not a
+model of its network. Here 3 stores take the calls of up to 1024 "nodes", where the relay tree
+gives a store at most RAY_CKPT_RELAY_FANIN (16) children: the relays are loaded far harder
+than on a real cluster.
 """
 
 from __future__ import annotations
@@ -79,40 +89,59 @@ def stage_requests(job: str, step: int, world_size: int, nodes: list[str]) -> li
     return requests
 
 
-def wire_calls(requests: list[Any], per_node: int) -> list[Any]:
-    """The calls' arguments, built before the clock starts: per node a list of ``StageRequest``s
-    on the wire (what a store sends), or per rank the arguments of ``stage``."""
-    if per_node > 1:
-        return [[r.to_wire() for r in requests[i : i + per_node]] for i in range(0, len(requests), per_node)]
-    return [([m.to_dict() for m in r.metas], dict(r.nodes)) for r in requests]
+def wire_calls(requests: list[Any], per_node: int, path: str, children: int) -> list[Any]:
+    """The calls' arguments, built before the clock starts. Direct: one per node, its ranks'
+    ``StageRequest``s on the wire. Relay: one per child of the real stores (at most
+    ``children``), its subtree's nodes' stages packed and merged into one ``StageGroup`` on the
+    wire, as the relays below it would pass them up."""
+    from ray_ckpt.wire import StageGroup
+
+    nodes = [requests[i : i + per_node] for i in range(0, len(requests), per_node)]
+    if path == "direct":
+        return [[r.to_wire() for r in node] for node in nodes]
+    count = min(children, len(nodes))
+    runs = [nodes[len(nodes) * i // count : len(nodes) * (i + 1) // count] for i in range(count)]
+    return [
+        [group.to_wire() for group in StageGroup.merged(g for node in run for g in StageGroup.of(node))] for run in runs
+    ]
 
 
-def run_step(client: Any, calls: list[Any], per_node: int, attempt: str) -> tuple[float, float]:
-    """Stage one step from CALLERS threads; (seconds until it committed, seconds until all returned)."""
+def child_slots(stores: list[Any], fanin: int) -> list[Any]:
+    """The parents of the probe's callers: the real stores' free places in the relay tree (the
+    root's ``fanin`` minus the other real stores, ``fanin`` under each of those), interleaved."""
+    capacity = [fanin - (len(stores) - 1)] + [fanin] * (len(stores) - 1)
+    return [store for j in range(fanin) for store, free in zip(stores, capacity) if j < free]
+
+
+def run_step(client: Any, stores: list[Any], calls: list[Any], path: str) -> tuple[float, float]:
+    """Stage one step from CALLERS threads; (seconds until a caller heard it committed, seconds
+    until all returned)."""
+    import ray
+
     committed_at: list[float] = []
     lock = threading.Lock()
 
-    def send(call: Any) -> None:
-        if per_node > 1:
-            results = client.call("stage_batch", call)
-            errors = [r["error"] for r in results if r.get("error") is not None]
-            if errors:
-                raise RuntimeError(f"stage_batch refused a stage: {errors[0]}")
-            committed = any(r["committed"] for r in results)
+    def send(numbered: tuple[int, Any]) -> None:
+        number, call = numbered
+        if path == "relay":
+            results = ray.get(stores[number].relay.remote(call), timeout=120)
+            refused = [r["refused"] for r in results if r["refused"]]
         else:
-            metas, nodes = call
-            committed = bool(client.call("stage", metas, nodes, 2, attempt, None, None))
-        if committed:
+            results = client.call("stage_batch", call)
+            refused = [r["error"] for r in results if r.get("error") is not None]
+        if refused:
+            raise RuntimeError(f"a stage was refused: {refused[0]}")
+        if any(r["committed"] for r in results):
             with lock:
                 committed_at.append(time.perf_counter())
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(CALLERS) as pool:
-        list(pool.map(send, calls))
+        list(pool.map(send, enumerate(calls)))
     done = time.perf_counter()
-    if len(committed_at) != 1:
-        raise RuntimeError(f"expected exactly one committing call, got {len(committed_at)}")
-    return committed_at[0] - t0, done - t0
+    if not committed_at:
+        raise RuntimeError("no call saw the step commit")
+    return min(committed_at) - t0, done - t0
 
 
 def plan_for_rank(client: Any, job: str, attempt: str, rank: int) -> tuple[float, int]:
@@ -123,22 +152,39 @@ def plan_for_rank(client: Any, job: str, attempt: str, rank: int) -> tuple[float
     return time.perf_counter() - t0, len(pickle.dumps(plan)) + len(pickle.dumps(records))
 
 
-def measure(client: Any, handle: Any, nodes: list[str], ranks: int, steps: int, per_node: int) -> dict[str, Any]:
+def process_of(handle: Any) -> Any:
     import psutil
     import ray
 
+    return psutil.Process(ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid())))
+
+
+def cpu_s(processes: list[Any]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
+def measure(client: Any, stores: dict[str, Any], ranks: int, steps: int, per_node: int, path: str) -> dict[str, Any]:
+    from ray_ckpt import settings
+
     job = f"probe-{ranks}-{uuid.uuid4().hex[:6]}"
-    attempt = "save"
-    pid = ray.get(handle.__ray_call__.remote(lambda _actor: os.getpid()))
-    process = psutil.Process(pid)
+    nodes = sorted(stores)
+    registry = process_of(client.handle)
+    relays = [process_of(handle) for handle in stores.values()]
+    parents = child_slots([stores[node] for node in nodes], settings.relay_fanin())
+    prepared = [
+        wire_calls(stage_requests(job, step, ranks, nodes), per_node, path, len(parents)) for step in range(steps + 1)
+    ]
+    run_step(client, parents, prepared[0], path)  # forms the relay tree (handed down with the commit)
+    time.sleep(0.5)
+    calls0 = client.call("stage_calls")
     commits, totals = [], []
-    prepared = [wire_calls(stage_requests(job, step, ranks, nodes), per_node) for step in range(steps)]
-    cpu0 = sum(process.cpu_times()[:2])
-    for step in range(steps):
-        commit_s, total_s = run_step(client, prepared[step], per_node, attempt)
+    cpu0, relay0 = cpu_s([registry]), cpu_s(relays)
+    for step in range(1, steps + 1):
+        commit_s, total_s = run_step(client, parents, prepared[step], path)
         commits.append(commit_s)
         totals.append(total_s)
-    cpu = sum(process.cpu_times()[:2]) - cpu0
+    cpu, relay_cpu = cpu_s([registry]) - cpu0, cpu_s(relays) - relay0
+    calls = client.call("stage_calls") - calls0
     asked = list(range(0, ranks, max(1, ranks // CALLERS)))[:CALLERS]
     with ThreadPoolExecutor(CALLERS) as pool:
         plans = list(pool.map(lambda r: plan_for_rank(client, job, "restore", r), asked))
@@ -150,6 +196,9 @@ def measure(client: Any, handle: Any, nodes: list[str], ranks: int, steps: int, 
         "plan_s": round(statistics.median(p[0] for p in plans), 4),
         "plan_bytes_per_rank": max(p[1] for p in plans),
         "registry_cpu_s_per_step": round(cpu / steps, 4),
+        "relay_cpu_s_per_step": round(relay_cpu / steps, 4),
+        "path": path,
+        "registry_calls_per_step": round(calls / steps, 1),
     }
 
 
@@ -159,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the rows here")
     parser.add_argument("--quick", action="store_true", help="64,256 ranks and one step each (a smoke run)")
     parser.add_argument("--steps", type=int, default=3, help="steps committed per rank count (default 3)")
-    parser.add_argument("--ranks-per-node", type=int, default=8, help="stages per batched call; 1: one call per rank")
+    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node: stages per call")
+    parser.add_argument(
+        "--path", choices=("relay", "direct"), default="relay", help="up the relay tree, or straight to the registry"
+    )
     args = parser.parse_args(argv)
     ranks = [64, 256] if args.quick else [int(x) for x in args.ranks.split(",") if x.strip()]
     steps = 1 if args.quick else args.steps
@@ -175,14 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     namespace = f"bench-cp-{uuid.uuid4().hex[:6]}"
     with SimulatedCluster(WORKERS, store_budget_bytes=64 << 20, namespace=namespace):
         client = RegistryClient(namespace)
-        nodes = sorted(naming.store_node_ids(namespace))
+        stores = naming.store_handles(namespace)
         print(
-            f"RS(4,2) metadata, {len(nodes)} stores, {CALLERS} caller threads, "
-            f"{args.ranks_per_node} rank(s) per call, {steps} step(s) per N",
+            f"RS(4,2) metadata, {len(stores)} stores, {CALLERS} caller threads, "
+            f"{args.ranks_per_node} rank(s) per call ({args.path}), {steps} step(s) per N",
             flush=True,
         )
         for n in ranks:
-            row = measure(client, client.handle, nodes, n, steps, args.ranks_per_node)
+            row = measure(client, stores, n, steps, args.ranks_per_node, args.path)
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

@@ -164,6 +164,8 @@ def _add_snapshots(data: dict[str, Any], ordered: list[dict[str, Any]]) -> None:
             parity_shards=snap.get("parity_shards"),
         )
         entry.update({"source": "snapshot", "time": snap.get("time")})
+        if snap.get("placement") is None:  # a job too large to list rank by rank: its summary
+            entry.update({"protection": snap.get("protection"), "unlisted_ranks": snap.get("world_size")})
         data["placement"][job] = entry
         data["protection"][job] = {
             "value": entry["protection"],

@@ -492,6 +492,44 @@ def test_status_event_records_memory_placement_and_protection() -> None:
     assert json.loads(json.dumps(record)) == record  # JSON as written to the events file
 
 
+def test_a_large_jobs_status_event_carries_its_summary_not_its_placement() -> None:
+    """Above PLACEMENT_MAX_RANKS the registry passes a summary: protection and holders are
+    taken from it, there is no placement, and the dashboard shows the protection, no rows."""
+    from ray_ckpt.dashboard import data as dashboard_data
+
+    ray_nodes = [{"NodeID": n, "Alive": True, "NodeManagerHostname": f"host-{n}"} for n in "abc"]
+    record = events.status_event(
+        "big",
+        3,
+        world_size=events.PLACEMENT_MAX_RANKS + 1,
+        data_shards=2,
+        parity_shards=1,
+        shards=None,
+        local_nodes=None,
+        stores={n: {"used_bytes": 1, "budget_bytes": 9, "shards": 1} for n in "ab"},
+        ray_nodes=ray_nodes,
+        summary=(1, {"a", "b", "c"}),
+        time=T0,
+    )
+    assert record["placement"] is None and record["local"] == {} and record["protection"] == 1
+    assert set(record["nodes"]) == {"a", "b", "c"} and record["nodes"]["c"]["store"] is False
+    shown = dashboard_data.build([record])
+    assert shown["placement"]["big"]["unlisted_ranks"] == events.PLACEMENT_MAX_RANKS + 1
+    assert shown["placement"]["big"]["cells"] == [] and shown["protection"]["big"]["value"] == 1
+    with pytest.raises(ValueError, match="summary"):
+        events.status_event(
+            "big",
+            3,
+            world_size=2,
+            data_shards=2,
+            parity_shards=1,
+            shards=None,
+            local_nodes=None,
+            stores={},
+            ray_nodes=[],
+        )
+
+
 def test_status_events_round_trip_through_a_file(tmp_path) -> None:
     """``status`` is a known kind: the log accepts it and read() keeps it."""
     snapshot = event("status", time=T0, job="j", step=1, protection=0, placement={}, local={}, nodes={})

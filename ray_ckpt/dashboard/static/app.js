@@ -616,6 +616,10 @@
             "data-indices": c.indices.join(","), "data-lost": c.lost ? "true" : "false" }, chips);
         })));
       });
+      if (p.unlisted_ranks) {
+        rows.push(el("tr", {}, [el("td", { colspan: String(columns.length + 1), "class": "note",
+          text: p.unlisted_ranks + " ranks: the placement of a job this large is not listed rank by rank" })]));
+      }
       body.appendChild(el("div", { "class": "table-wrap placement" }, [el("table", { "data-job": job }, [caption,
         el("thead", {}, [head]), el("tbody", {}, rows)])]));
     });
