@@ -15,6 +15,9 @@ from ray_ckpt.errors import ConfigError, RayCkptError
 from ray_ckpt.registry import Registry
 from ray_ckpt.wire import (
     GroupResult,
+    PlanAnswer,
+    PlanQuery,
+    RestorePlan,
     StageGroup,
     StageRequest,
     StageResult,
@@ -278,6 +281,21 @@ class RegistryActor:
             self._drop(job, self._registry.join(job, attempt))
         live = naming.store_node_ids(self._namespace)  # one GCS call, whatever the cluster's size
         return self._registry.plan_restore(job, attempt, live).to_wire()
+
+    def plan_ranks(self, queries: list[list[Any]]) -> list[dict[str, Any]]:
+        """Restore plans for ranks, as the stores pass them up the relay tree (``PlanQuery``s on
+        the wire): a ``PlanAnswer`` on the wire per query, with the plan of its attempt (joined
+        as ``plan_restore`` joins it) and the asking ranks' records of its step."""
+        live = naming.store_node_ids(self._namespace)
+        answers = []
+        for query in (PlanQuery.from_wire(q) for q in queries):
+            try:
+                if query.attempt is not None:
+                    self._drop(query.job, self._registry.join(query.job, query.attempt))
+                answers.append(self._registry.plan_ranks(query, live).to_wire())
+            except RayCkptError as error:  # this query's alone (a zombie of a replaced attempt)
+                answers.append(PlanAnswer(RestorePlan(), error=error).to_wire())
+        return answers
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
         return self._registry.settle_backup_step(job, attempt, step)

@@ -16,7 +16,15 @@ from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.relay import Relay, subtrees
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
-from ray_ckpt.wire import GroupResult, StageGroup, StageRequest, StageResult, StoreHoldings
+from ray_ckpt.wire import (
+    GroupResult,
+    PlanAnswer,
+    PlanQuery,
+    StageGroup,
+    StageRequest,
+    StageResult,
+    StoreHoldings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +55,8 @@ class ShardStoreActor:
             node_memory=_node_memory,
         )
         metrics.observe_store(self._store.stats())
-        self._relay = Relay(self._send_up)
+        self._relay = Relay(self._send_up, StageGroup.merged)
+        self._plans = Relay(self._send_plans_up, PlanQuery.merged)
         self._registry: RegistryClient | None = None
         self._parent: str | None = None  # the store stages go up to; None: the registry
         self._members: list[str] = [node_id]  # this store's part of the relay tree, itself first
@@ -107,29 +116,51 @@ class ShardStoreActor:
             self._apply_kept(group.job, result.keep_steps)
         return [result.to_wire() for result in results]
 
+    @ray.method(concurrency_group="stage")
+    def plan(self, job: str, attempt: str | None, rank: int) -> dict[str, Any]:
+        """The restore plan of ``attempt`` and this node's rank's record of its step, a
+        ``PlanAnswer`` on the wire: the queries of this node's ranks (and of the stores below)
+        go up the relay tree together, so a restart of many ranks costs the registry few calls."""
+        (answer,) = self._plans.submit([PlanQuery(job, attempt, (rank,))])
+        return answer.to_wire()
+
+    @ray.method(concurrency_group="relay")
+    def relay_plans(self, queries: list[list[Any]]) -> list[dict[str, Any]]:
+        """Plan queries of the stores below (``PlanQuery``s on the wire), passed on up with this
+        store's own; a ``PlanAnswer`` on the wire per query."""
+        answers = self._plans.submit([PlanQuery.from_wire(query) for query in queries])
+        return [answer.to_wire() for answer in answers]
+
     def _linger_s(self) -> float:
         """The root of the tree gathers stages a little before each registry call."""
         return settings.relay_linger_s() if self._parent is None and len(self._members) > 1 else 0.0
 
     def _send_up(self, groups: list[StageGroup]) -> list[GroupResult]:
-        """To the parent in the relay tree; to the registry from the root, from a store not yet
-        placed in the tree, or when the parent fails (until the next commit places it again)."""
-        wire = [group.to_wire() for group in groups]
+        answer = self._up("relay", "stage_groups", [group.to_wire() for group in groups])
+        return [GroupResult.from_wire(result) for result in answer]
+
+    def _send_plans_up(self, queries: list[PlanQuery]) -> list[PlanAnswer]:
+        answer = self._up("relay_plans", "plan_ranks", [query.to_wire() for query in queries])
+        return [PlanAnswer.from_wire(values) for values in answer]
+
+    def _up(self, relay: str, registry: str, wire: list[Any]) -> list[Any]:
+        """``relay(wire)`` on the parent in the relay tree; ``registry(wire)`` on the registry
+        from the root, from a store not yet placed in the tree, or when the parent fails (until
+        the next commit places this store again)."""
         parent = self._parent
         if parent is not None:
             handle = self._store_handle(parent)
             try:
                 if handle is not None:
-                    answer = remote.get(handle.relay.remote(wire), timeout=settings.relay_timeout_s())
-                    return [GroupResult.from_wire(result) for result in answer]
-            except Exception as error:  # dead, stopped or failing: the registry takes the stages instead
-                logger.info("ray_ckpt store: relaying stages to %s failed (%s); staging directly", parent, error)
+                    return list(remote.get(getattr(handle, relay).remote(wire), timeout=settings.relay_timeout_s()))
+            except Exception as error:  # dead, stopped or failing: the registry takes the call instead
+                logger.info("ray_ckpt store: relaying to %s failed (%s); calling the registry directly", parent, error)
             self._handles.pop(parent, None)
             if self._parent == parent:
                 self._parent = None
         if self._registry is None:
             self._registry = RegistryClient(self._namespace)
-        return [GroupResult.from_wire(result) for result in self._registry.call("stage_groups", wire)]
+        return list(self._registry.call(registry, wire))
 
     def _apply_kept(self, job: str, keep_steps: tuple[int, ...]) -> None:
         """Evict what a commit learned from a stage result supersedes (once per new commit)."""

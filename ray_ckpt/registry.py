@@ -11,6 +11,8 @@ from ray_ckpt.errors import ConfigError, NoCheckpointError, RayCkptError, StaleA
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import (
     GroupResult,
+    PlanAnswer,
+    PlanQuery,
     RankLocation,
     RankRecord,
     RestorePlan,
@@ -339,6 +341,15 @@ class Registry:
             if attempt is not None:
                 state.plans[attempt] = plan
             return plan
+
+    def plan_ranks(self, query: PlanQuery, live_nodes: set[str]) -> PlanAnswer:
+        """The plan of the query's attempt (``plan_restore``) and, when it restores a step from
+        memory, the asking ranks' records of it (``locate_rank``)."""
+        with self._lock:
+            plan = self.plan_restore(query.job, query.attempt, live_nodes)
+            if plan.source != "peers" or plan.step is None:
+                return PlanAnswer(plan)
+            return PlanAnswer(plan, {rank: self.locate_rank(query.job, plan.step, rank) for rank in query.ranks})
 
     @staticmethod
     def _rebuildable(record: StepRecord, live_nodes: set[str]) -> bool:

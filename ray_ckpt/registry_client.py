@@ -17,7 +17,16 @@ import ray
 
 from ray_ckpt import naming, remote, settings
 from ray_ckpt.errors import StoreUnavailableError
-from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan, StageRequest, StageResult, ranks_from_wire
+from ray_ckpt.wire import (
+    PlanAnswer,
+    PlanQuery,
+    RankLocation,
+    RankRecord,
+    RestorePlan,
+    StageRequest,
+    StageResult,
+    ranks_from_wire,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +80,11 @@ class RegistryClient:
 
     def plan_restore(self, job: str, attempt: str | None) -> RestorePlan:
         return RestorePlan.from_wire(self.call("plan_restore", job, attempt))
+
+    def plan_for_rank(self, job: str, attempt: str | None, rank: int) -> PlanAnswer:
+        """The plan of ``attempt`` and ``rank``'s record of its step, in one call (a rank asks
+        so itself when its node's store is gone; see ``StoreDirectory.plan``)."""
+        return PlanAnswer.from_wire(self.call("plan_ranks", [PlanQuery(job, attempt, (rank,)).to_wire()])[0])
 
     def locate(self, job: str, step: int) -> dict[int, RankRecord]:
         """Every rank's record of a committed step (NoCheckpointError if it is not committed)."""

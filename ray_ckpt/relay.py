@@ -21,15 +21,20 @@ relay failed is safe: the registry acknowledges stages it holds already (``Regis
 **Down**: the commit (job, step, kept steps) goes from the registry to the root and from each
 store to its children, fire and forget. A store also learns the kept steps of its job from
 every stage result (``GroupResult.keep_steps``), so a commit lost with a failed relay is made
-up by the next stage round. Pure: no Ray import.
+up by the next stage round.
+
+**Restore plans** climb the same tree after a restart: every rank asks its node's store for
+its attempt's plan and its record (``PlanQuery``); the queries of one job and attempt merge on
+the way up, and the answers (``PlanAnswer``) split on the way down, so the registry answers a
+few calls however many ranks restart. Pure: no Ray import.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Generic, Protocol, TypeVar
 
 from ray_ckpt.batcher import Batcher
-from ray_ckpt.wire import GroupResult, StageGroup
 
 
 def subtrees(members: Sequence[str], fanin: int) -> list[list[str]]:
@@ -47,28 +52,50 @@ def subtrees(members: Sequence[str], fanin: int) -> list[list[str]]:
     return runs
 
 
-class Relay:
-    """Concurrent callers' stage groups merged into one ``send`` at a time; each caller gets the
-    results of its own groups, in order. ``send(groups)`` must return one ``GroupResult`` per
-    group, in order; if it raises, every caller of that send gets the error. Thread-safe."""
+class _Item(Protocol):
+    """What a relay passes up: items with the same ``key`` merge; ``ranks`` say whose they are."""
 
-    def __init__(self, send: Callable[[list[StageGroup]], Sequence[GroupResult]]) -> None:
-        self._send = send
-        self._batcher: Batcher[list[StageGroup], list[GroupResult]] = Batcher(self._flush)
+    @property
+    def key(self) -> Hashable: ...
+
+    @property
+    def ranks(self) -> Sequence[int]: ...
+
+
+class _Answer(Protocol):
+    def for_ranks(self, ranks: Iterable[int]) -> _Answer: ...
+
+
+Item = TypeVar("Item", bound=_Item)
+Answer = TypeVar("Answer", bound=_Answer)
+
+
+class Relay(Generic[Item, Answer]):
+    """Concurrent callers' items (stage groups, plan queries) merged into one ``send`` at a
+    time; each caller gets the answers to its own items, in order, as seen by its ranks.
+    ``merge(items)`` joins items of the same key (one per key, in first-seen order); ``send``
+    must return one answer per merged item, in order; if it raises, every caller of that send
+    gets the error. Thread-safe."""
+
+    def __init__(
+        self, send: Callable[[list[Item]], Sequence[Answer]], merge: Callable[[Iterable[Item]], list[Item]]
+    ) -> None:
+        self._send, self._merge = send, merge
+        self._batcher: Batcher[list[Item], list[Answer]] = Batcher(self._flush)
 
     @property
     def sends(self) -> int:
         """Calls made so far."""
         return self._batcher.batches
 
-    def submit(self, groups: list[StageGroup], linger_s: float = 0.0) -> list[GroupResult]:
-        """The results of ``groups``, from the send they went in (see ``Batcher.submit``)."""
-        return self._batcher.submit(groups, linger_s)
+    def submit(self, items: list[Item], linger_s: float = 0.0) -> list[Answer]:
+        """The answers to ``items``, from the send they went in (see ``Batcher.submit``)."""
+        return self._batcher.submit(items, linger_s)
 
-    def _flush(self, items: list[list[StageGroup]]) -> list[list[GroupResult]]:
-        merged = StageGroup.merged(group for item in items for group in item)
-        results = self._send(merged)
-        if len(results) != len(merged):
-            raise RuntimeError(f"a relay of {len(merged)} stage groups got {len(results)} results back")
-        by_key = {group.key: result for group, result in zip(merged, results)}
-        return [[by_key[group.key].for_ranks(group.ranks) for group in item] for item in items]
+    def _flush(self, batches: list[list[Item]]) -> list[list[Answer]]:
+        merged = self._merge(item for batch in batches for item in batch)
+        answers = self._send(merged)
+        if len(answers) != len(merged):
+            raise RuntimeError(f"a relay of {len(merged)} items got {len(answers)} answers back")
+        by_key = {item.key: answer for item, answer in zip(merged, answers)}
+        return [[by_key[item.key].for_ranks(item.ranks) for item in batch] for batch in batches]  # type: ignore[misc]

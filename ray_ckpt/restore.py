@@ -33,7 +33,7 @@ from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan
+from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class RegistryView(Protocol):
 
     def plan_restore(self, job: str, attempt: str | None) -> RestorePlan: ...
 
+    def plan_for_rank(self, job: str, attempt: str | None, rank: int) -> PlanAnswer: ...
+
     def locate(self, job: str, step: int) -> dict[int, RankRecord]: ...
 
     def locate_rank(self, job: str, step: int, rank: int) -> RankLocation: ...
@@ -77,6 +79,11 @@ class ShardSource(Protocol):
 
     def live(self, node_ids: Iterable[str]) -> set[str]:
         """Which of these nodes run a store that is alive now."""
+
+    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[dict[str, Any]]:
+        """The restore plan of ``attempt`` and ``rank``'s record of its step, through that node's
+        store: a ``PlanAnswer`` on the wire (KeyError: no live store there)."""
+        ...
 
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Found]:
         """The shard (or with ``local`` the rank's full copy) from that node's store; the
@@ -226,7 +233,8 @@ class Restorer:
             if into is not None and located.world_size != self.world_size:
                 return self._resharded(step, into, t0), None
             return self._from_memory(step, self._record(located, step), t0), None
-        plan = self.registry.plan_restore(self.job, self.attempt)
+        answer = self._plan()
+        plan = answer.plan
         if plan.source == "peers" and plan.step is not None:
             reshard_into = into is not None and int(plan.world_size or 0) != self.world_size
             if not reshard_into:
@@ -235,7 +243,7 @@ class Restorer:
                 if reshard_into:
                     restored = self._resharded(plan.step, into, t0)
                 else:
-                    located = self.registry.locate_rank(self.job, plan.step, self.rank)
+                    located = answer.records.get(self.rank) or self.registry.locate_rank(self.job, plan.step, self.rank)
                     restored = self._from_memory(plan.step, self._record(located, plan.step), t0)
             except InsufficientShardsError:
                 # this rank cannot rebuild the step every rank agreed on: make sure no later
@@ -248,6 +256,21 @@ class Restorer:
                 self.registry.rollback(self.job, plan.step)
             return restored, plan
         return self._from_backup(plan, t0), plan
+
+    def _plan(self) -> PlanAnswer:
+        """The attempt's plan and this rank's record of its step, through this node's store
+        (whose ranks, and the stores below it in the relay tree, ask the registry together);
+        from the registry itself when that store is gone or fails."""
+        try:
+            asked = self.stores.plan(self.node_id, self.job, self.attempt, self.rank)
+            answer = PlanAnswer.from_wire(asked.result(timeout=self._timeout_s()))
+        except Exception as error:  # no store here, it died, or it could not reach the registry
+            logger.info(
+                "rank %d: asking this node's store for the plan failed (%s); asking the registry", self.rank, error
+            )
+            answer = self.registry.plan_for_rank(self.job, self.attempt, self.rank)
+        answer.raise_error()
+        return answer
 
     def check_world_size(self, saved: int, step: int) -> None:
         """The same ConfigError on every rank when ``step`` was saved by another number of

@@ -70,6 +70,11 @@ class StoreDirectory:
         call; the future's result is a ``StageResult`` on the wire (KeyError: no live store)."""
         return self._handle(node_id).stage.remote(request.to_wire()).future()
 
+    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[dict[str, Any]]:
+        """The restore plan of ``attempt`` and ``rank``'s record of its step, through that node's
+        store and the relay tree; a ``PlanAnswer`` on the wire (KeyError: no live store)."""
+        return self._handle(node_id).plan.remote(job, attempt, rank).future()
+
     def forget(self, node_id: str) -> None:
         """Drop a cached handle (its store failed; a new one may take its place)."""
         self._handles.pop(node_id, None)

@@ -14,6 +14,8 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
 - ``StageRequest`` / ``StageResult``: one rank's stage of one step and its outcome.
 - ``StageGroup`` / ``GroupResult``: the stages of many ranks of one step, packed, as the
   stores pass them up the relay tree to the registry (``ray_ckpt.relay``), and their outcome.
+- ``PlanQuery`` / ``PlanAnswer``: ranks asking for their attempt's restore plan and their
+  records of its step, merged up the same tree, and the answer.
 """
 
 from __future__ import annotations
@@ -509,6 +511,76 @@ class GroupResult:
             committed=bool(values["committed"]),
             keep_steps=tuple(int(s) for s in values["keep"]),
             refused={int(rank): _error_from_wire(error) for rank, error in values["refused"]},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanQuery:
+    """Ranks of ``job`` asking for the restore plan of ``attempt`` and their records of its step."""
+
+    job: str
+    attempt: str | None
+    ranks: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return (self.job, self.attempt)
+
+    @staticmethod
+    def merged(queries: Iterable[PlanQuery]) -> list[PlanQuery]:
+        """Queries of the same job and attempt joined into one, in first-seen order."""
+        ranks: dict[tuple[str, str | None], dict[int, None]] = {}
+        for query in queries:
+            ranks.setdefault(query.key, {}).update(dict.fromkeys(query.ranks))
+        return [PlanQuery(job, attempt, tuple(asking)) for (job, attempt), asking in ranks.items()]
+
+    def to_wire(self) -> list[Any]:
+        return [self.job, self.attempt, list(self.ranks)]
+
+    @classmethod
+    def from_wire(cls, values: Sequence[Any]) -> PlanQuery:
+        job, attempt, ranks = values
+        query = cls(job, attempt, tuple(ranks))
+        if not (
+            isinstance(job, str)
+            and (attempt is None or isinstance(attempt, str))
+            and all(type(r) is int and r >= 0 for r in query.ranks)
+        ):
+            raise errors.ConfigError(f"malformed restore-plan query {list(values)!r}")
+        return query
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanAnswer:
+    """An attempt's ``plan`` and, when it restores a step from memory, the asking ranks'
+    records of it (``records``: rank -> ``RankLocation``; empty for a backup or nothing)."""
+
+    plan: RestorePlan
+    records: Mapping[int, RankLocation] = dataclasses.field(default_factory=dict)
+    error: errors.RayCkptError | None = None  # why the registry refused the query (a stale attempt)
+
+    def for_ranks(self, ranks: Iterable[int]) -> PlanAnswer:
+        """This answer as seen by some of the asking ranks: only their records."""
+        return dataclasses.replace(self, records={r: self.records[r] for r in ranks if r in self.records})
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_wire(),
+            "records": [[r, loc.to_wire()] for r, loc in self.records.items()],
+            "error": None if self.error is None else _error_to_wire(self.error),
+        }
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> PlanAnswer:
+        error = values.get("error")
+        return cls(
+            RestorePlan.from_wire(values["plan"]),
+            {int(rank): RankLocation.from_wire(loc) for rank, loc in values["records"]},
+            None if error is None else _error_from_wire(error),
         )
 
 

@@ -23,16 +23,20 @@ Measured:
 - ``commit_s``: from the first stage sent until a caller first heard that the step committed
   (median over the steps);
 - ``stage_per_s``: ranks staged per second (N over the time until every call returned);
-- ``plan_s``: one rank's restore-plan latency, as ``Restorer.restore`` asks it (the plan of a
-  new attempt, then ``locate_rank``: its own record and the world size), median over 32 ranks
-  asking at once;
+- ``plan_s``: one rank's restore-plan latency when it asks the registry itself (the plan of a
+  new attempt and its own record, one ``plan_ranks`` call), median over 32 ranks asking at once;
   ``plan_bytes_per_rank``: the pickled size of what one rank receives for it;
+- ``plan_all_s``: after a restart (a new attempt), until every rank of the job has its plan and
+  record: up the relay tree (the callers ask for their subtrees' ranks, as the stores below
+  merge their ranks' queries), or with ``--path direct`` every rank asking the registry;
+  ``registry_cpu_s_per_plan``: the registry's CPU for it, per rank;
 - ``registry_cpu_s_per_step``: the registry actor process's CPU seconds (psutil, user +
   system) over the measured steps, divided by the steps committed; ``relay_cpu_s_per_step``:
   the same for the stores together (all of them: on this cluster every store is a relay).
 
-Rows: ``{"ranks", "commit_s", "stage_per_s", "plan_s", "plan_bytes_per_rank",
-"registry_cpu_s_per_step", "relay_cpu_s_per_step", "path", "registry_calls_per_step"}``. All
+Rows: ``{"ranks", "commit_s", "stage_per_s", "plan_s", "plan_bytes_per_rank", "plan_all_s",
+"registry_cpu_s_per_plan", "registry_cpu_s_per_step", "relay_cpu_s_per_step", "path",
+"registry_calls_per_step"}``. All
 "nodes" share this machine's cores, and the 32 callers share one Python process with the
 driver's Ray client: the numbers are an upper bound on a real cluster's per-call costs, not a
 model of its network. Here 3 stores take the calls of up to 1024 "nodes", where the relay tree
@@ -145,11 +149,38 @@ def run_step(client: Any, stores: list[Any], calls: list[Any], path: str) -> tup
 
 
 def plan_for_rank(client: Any, job: str, attempt: str, rank: int) -> tuple[float, int]:
-    """(seconds, pickled bytes received) for one rank's restore plan and records."""
+    """(seconds, pickled bytes received) for one rank's restore plan and record, asked of the
+    registry by the rank itself (one ``plan_ranks`` call, as ``Restorer`` does without a store)."""
+    from ray_ckpt.wire import PlanQuery
+
     t0 = time.perf_counter()
-    plan = client.call("plan_restore", job, attempt)
-    records = client.call("locate_rank", job, plan["step"], rank)  # this rank's record and the world size
-    return time.perf_counter() - t0, len(pickle.dumps(plan)) + len(pickle.dumps(records))
+    answer = client.call("plan_ranks", [PlanQuery(job, attempt, (rank,)).to_wire()])
+    return time.perf_counter() - t0, len(pickle.dumps(answer))
+
+
+def plan_everyone(client: Any, parents: list[Any], job: str, attempt: str, ranks: int, path: str) -> float:
+    """Seconds until every rank of a restart has its plan and record: through the relay tree
+    (each caller stands for a child of the real stores, asking for its subtree's ranks at once,
+    as the stores below would have merged them), or every rank asking the registry itself."""
+    import ray
+
+    from ray_ckpt.wire import PlanQuery
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(CALLERS) as pool:
+        if path == "relay":
+            count = min(len(parents), ranks)
+            runs = [tuple(range(ranks * i // count, ranks * (i + 1) // count)) for i in range(count)]
+            queries = [[PlanQuery(job, attempt, run).to_wire()] for run in runs]
+            answers = list(
+                pool.map(lambda n: ray.get(parents[n].relay_plans.remote(queries[n]), timeout=300), range(count))
+            )
+            got = sum(len(a[0]["records"]) for a in answers)
+        else:
+            got = len(list(pool.map(lambda r: plan_for_rank(client, job, attempt, r), range(ranks))))
+    if got != ranks:
+        raise RuntimeError(f"{got} of {ranks} ranks got their plan and record")
+    return time.perf_counter() - t0
 
 
 def process_of(handle: Any) -> Any:
@@ -188,6 +219,9 @@ def measure(client: Any, stores: dict[str, Any], ranks: int, steps: int, per_nod
     asked = list(range(0, ranks, max(1, ranks // CALLERS)))[:CALLERS]
     with ThreadPoolExecutor(CALLERS) as pool:
         plans = list(pool.map(lambda r: plan_for_rank(client, job, "restore", r), asked))
+    cpu0 = cpu_s([registry])
+    plan_all_s = plan_everyone(client, parents, job, "restart", ranks, path)
+    plan_cpu = cpu_s([registry]) - cpu0
     client.call("forget", job)
     return {
         "ranks": ranks,
@@ -195,6 +229,8 @@ def measure(client: Any, stores: dict[str, Any], ranks: int, steps: int, per_nod
         "stage_per_s": round(ranks / statistics.median(totals), 1),
         "plan_s": round(statistics.median(p[0] for p in plans), 4),
         "plan_bytes_per_rank": max(p[1] for p in plans),
+        "plan_all_s": round(plan_all_s, 3),
+        "registry_cpu_s_per_plan": round(plan_cpu / ranks, 6),
         "registry_cpu_s_per_step": round(cpu / steps, 4),
         "relay_cpu_s_per_step": round(relay_cpu / steps, 4),
         "path": path,

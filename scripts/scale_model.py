@@ -1,34 +1,61 @@
-"""A model of ray_ckpt at scale: save stall, memory overhead, recovery time and wasted time
-for 16 to 4096 nodes, against recovery from remote (shared) storage. Pure computation, no Ray.
+"""A model of ray_ckpt at scale: save stall, memory overhead, the control plane, recovery time
+(in place, and with a full restart) and wasted time for 16 to 4096 nodes, against recovery
+from remote (shared) storage. Pure computation, no Ray.
 
 Inputs (``Params``; command-line options of the same names): per-node state size, GPUs (ranks)
 per node, NIC bandwidth per node, aggregate shared-storage bandwidth, per-node MTBF, device->
-host copy bandwidth per GPU, encode bandwidth per rank, Ray's detect+restart time, the code
-RS(k, m), steps kept and the local copy, the training step time. Calibration (``--calibration
-PATH ...``) replaces defaults with what this repository's benchmarks measured (the JSON of
-scripts/bench_recovery.py, bench_memory.py, bench_goodput.py):
+host copy bandwidth per GPU, encode bandwidth per rank, Ray's detect+restart time and its growth
+per node, the in-place detect and replace times, the control plane's costs (a registry call, a
+rank's stage through one relay), the relay tree's fan-in and linger, the code RS(k, m), steps
+kept and the local copy, the training step time. Calibration (``--calibration PATH ...``)
+replaces defaults with what this repository's benchmarks measured (the JSON of
+scripts/bench_recovery.py, bench_memory.py, bench_goodput.py, bench_control_plane.py):
 
     restore_efficiency   restore speed / raw Ray transfer speed (bench_recovery, 1 node killed,
                          largest size), i.e. the share of the network a peer restore achieves
     detect_restart_s     kill -> new worker group running, mean over failures (bench_goodput)
+    detect_s, replace_s  in place: kill -> a survivor sees the failure; then -> every rank back at
+                         its restore (the replacement's start and the rendezvous), means over the
+                         in-place failures (bench_goodput)
+    control_call_s       the registry's CPU per stage call (bench_control_plane, relay path,
+                         largest N: registry CPU per step / registry calls per step)
+    plan_s_per_rank      the registry's CPU for one rank's restore plan and record when every
+                         rank asks (same row)
+    relay_s_per_rank     a relay's CPU per rank it passes on (same row: the stores' CPU per step
+                         / ranks / 2, each stage crossing two relays there)
     memory multiple      peer memory per step / state for the code (bench_memory)
 
 Bandwidths are hardware figures and are never taken from the 2-core test machine (its
 "network" is loopback). Without calibration the defaults are the documented figures from
 the project's anchors (restart ~15 s with Ray's default health checks, ISA-L encode 7 GB/s per
-core) and the assumptions stated in ``Params``.
+core), this machine's measurements for the control plane and the in-place phases, and the
+assumptions stated in ``Params``.
 
-The formulas, per node count N (S = state per node, r = ranks per node, M = N-node MTBF):
+The formulas, per node count N (S = state per node, r = ranks per node, R = N * r ranks,
+M = N-node MTBF, F = relay fan-in, D = relay depth: store levels between a leaf store and the
+root of the relay tree):
 
     save stall            (S / r) / d2h                         (blocking copy; same for every N)
-    save background       max((k+m)/k * S / NIC, (S / r) / encode)   (runs behind training)
+    commit latency        linger + sum over l = 0..D of (control_call + R / F^l * relay_per_rank)
+                          (the call at level l carries the stages of R / F^l ranks; l = 0 is the
+                          root's call to the registry)
+    save background       max((k+m)/k * S / NIC, (S / r) / encode, commit latency)
+                          (runs behind training)
     peer memory per node  keep * ((k+m)/k + local) * S
-    recovery, ray_ckpt    restart + S / (min(NIC, k * peer_send) * restore_efficiency) + load
+    restore plan          R * plan_per_rank                 (every rank asks its plan and its record;
+                                                         the one registry answers them in turn)
+    fetch                 S / (min(NIC, k * peer_send) * restore_efficiency)
                           (the failed node's ranks pull k shards each from k distinct peers in
                           parallel; every other rank reloads its local copy at the same time;
                           with one failed node no decode is needed: a rank's shards never live on
                           its own node)
-    recovery, storage     restart + N * S / storage + load     (every rank rereads its state)
+    full restart          detect_restart + restart_per_node * N
+    recovery, ray_ckpt    full restart + restore plan + fetch + load
+    recovery, in place    detect + replace + R * plan_per_rank / 2 + restore plan + fetch + load
+                          (one worker replaced whatever N; every rank joins the next generation
+                          at the run's one coordinator actor: one small call per rank, costed as
+                          one of the two calls of a restore plan)
+    recovery, storage     full restart + N * S / storage + load (every rank rereads its state)
     load                  (S / r) / d2h                         (host -> device, all ranks at once)
     checkpoint interval   Young's optimum sqrt(2 * stall * M), but no shorter than a step and
                           than one save takes: ray_ckpt max(step, save background, Young);
@@ -81,6 +108,14 @@ class Params:
     d2h_bytes_per_s: float = 12 * GB  # per GPU, all 8 copying at once (assumption: PCIe 4 x16 shared)
     encode_bytes_per_s: float = 7 * GB  # per rank (one core, ISA-L; anchors: 7-10 GB/s)
     detect_restart_s: float = 15.0  # anchors: Ray Train hard node kill -> new group ~15-20 s
+    restart_per_node_s: float = 0.01  # assumption: the controller's, GCS's and rank 0's serial work per node
+    detect_s: float = 0.6  # in place, measured here: a survivor's collective fails
+    replace_s: float = 8.8  # in place, measured here: a new worker's start + the rendezvous (imports dominate)
+    control_call_s: float = 1.6e-3  # measured here: the registry's CPU per stage call (bench_control_plane)
+    plan_s_per_rank: float = 1.0e-3  # measured here: the registry's CPU for one rank's plan and record
+    relay_s_per_rank: float = 7e-6  # measured here: a relay's CPU per rank it passes on
+    relay_fanin: int = 16  # RAY_CKPT_RELAY_FANIN
+    relay_linger_s: float = 0.005  # RAY_CKPT_RELAY_LINGER_S
     restore_efficiency: float = 0.7  # restore speed / raw transfer speed (the project's goal)
     data_shards: int = 4
     parity_shards: int = 2
@@ -98,8 +133,16 @@ class Params:
             "d2h_bytes_per_s",
             "encode_bytes_per_s",
             "step_time_s",
+            "control_call_s",
+            "plan_s_per_rank",
+            "relay_s_per_rank",
         ):
             _positive(name, getattr(self, name))
+        for name in ("restart_per_node_s", "detect_s", "replace_s", "relay_linger_s"):
+            _finite(name, getattr(self, name))
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        _int("relay_fanin", self.relay_fanin, 1)
         if self.peer_send_bytes_per_s is not None:
             _positive("peer_send_bytes_per_s", self.peer_send_bytes_per_s)
         if self.memory_multiple is not None:
@@ -141,6 +184,24 @@ def _int(name: str, value: Any, low: int) -> None:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
+def relay_depth(nodes: int, fanin: int) -> int:
+    """Store levels between the deepest leaf store and the root of the relay tree of ``nodes``
+    stores (``ray_ckpt.relay.subtrees``: the rest split into ``fanin`` near-equal runs)."""
+    depth = 0
+    while nodes > 1:
+        nodes = -(-(nodes - 1) // fanin)
+        depth += 1
+    return depth
+
+
+def commit_latency(nodes: int, params: Params) -> float:
+    """From a step's last stage to its commit: up the relay tree to the registry (see the formulas)."""
+    ranks = nodes * params.ranks_per_node
+    calls = range(relay_depth(nodes, params.relay_fanin) + 1)
+    carried = (ranks / params.relay_fanin**level for level in calls)
+    return params.relay_linger_s + sum(params.control_call_s + r * params.relay_s_per_rank for r in carried)
+
+
 def model(nodes: int, params: Params) -> dict[str, Any]:
     """One row of the model for ``nodes`` nodes (see the module docstring for the formulas)."""
     _int("nodes", nodes, 2)
@@ -156,38 +217,54 @@ def model(nodes: int, params: Params) -> dict[str, Any]:
     peer = params.peer_send_bytes_per_s if params.peer_send_bytes_per_s is not None else nic
     cluster_mtbf = params.node_mtbf_s / nodes
 
+    ranks = nodes * params.ranks_per_node
     stall = per_rank / params.d2h_bytes_per_s
-    background = max(params.code_overhead * state / nic, per_rank / params.encode_bytes_per_s)
+    commit = commit_latency(nodes, params)
+    background = max(params.code_overhead * state / nic, per_rank / params.encode_bytes_per_s, commit)
     memory_multiple = params.keep_committed * (params.code_overhead + (1.0 if params.local_copy else 0.0))
     load = per_rank / params.d2h_bytes_per_s
     fetch = state / (min(nic, k * peer) * params.restore_efficiency)
-    recovery_ours = params.detect_restart_s + fetch + load
+    plan = ranks * params.plan_s_per_rank
+    restart = params.detect_restart_s + params.restart_per_node_s * nodes
+    recovery_ours = restart + plan + fetch + load
+    rejoin = params.detect_s + params.replace_s + ranks * params.plan_s_per_rank / 2
+    recovery_in_place = rejoin + plan + fetch + load
     storage_read = nodes * state / params.storage_bytes_per_s
-    recovery_storage = params.detect_restart_s + storage_read + load
+    recovery_storage = restart + storage_read + load
 
     young = math.sqrt(2 * stall * cluster_mtbf)  # the interval that minimises stall + redone work
     interval_ours = max(params.step_time_s, background, young)
     storage_write = nodes * state / params.storage_bytes_per_s
     interval_storage = max(params.step_time_s, storage_write, young)
     waste_ours = recovery_ours + interval_ours / 2
+    waste_in_place = recovery_in_place + interval_ours / 2
     waste_storage = recovery_storage + interval_storage / 2
     return {
         "nodes": nodes,
+        "ranks": ranks,
         "total_state_bytes": nodes * state,
         "save_stall_s": stall,
+        "commit_s": commit,
+        "relay_depth": relay_depth(nodes, params.relay_fanin),
         "save_background_s": background,
         "peer_memory_bytes_per_node": memory_multiple * state,
         "peer_memory_multiple": memory_multiple,
+        "restore_plan_s": plan,
+        "restart_s": restart,
         "recovery_ray_ckpt_s": recovery_ours,
+        "recovery_in_place_s": recovery_in_place,
         "recovery_storage_s": recovery_storage,
         "recovery_speedup": recovery_storage / recovery_ours,
+        "recovery_speedup_in_place": recovery_storage / recovery_in_place,
         "retrieval_speedup": (storage_read + load) / (fetch + load),
         "cluster_mtbf_s": cluster_mtbf,
         "interval_ray_ckpt_s": interval_ours,
         "interval_storage_s": interval_storage,
         "waste_per_failure_ray_ckpt_s": waste_ours,
+        "waste_per_failure_in_place_s": waste_in_place,
         "waste_per_failure_storage_s": waste_storage,
         "wasted_fraction_ray_ckpt": min(1.0, stall / interval_ours + waste_ours / cluster_mtbf),
+        "wasted_fraction_in_place": min(1.0, stall / interval_ours + waste_in_place / cluster_mtbf),
         "wasted_fraction_storage": min(1.0, stall / interval_storage + waste_storage / cluster_mtbf),
     }
 
@@ -212,8 +289,8 @@ def gemini(params: Params | None = None) -> dict[str, Any]:
     )
     row = model(GEMINI_NODES, setup)
     # the detect+restart time at which the model gives GEMINI's ratio: (R + A) / (R + B) = claim
-    storage_part = row["recovery_storage_s"] - setup.detect_restart_s
-    ours_part = row["recovery_ray_ckpt_s"] - setup.detect_restart_s
+    storage_part = row["recovery_storage_s"] - row["restart_s"]
+    ours_part = row["recovery_ray_ckpt_s"] - row["restart_s"]
     restart_for_claim = (storage_part - GEMINI_CLAIM * ours_part) / (GEMINI_CLAIM - 1)
     return {
         "setup": {
@@ -232,7 +309,7 @@ def gemini(params: Params | None = None) -> dict[str, Any]:
         "claim": GEMINI_CLAIM,
         "model_speedup": row["recovery_speedup"],
         "model_vs_claim": row["recovery_speedup"] / GEMINI_CLAIM,
-        "restart_s_for_claim": restart_for_claim,
+        "restart_s_for_claim": restart_for_claim - setup.restart_per_node_s * GEMINI_NODES,
     }
 
 
@@ -245,6 +322,8 @@ def calibrate(params: Params, documents: Sequence[dict[str, Any]]) -> tuple[Para
     changes: dict[str, Any] = {}
     used: dict[str, Any] = {}
     for doc in documents:
+        if isinstance(doc, list) and doc and isinstance(doc[0], dict) and "registry_cpu_s_per_step" in doc[0]:
+            doc = {"benchmark": "control_plane", "rows": doc}  # bench_control_plane writes its rows alone
         kind = doc.get("benchmark") if isinstance(doc, dict) else None
         if kind == "recovery":
             ratios = [r for r in doc.get("ratios", []) if r.get("killed") == 1 and r.get("vs_raw")]
@@ -262,6 +341,31 @@ def calibrate(params: Params, documents: Sequence[dict[str, Any]]) -> tuple[Para
                 values = [float(p.get("detect") or 0.0) + float(p["restart"]) for p in phases]
                 changes["detect_restart_s"] = sum(values) / len(values)
                 used["detect_restart_s"] = f"bench_goodput, mean of {len(values)} failures"
+            rejoins = [
+                f["phases"]
+                for f in doc.get("in_place", {}).get("failures", [])
+                if f.get("phases", {}).get("replace") is not None
+            ]
+            if rejoins:
+                changes["detect_s"] = sum(float(p.get("detect") or 0.0) for p in rejoins) / len(rejoins)
+                changes["replace_s"] = sum(
+                    float(p["replace"]) + float(p.get("rendezvous") or 0.0) for p in rejoins
+                ) / len(rejoins)
+                used["detect_s"] = used["replace_s"] = f"bench_goodput, mean of {len(rejoins)} in-place failures"
+        elif kind == "control_plane":
+            rows = [r for r in doc.get("rows", []) if r.get("path") == "relay" and r.get("registry_calls_per_step")]
+            if rows:
+                largest = max(rows, key=lambda r: r["ranks"])
+                changes["control_call_s"] = float(largest["registry_cpu_s_per_step"]) / float(
+                    largest["registry_calls_per_step"]
+                )
+                changes["relay_s_per_rank"] = float(largest["relay_cpu_s_per_step"]) / largest["ranks"] / 2
+                if largest.get("registry_cpu_s_per_plan"):
+                    changes["plan_s_per_rank"] = float(largest["registry_cpu_s_per_plan"])
+                    used["plan_s_per_rank"] = f"bench_control_plane, {largest['ranks']} ranks, every rank's plan"
+                used["control_call_s"] = used["relay_s_per_rank"] = (
+                    f"bench_control_plane, {largest['ranks']} ranks, relay path"
+                )
         elif kind == "memory":
             for row in doc.get("rows", []):
                 if (row.get("data_shards"), row.get("parity_shards")) == (params.data_shards, params.parity_shards):
@@ -290,42 +394,34 @@ def _seconds(value: float) -> str:
     return f"{value:.2f} s"
 
 
+def _peer_memory(row: dict[str, Any]) -> str:
+    return f"{_human_bytes(row['peer_memory_bytes_per_node'])} ({row['peer_memory_multiple']:.1f}x)"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = (
-        "nodes",
-        "total state",
-        "stall",
-        "bg/save",
-        "peer mem/node",
-        "recover ray_ckpt",
-        "recover storage",
-        "speedup",
-        "cluster MTBF",
-        "waste/fail ray_ckpt",
-        "waste/fail storage",
-        "wasted% ray_ckpt",
-        "wasted% storage",
-    )
-    lines: list[tuple[str, ...]] = [header]
-    for r in rows:
-        lines.append(
-            (
-                str(r["nodes"]),
-                _human_bytes(r["total_state_bytes"]),
-                _seconds(r["save_stall_s"]),
-                _seconds(r["save_background_s"]),
-                f"{_human_bytes(r['peer_memory_bytes_per_node'])} ({r['peer_memory_multiple']:.1f}x)",
-                _seconds(r["recovery_ray_ckpt_s"]),
-                _seconds(r["recovery_storage_s"]),
-                f"{r['recovery_speedup']:.1f}x",
-                _seconds(r["cluster_mtbf_s"]),
-                _seconds(r["waste_per_failure_ray_ckpt_s"]),
-                _seconds(r["waste_per_failure_storage_s"]),
-                f"{100 * r['wasted_fraction_ray_ckpt']:.1f}",
-                f"{100 * r['wasted_fraction_storage']:.1f}",
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    columns: list[tuple[str, Any]] = [
+        ("nodes", lambda r: str(r["nodes"])),
+        ("total state", lambda r: _human_bytes(r["total_state_bytes"])),
+        ("stall", lambda r: _seconds(r["save_stall_s"])),
+        ("commit", lambda r: _seconds(r["commit_s"])),
+        ("bg/save", lambda r: _seconds(r["save_background_s"])),
+        ("peer mem/node", _peer_memory),
+        ("plan", lambda r: _seconds(r["restore_plan_s"])),
+        ("restart", lambda r: _seconds(r["restart_s"])),
+        ("recover in place", lambda r: _seconds(r["recovery_in_place_s"])),
+        ("recover restart", lambda r: _seconds(r["recovery_ray_ckpt_s"])),
+        ("recover storage", lambda r: _seconds(r["recovery_storage_s"])),
+        ("speedup", lambda r: f"{r['recovery_speedup']:.1f}x"),
+        ("cluster MTBF", lambda r: _seconds(r["cluster_mtbf_s"])),
+        ("waste/fail in place", lambda r: _seconds(r["waste_per_failure_in_place_s"])),
+        ("waste/fail restart", lambda r: _seconds(r["waste_per_failure_ray_ckpt_s"])),
+        ("waste/fail storage", lambda r: _seconds(r["waste_per_failure_storage_s"])),
+        ("wasted% in place", lambda r: f"{100 * r['wasted_fraction_in_place']:.1f}"),
+        ("wasted% restart", lambda r: f"{100 * r['wasted_fraction_ray_ckpt']:.1f}"),
+        ("wasted% storage", lambda r: f"{100 * r['wasted_fraction_storage']:.1f}"),
+    ]
+    lines = [tuple(name for name, _ in columns)] + [tuple(cell(r) for _, cell in columns) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
     out = []
     for n, line in enumerate(lines):
         out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
@@ -341,9 +437,10 @@ def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.P
     import matplotlib.pyplot as plt
 
     nodes = [r["nodes"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    left.plot(nodes, [r["recovery_ray_ckpt_s"] for r in rows], "o-", label="ray_ckpt (peer memory)")
-    left.plot(nodes, [r["recovery_storage_s"] for r in rows], "s-", label="remote storage")
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
+    left.plot(nodes, [r["recovery_in_place_s"] for r in rows], "o-", label="ray_ckpt in place")
+    left.plot(nodes, [r["recovery_ray_ckpt_s"] for r in rows], "^-", label="ray_ckpt, full restart")
+    left.plot(nodes, [r["recovery_storage_s"] for r in rows], "s-", label="remote storage (full restart)")
     gem = comparison["row"]
     left.plot(
         [GEMINI_NODES],
@@ -352,21 +449,25 @@ def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.P
         markersize=14,
         label=f"GEMINI claim: storage / {GEMINI_CLAIM:.0f}",
     )
-    left.set_xscale("log", base=2)
     left.set_yscale("log")
-    left.set_xlabel("nodes")
     left.set_ylabel("recovery time per failure, s")
     left.set_title("Recovery after one node failure (model)")
-    left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
-    right.plot(nodes, [100 * r["wasted_fraction_ray_ckpt"] for r in rows], "o-", label="ray_ckpt")
+    middle.plot(nodes, [r["commit_s"] for r in rows], "o-", label="commit latency (relay tree)")
+    middle.plot(nodes, [r["restore_plan_s"] for r in rows], "s-", label="restore plans of all ranks")
+    middle.plot(nodes, [r["restart_s"] for r in rows], "^-", label="detect + full restart")
+    middle.set_yscale("log")
+    middle.set_ylabel("seconds")
+    middle.set_title("Control plane and restart (model)")
+    right.plot(nodes, [100 * r["wasted_fraction_in_place"] for r in rows], "o-", label="ray_ckpt in place")
+    right.plot(nodes, [100 * r["wasted_fraction_ray_ckpt"] for r in rows], "^-", label="ray_ckpt, full restart")
     right.plot(nodes, [100 * r["wasted_fraction_storage"] for r in rows], "s-", label="remote storage")
-    right.set_xscale("log", base=2)
-    right.set_xlabel("nodes")
     right.set_ylabel("wasted share of training time, %")
     right.set_title("Stall + redone work + recovery (model)")
-    right.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=8)
+    for axis in (left, middle, right):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("nodes")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -399,6 +500,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d2h-gbs", type=float, default=defaults.d2h_bytes_per_s / GB, help="GB/s per GPU")
     parser.add_argument("--encode-gbs", type=float, default=defaults.encode_bytes_per_s / GB, help="GB/s per rank")
     parser.add_argument("--restart-s", type=float, default=defaults.detect_restart_s, help="detect + restart")
+    parser.add_argument(
+        "--restart-per-node-s", type=float, default=defaults.restart_per_node_s, help="restart's growth per node"
+    )
+    parser.add_argument("--detect-s", type=float, default=defaults.detect_s, help="in place: detection")
+    parser.add_argument("--replace-s", type=float, default=defaults.replace_s, help="in place: replace + rendezvous")
+    parser.add_argument("--control-call-s", type=float, default=defaults.control_call_s, help="registry CPU per call")
+    parser.add_argument("--plan-s-per-rank", type=float, default=defaults.plan_s_per_rank, help="registry CPU per plan")
+    parser.add_argument(
+        "--relay-s-per-rank", type=float, default=defaults.relay_s_per_rank, help="relay CPU per rank passed on"
+    )
+    parser.add_argument("--fanin", type=int, default=defaults.relay_fanin, help="relay tree fan-in")
     parser.add_argument("--efficiency", type=float, default=defaults.restore_efficiency, help="restore / raw speed")
     parser.add_argument("--k", type=int, default=defaults.data_shards, help="data shards")
     parser.add_argument("--m", type=int, default=defaults.parity_shards, help="parity shards")
@@ -410,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         type=pathlib.Path,
         nargs="+",
         metavar="PATH",
-        help="JSON written by bench_recovery.py / bench_memory.py / bench_goodput.py (--json)",
+        help="JSON written by bench_recovery.py / bench_memory.py / bench_goodput.py / bench_control_plane.py (--json)",
     )
     parser.add_argument("--quick", action="store_true", help=f"node counts {QUICK_NODE_COUNTS} only, no plot")
     parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
@@ -426,6 +538,13 @@ def main(argv: list[str] | None = None) -> int:
             d2h_bytes_per_s=args.d2h_gbs * GB,
             encode_bytes_per_s=args.encode_gbs * GB,
             detect_restart_s=args.restart_s,
+            restart_per_node_s=args.restart_per_node_s,
+            detect_s=args.detect_s,
+            replace_s=args.replace_s,
+            control_call_s=args.control_call_s,
+            plan_s_per_rank=args.plan_s_per_rank,
+            relay_s_per_rank=args.relay_s_per_rank,
+            relay_fanin=args.fanin,
             restore_efficiency=args.efficiency,
             data_shards=args.k,
             parity_shards=args.m,
@@ -446,7 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         f"state {params.state_per_node_bytes / GB:.1f} GB/node on {params.ranks_per_node} ranks, NIC "
         f"{params.nic_bytes_per_s / GBIT:.0f} Gbps, storage {params.storage_bytes_per_s / GBIT:.0f} Gbps aggregate, "
         f"RS({params.data_shards},{params.parity_shards}) keep {params.keep_committed}"
-        f"{' + local copy' if params.local_copy else ''}, restart {params.detect_restart_s:.1f} s, "
+        f"{' + local copy' if params.local_copy else ''}, restart {params.detect_restart_s:.1f} s "
+        f"+ {params.restart_per_node_s * 1000:.0f} ms/node, in place {params.detect_s:.1f} + {params.replace_s:.1f} s, "
+        f"registry call {params.control_call_s * 1000:.2f} ms, relay {params.relay_s_per_rank * 1e6:.1f} us/rank "
+        f"(fan-in {params.relay_fanin}), "
         f"restore efficiency {params.restore_efficiency:.2f}, node MTBF {params.node_mtbf_s / HOUR:.0f} h, "
         f"step {params.step_time_s:.1f} s"
     )

@@ -15,7 +15,7 @@ from ray_ckpt.batcher import Batcher
 from ray_ckpt.errors import ConfigError, SnapshotFormatError, StaleAttemptError
 from ray_ckpt.registry import Registry
 from ray_ckpt.relay import Relay, subtrees
-from ray_ckpt.wire import GroupResult, StageGroup, StagePart, StageRequest
+from ray_ckpt.wire import GroupResult, PlanAnswer, PlanQuery, RestorePlan, StageGroup, StagePart, StageRequest
 
 K, M = 2, 1
 JOB = "job"
@@ -152,7 +152,7 @@ def test_a_relay_sends_concurrent_callers_groups_merged_and_hands_each_its_own_r
             release.wait(5)
         return [GroupResult(committed=True, keep_steps=(1,), refused={3: ConfigError("no")}) for _ in groups]
 
-    relay = Relay(send)
+    relay = Relay(send, StageGroup.merged)
     first, *rest = node_groups(1)
     with ThreadPoolExecutor(4) as pool:
         head = pool.submit(relay.submit, [first])
@@ -174,9 +174,9 @@ def test_a_relay_hands_a_failed_send_to_every_caller() -> None:
         raise ConnectionError("parent gone")
 
     with pytest.raises(ConnectionError):
-        Relay(send).submit(node_groups(1)[:1])
-    with pytest.raises(RuntimeError, match="results back"):
-        Relay(lambda groups: []).submit(node_groups(1)[:1])
+        Relay(send, StageGroup.merged).submit(node_groups(1)[:1])
+    with pytest.raises(RuntimeError, match="answers back"):
+        Relay(lambda groups: [], StageGroup.merged).submit(node_groups(1)[:1])
 
 
 def test_a_lingering_batch_takes_the_items_that_arrive_meanwhile() -> None:
@@ -265,3 +265,34 @@ def test_a_part_joins_with_its_summary() -> None:
     assert joined.protection == min(p.protection for p in parts)
     assert joined.nodes == frozenset().union(*(p.nodes for p in parts))
     assert StagePart.joined(parts[:1]) is parts[0]
+
+
+# ---- restore plans -----------------------------------------------------------------------------
+
+
+def test_plan_queries_merge_per_attempt_and_answers_split_per_rank() -> None:
+    """A node's ranks' queries of one attempt join into one (ranks in order, no duplicates); the
+    registry's answer carries every asking rank's record, and each rank gets only its own."""
+    queries = [PlanQuery(JOB, "a", (0,)), PlanQuery(JOB, "b", (5,)), PlanQuery(JOB, "a", (1, 0))]
+    merged = PlanQuery.merged(queries)
+    assert merged == [PlanQuery(JOB, "a", (0, 1)), PlanQuery(JOB, "b", (5,))]
+    assert [PlanQuery.from_wire(q.to_wire()) for q in merged] == merged
+    with pytest.raises(ConfigError, match="malformed"):
+        PlanQuery.from_wire([JOB, "a", [-1]])
+    registry = Registry()
+    registry.stage_groups(node_groups(1))
+    answer = registry.plan_ranks(PlanQuery(JOB, "b", (0, 1, 7)), live_nodes={f"n{i}" for i in range(5)})
+    assert (answer.plan.step, answer.plan.source, sorted(answer.records)) == (1, "peers", [0, 1, 7])
+    assert answer.records[7] == registry.locate_rank(JOB, 1, 7)
+    assert PlanAnswer.from_wire(answer.to_wire()) == answer
+    assert list(answer.for_ranks([1]).records) == [1]
+    nothing = Registry().plan_ranks(PlanQuery("other", "a", (0,)), live_nodes=set())
+    assert nothing.plan.source is None and nothing.records == {}
+
+
+def test_a_refused_plan_query_comes_back_as_its_error() -> None:
+    stale = PlanAnswer(RestorePlan(), error=StaleAttemptError("attempt a was superseded", job=JOB, attempt="a"))
+    back = PlanAnswer.from_wire(stale.to_wire())
+    with pytest.raises(StaleAttemptError, match="superseded"):
+        back.raise_error()
+    PlanAnswer(RestorePlan()).raise_error()  # no error: nothing raised

@@ -19,7 +19,7 @@ from ray_ckpt.errors import ConfigError, InsufficientShardsError
 from ray_ckpt.restore import Restorer
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.testing import digest
-from ray_ckpt.wire import RankLocation, RankRecord, RestorePlan
+from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 
 JOB, K, M, WORLD = "job", 3, 2, 2
 NODES = [f"n{i}" for i in range(K + M)]
@@ -57,9 +57,21 @@ class FakeStores:
         self.dead: set[str] = set()
         self.failing: set[str] = set()
         self.gets: list[tuple[str, int]] = []
+        self.registry: FakeRegistry | None = None  # answers the plans a node's store relays
+        self.plans = 0
 
     def live(self, node_ids: Iterable[str]) -> set[str]:
         return {n for n in node_ids if n in self.held and n not in self.dead}
+
+    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[Any]:
+        if node_id in self.dead or self.registry is None:
+            raise KeyError(node_id)
+        self.plans += 1
+        future: Future[Any] = Future()
+        plan = self.registry.plan
+        located = {} if plan.step is None else {rank: self.registry.locate_rank(job, plan.step, rank)}
+        future.set_result(PlanAnswer(plan, located).to_wire())
+        return future
 
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
         self.gets.append((node_id, index))
@@ -98,9 +110,16 @@ class FakeRegistry:
         self.plan = RestorePlan(**{**self.plan.to_wire(), "world_size": WORLD})
         self.unrestorable: list[int] = []
         self.rollbacks: list[int] = []
+        self.direct_plans = 0
+        stores.registry = self
 
     def plan_restore(self, job: str, attempt: str | None) -> RestorePlan:
         return self.plan
+
+    def plan_for_rank(self, job: str, attempt: str | None, rank: int) -> PlanAnswer:
+        self.direct_plans += 1
+        located = {} if self.plan.step is None else {rank: self.locate_rank(job, self.plan.step, rank)}
+        return PlanAnswer(self.plan, located)
 
     def locate(self, job: str, step: int) -> dict[int, RankRecord]:
         return self.records[step]
@@ -240,3 +259,19 @@ def test_another_world_size_raises_the_same_config_error(pool: ThreadPoolExecuto
         restorer(registry, stores, pool, rank=0, world_size=world_size).restore()
     assert (raised.value.saved_world_size, raised.value.world_size) == (2, world_size)
     assert stores.gets == []
+
+
+def test_the_plan_comes_through_the_nodes_store_or_from_the_registry_when_that_store_is_gone(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """A rank asks its node's store for the plan and its record (one relayed call for the node's
+    ranks); with that store gone it asks the registry itself, and restores the same."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    through_store, _ = restorer(registry, stores, pool).restore()
+    assert (stores.plans, registry.direct_plans) == (1, 0)
+    stores.dead.add("here")
+    direct, _ = restorer(registry, stores, pool).restore()
+    assert (stores.plans, registry.direct_plans) == (1, 1)
+    assert through_store is not None and direct is not None
+    assert digest(through_store.state) == digest(direct.state) == digest(state_of(1, 2))
