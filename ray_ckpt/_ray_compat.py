@@ -136,3 +136,103 @@ def _patch_controller(cls: Any) -> None:
     cls._execute_resize_decision = execute_resize_decision
     cls._replace_bad_workers = replace_bad_workers
     cls._ray_ckpt_restarts_on_failed_replacement = True
+
+
+# ---- warm spares: replacements that start in a waiting, warmed-up process --------------------
+
+SETUP_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # how Ray hands a worker its setup hook
+
+
+def warm_worker_processes(hook: str) -> None:
+    """Make every Ray Train worker process this process's controller creates run ``hook`` (a
+    "module.function" path) when the process starts, before its actor is created: Ray's
+    ``worker_process_setup_hook`` as it passes one to a worker, an env var of the workers'
+    runtime env. A prestarted worker with that runtime env (``prestart_workers``) then has the
+    imports done before a replacement lands in it. Patches ``WorkerGroup._get_worker_runtime_env``
+    in this process; leaves a setup hook the job already has alone; idempotent."""
+    worker_group = importlib.import_module("ray.train.v2._internal.execution.worker_group.worker_group")
+    cls = worker_group.WorkerGroup
+    if getattr(cls, "_ray_ckpt_warm_hook", None) == hook:
+        return
+    original = cls._get_worker_runtime_env
+
+    def get_worker_runtime_env(custom_runtime_env: Any) -> Any:
+        runtime_env = original(custom_runtime_env)
+        runtime_env["env_vars"] = {SETUP_HOOK_ENV_VAR: hook, **runtime_env.get("env_vars", {})}
+        return runtime_env
+
+    cls._get_worker_runtime_env = staticmethod(get_worker_runtime_env)
+    cls._ray_ckpt_warm_hook = hook
+
+
+def train_worker_module() -> str:
+    """The module of Ray Train's worker actor class (imported when such an actor is created)."""
+    return "ray.train.v2._internal.execution.worker_group.worker"
+
+
+def prestart_workers(node_ids: list[str], runtime_env: str, job_id: str, keep_alive_s: int) -> list[str]:
+    """Ask the raylet of each of ``node_ids`` to start one idle Python worker process for the
+    job ``job_id`` (hex) with the serialized ``runtime_env``, kept alive ``keep_alive_s``: the
+    process an actor with that runtime env (a Ray Train replacement) is then created in, with no
+    process to start. Ray's raylet ``PrestartWorkers`` call (internal gRPC). Returns the nodes
+    where it was accepted; logs and skips the others; never raises."""
+    try:
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+    except ImportError as error:
+        logger.info("warm spares are off: Ray lacks the raylet's PrestartWorkers call (%s)", error)
+        return []
+    addresses = {str(n["NodeID"]): f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}" for n in ray.nodes()}
+    started = []
+    for node_id in node_ids:
+        if node_id not in addresses:
+            continue
+        try:
+            request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]
+                language=common_pb2.PYTHON,  # type: ignore[attr-defined]
+                job_id=bytes.fromhex(job_id),
+                num_workers=1,
+                keep_alive_duration_secs=int(keep_alive_s),
+            )
+            request.runtime_env_info.serialized_runtime_env = runtime_env
+            channel = init_grpc_channel(addresses[node_id])
+            try:
+                node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
+            finally:
+                channel.close()
+            started.append(node_id)
+        except Exception as error:  # an optimization: a replacement then starts a process as before
+            logger.info("could not prestart a warm worker on node %s: %s", node_id, error)
+    return started
+
+
+_WARM_NAMESPACE = "ray_ckpt"
+
+
+def _warm_key(job_id: str, runtime_env: str, node_id: str) -> bytes:
+    import hashlib
+
+    env = hashlib.sha1(runtime_env.encode()).hexdigest()[:16]
+    return f"warm:{job_id}:{env}:{node_id}".encode()
+
+
+def warm_spare_started(job_id: str, runtime_env: str, node_id: str) -> float | None:
+    """When the warm spare that waits on ``node_id`` for this job and runtime env was started,
+    as ``mark_warm_spare`` noted it in the GCS's key-value store (where every run of the job
+    sees it: spares belong to the job); None if none waits there."""
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get(_warm_key(job_id, runtime_env, node_id), namespace=_WARM_NAMESPACE)
+    return None if value is None else float(value)
+
+
+def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float | None) -> None:
+    """Note that a warm spare started at ``started`` waits on ``node_id``, or (None) that a
+    worker now runs there and took it or will not need it."""
+    from ray.experimental import internal_kv
+
+    key = _warm_key(job_id, runtime_env, node_id)
+    if started is not None:
+        internal_kv._internal_kv_put(key, repr(started).encode(), overwrite=True, namespace=_WARM_NAMESPACE)
+    else:
+        internal_kv._internal_kv_del(key, namespace=_WARM_NAMESPACE)

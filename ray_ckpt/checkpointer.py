@@ -254,20 +254,27 @@ class Checkpointer:
         finally:
             self._release(wait=True)
 
-    def abandon(self, timeout_s: float) -> None:
-        """Close without raising: wait up to ``timeout_s`` for the save in flight (its error,
-        if any, is logged, not raised), then release the buffers. For a checkpointer whose
-        worker group failed; its unfinished step is discarded by the next attempt."""
+    def abandon(self) -> None:
+        """Close without raising and without waiting, for a checkpointer whose worker group
+        failed: a save in flight goes on in the background (a dead peer may hold it up for a
+        while), its error, if any, logged, and the buffers are released once it ended. Its
+        unfinished step is discarded by the next attempt, which the registry also keeps from
+        taking a stage of this one (``StaleAttemptError``)."""
         if self._closed:
             return
-        try:
-            if self._in_flight is not None:
-                self._in_flight.result(timeout=timeout_s)
-        except Exception as error:
-            logger.info("rank %d: the abandoned save of step %s ended with %s", self.rank, self._last_step, error)
-        finally:
-            self._in_flight = None
+        in_flight, self._in_flight = self._in_flight, None
+        self._closed = True
+
+        def release(done: Future[bool] | None) -> None:
+            error = None if done is None else done.exception()
+            if error is not None:
+                logger.info("rank %d: the abandoned save of step %s ended with %s", self.rank, self._last_step, error)
             self._release(wait=False)
+
+        if in_flight is None:
+            release(None)
+        else:
+            in_flight.add_done_callback(release)
 
     def _release(self, *, wait: bool) -> None:
         self._closed = True

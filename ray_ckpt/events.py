@@ -23,9 +23,11 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   shard of the step).
 - ``rejoin``: job, rank, attempt, how a worker entered an in-place generation: role
   ("survivor" or "replacement"), generation, pid, process_started (its process was created),
-  worker_started (it began its training function), detected (a survivor saw the collective
-  fail), joined (it asked to join), round_started (the first rank asked), formed (every rank
-  had joined), ready (its process group was up).
+  warmed (its process had imported what a worker needs: ``inplace.warm_up``), worker_started
+  (it began its training function), detected (a survivor saw the collective fail), torn_down
+  (a survivor had dropped the failed generation's checkpointers and process group), joined (it
+  asked to join), round_started (the first rank asked), formed (every rank had joined), ready
+  (its process group was up).
 
 An events file holds one event per line (JSON lines); ``read`` skips lines it cannot parse,
 so a file cut by a crash stays readable.

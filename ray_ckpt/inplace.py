@@ -68,6 +68,30 @@ class _Settings:
     hang_timeout_s: float
     collective_timeout_s: float
     backend: str | None
+    warm_spares: int = 0
+
+
+WARM_HOOK = "ray_ckpt.inplace.warm_up"  # what a Ray Train worker process runs when it starts
+WARM_KEEP_ALIVE_S = 600  # how long Ray keeps a warm spare waiting; renewed at half of it while the run lives
+WARM_STAGGER_S = 1.0  # between two spares' starts
+WARM_MODULES = (
+    _ray_compat.train_worker_module(),
+    "torch.distributed.fsdp",  # FSDP2 (0.7 s to import here)
+    "torch._dynamo",  # loaded by torch calls on first use: use_deterministic_algorithms, compile (0.7 s)
+)
+
+
+def warm_up() -> None:
+    """The setup hook of this run's Ray Train worker processes: import what a worker needs as
+    the process starts (this module imports torch.distributed and Ray Train's torch support;
+    then ``WARM_MODULES``), so that a warm spare has done it before a replacement lands in it.
+    Workers that are not spares import them anyway, or soon would."""
+    import importlib
+
+    global _warmed_at
+    for module in WARM_MODULES:
+        importlib.import_module(module)
+    _warmed_at = time.time()
 
 
 @dataclasses.dataclass
@@ -83,6 +107,7 @@ class _Role:
 
 
 _role: _Role | None = None
+_warmed_at: float | None = None  # when ``warm_up`` finished in this process
 _attempt: str | None = None  # the ray_ckpt attempt of the generation this process is in
 _rejoin: dict[str, Any] | None = None  # how this process entered that generation, for its event
 _open: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -106,7 +131,7 @@ def take_rejoin() -> dict[str, Any] | None:
 
 
 def track(checkpointer: Any) -> None:
-    """Abandon ``checkpointer`` if this generation fails (its in-flight save is waited for)."""
+    """Abandon ``checkpointer`` if this generation fails (its in-flight save is left to finish)."""
     _open.add(checkpointer)
 
 
@@ -117,8 +142,11 @@ class InPlaceRecovery(TorchConfig):
     gives up (``InPlaceRecoveryError``; Ray Train then restarts workers). hang_timeout_s: a
     worker whose heartbeat is silent this long (its process stopped) is killed and replaced.
     collective_timeout_s: the process groups' timeout, the bound on a collective that waits
-    for a peer that vanished without closing its connections. ``backend`` and the remaining
-    keyword arguments are TorchConfig's.
+    for a peer that vanished without closing its connections. warm_spares: how many nodes
+    without a worker of the run keep one warm spare process waiting (started, with torch and
+    Ray Train imported), so that a replacement Ray schedules there starts in it instead of in a
+    new process; 0 turns them off. ``backend`` and the remaining keyword arguments are
+    TorchConfig's.
     """
 
     def __init__(
@@ -127,6 +155,7 @@ class InPlaceRecovery(TorchConfig):
         timeout_s: float = 120.0,
         hang_timeout_s: float = 10.0,
         collective_timeout_s: float = 300.0,
+        warm_spares: int = 8,
         backend: str | None = None,
         **torch_config: Any,
     ) -> None:
@@ -137,8 +166,12 @@ class InPlaceRecovery(TorchConfig):
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"InPlaceRecovery {name} must be a number of seconds > 0, got {value!r}")
+        if not isinstance(warm_spares, int) or isinstance(warm_spares, bool) or warm_spares < 0:
+            raise ConfigError(f"InPlaceRecovery warm_spares must be an int >= 0 (0: none), got {warm_spares!r}")
         super().__init__(backend=backend, timeout_s=int(collective_timeout_s), **torch_config)
-        self.settings = _Settings(float(timeout_s), float(hang_timeout_s), float(collective_timeout_s), backend)
+        self.settings = _Settings(
+            float(timeout_s), float(hang_timeout_s), float(collective_timeout_s), backend, warm_spares
+        )
 
     @property
     def backend_cls(self) -> type:
@@ -167,12 +200,16 @@ def _backend_class() -> type:
             *(".".join(map(str, v)) for v in (*_ray_compat.TESTED_RAY, _ray_compat.ray_version())),
         )
 
+    if path.missing is None:  # here in the controller, before it starts any worker
+        _ray_compat.warm_worker_processes(WARM_HOOK)
+
     class _InPlaceBackend(base):  # type: ignore[misc, valid-type]
         has_replica_groups = path.missing is None
 
         def __init__(self) -> None:
             super().__init__()
             self._coordinator: Any = None
+            self._spares: _WarmSpares | None = None  # made in the controller (it holds a lock)
 
         def _coordinator_for(self, config: InPlaceRecovery) -> Any:
             if self._coordinator is None:  # lives as long as the run's controller
@@ -182,6 +219,11 @@ def _backend_class() -> type:
                     config.settings.hang_timeout_s
                 )
             return self._coordinator
+
+        def _warm_spares(self, group: Any, config: InPlaceRecovery, *, full_start: bool) -> None:
+            if self._spares is None:
+                self._spares = _WarmSpares()
+            self._spares.refresh(group, config.settings.warm_spares, full_start=full_start)
 
         def on_start(self, group: Any, config: InPlaceRecovery) -> None:
             if path.missing is not None:
@@ -196,13 +238,106 @@ def _backend_class() -> type:
                 epoch = ray.get(coordinator.epoch.remote())
                 group.execute(_ray_compat.set_torch_distributed_env_vars)
                 group.execute(_become, _Role(coordinator, epoch, None, None, config.settings))
+                self._warm_spares(group, config, full_start=False)
                 return
             super().on_start(group, config)
             begun = ray.get(coordinator.begin.remote(len(group)))
             role = _Role(coordinator, begun["epoch"], begun["generation"], begun["attempt"], config.settings)
             group.execute(_become, role)
+            self._warm_spares(group, config, full_start=True)
 
     return _InPlaceBackend
+
+
+class _WarmSpares:
+    """The run's warm spares, kept by its backend in the controller: after every start of
+    workers, and every ``WARM_KEEP_ALIVE_S / 2`` while the run lives, one warm worker process
+    (Ray's prestarted worker with the workers' runtime env and job, so it has run ``warm_up``)
+    on each node that has room for a worker and runs none of the run's, up to the number asked
+    for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
+    spares belong to the job and outlive one run, so a later run of the same job counts them
+    and starts none twice; a worker starting on a node clears its mark (``_Worker``). Ray reaps
+    a spare its keep-alive ran out on, once its node has more idle workers than CPUs."""
+
+    def __init__(self) -> None:
+        self.workers: dict[int, str] = {}  # world rank -> node id
+        self._facts: dict[str, Any] | None = None  # a worker's runtime env, job and resources
+        self._wanted = 0
+        self._lock = threading.Lock()
+        self._renewing = False
+
+    def refresh(self, group: Any, wanted: int, *, full_start: bool) -> None:
+        """Start the spares on a thread (the workers' training functions need not wait for it);
+        never raises: warm spares only make replacements start sooner."""
+        if wanted <= 0:
+            return
+        try:
+            pending = group.execute_async(_worker_facts)
+        except Exception as error:
+            logger.info("ray_ckpt: no warm spares: %s", error)
+            return
+        threading.Thread(
+            target=self._refresh, args=(pending, wanted, full_start), name="ray_ckpt-warm-spares", daemon=True
+        ).start()
+
+    def _refresh(self, pending: list[Any], wanted: int, full_start: bool) -> None:
+        try:
+            facts = ray.get(pending)
+            with self._lock:
+                if full_start:
+                    self.workers.clear()
+                self.workers.update({f["rank"]: f["node_id"] for f in facts})
+                self._facts, self._wanted = facts[0], wanted
+                renew, self._renewing = not self._renewing, True
+            self._start_spares()
+            if renew:
+                threading.Thread(target=self._renew, name="ray_ckpt-warm-spares-renew", daemon=True).start()
+        except Exception as error:
+            logger.info("ray_ckpt: could not start warm spares: %s", error)
+
+    def _renew(self) -> None:
+        while True:  # a daemon of the controller: it ends with the run
+            time.sleep(WARM_KEEP_ALIVE_S / 2)
+            try:
+                self._start_spares()
+            except Exception as error:
+                logger.info("ray_ckpt: could not renew warm spares: %s", error)
+
+    def _start_spares(self) -> None:
+        with self._lock:
+            facts = self._facts
+            if facts is None:
+                return
+            env, job, needs = facts["runtime_env"], facts["job_id"], facts["resources"]
+            busy = set(self.workers.values())
+            room = [
+                str(node["NodeID"])
+                for node in ray.nodes()
+                if node.get("Alive")
+                and str(node["NodeID"]) not in busy
+                and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
+            ]
+            fresh = time.time() - WARM_KEEP_ALIVE_S / 2
+            waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
+            chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
+            for node in chosen:  # one at a time: a spare's imports take seconds of CPU
+                if _ray_compat.prestart_workers([node], env, job, WARM_KEEP_ALIVE_S):
+                    _ray_compat.mark_warm_spare(job, env, node, time.time())
+                time.sleep(WARM_STAGGER_S)
+        if chosen:
+            logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
+
+
+def _worker_facts() -> dict[str, Any]:
+    """What ``_WarmSpares`` needs of one worker: rank, node, runtime env, job, resources."""
+    runtime = ray.get_runtime_context()
+    return {
+        "rank": ray.train.get_context().get_world_rank(),
+        "node_id": runtime.get_node_id(),
+        "runtime_env": runtime.get_runtime_env_string(),
+        "job_id": runtime.get_job_id(),
+        "resources": {k: v for k, v in runtime.get_assigned_resources().items() if "_group_" not in k},
+    }
 
 
 class _Worker:
@@ -231,6 +366,13 @@ class _Worker:
         )
         self.backend = self.settings.backend
         self._store: Any = None
+        if self.settings.warm_spares > 0:  # this node's spare, if any, is taken or no longer needed
+            try:
+                _ray_compat.mark_warm_spare(
+                    runtime.get_job_id(), runtime.get_runtime_env_string(), self.member.node_id, None
+                )
+            except Exception as error:
+                logger.debug("clearing this node's warm spare mark: %s", error)
         self._beating = threading.Event()
 
     def run(self, train_loop: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -262,7 +404,7 @@ class _Worker:
                 # so its process group) are released only now, and the teardown must close the
                 # group's connections, which fails the collectives peers are still blocked in.
                 self._teardown()
-                self._rejoin(role="survivor", detected_at=detected_at)
+                self._rejoin(role="survivor", detected_at=detected_at, torn_down_at=time.time())
         finally:
             self._beating.set()
 
@@ -292,7 +434,7 @@ class _Worker:
     def _teardown(self) -> None:
         """Abandon the failed generation's checkpointers and destroy its process group."""
         for checkpointer in list(_open):
-            checkpointer.abandon(timeout_s=self.settings.timeout_s)
+            checkpointer.abandon()
         _open.clear()
         if dist.is_initialized():
             try:
@@ -301,7 +443,7 @@ class _Worker:
                 logger.debug("destroying the failed process group: %s", error)
         gc.collect()  # drops the failed group's connections, so peers blocked on us fail fast
 
-    def _rejoin(self, *, role: str, detected_at: float | None) -> None:
+    def _rejoin(self, *, role: str, detected_at: float | None, torn_down_at: float | None = None) -> None:
         """Join the next generation and set up its process group (retried if a member dies
         during the rendezvous); raises InPlaceRecoveryError when it cannot form in time."""
         global _attempt, _rejoin
@@ -336,8 +478,10 @@ class _Worker:
                 "generation": reply["generation"],
                 "pid": self.member.pid,
                 "process_started": psutil.Process().create_time(),
+                "warmed": _warmed_at,
                 "worker_started": self.started,
                 "detected": detected_at,
+                "torn_down": torn_down_at,
                 "joined": joined_at,
                 "round_started": reply["round_started"],
                 "formed": reply["formed_at"],

@@ -39,8 +39,10 @@ PHASES = ("detect", "restart", "replace", "rendezvous", *RESTORE_PHASES, "first_
 def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Recovery records, oldest first: ``{"job", "attempt", "kill_time", "killed_nodes",
     "phases_s", "time_to_resume_s", "steps_lost", "step", "bytes_moved", "sources", "failed",
-    "error", "errors", "mode", "survivor_pids", "replacement_pids"}``. ``step`` and
-    ``steps_lost`` are None when no rank restored a step."""
+    "error", "errors", "mode", "survivor_pids", "replacement_pids", "warm_replacements"}``
+    (``warm_replacements``: rank -> whether its replacement started in a process that had warmed
+    up before the kill, a warm spare). ``step`` and ``steps_lost`` are None when no rank restored
+    a step."""
     ordered = sorted(events, key=lambda e: e.get("time", 0.0))
     kills = [e for e in ordered if e["kind"] == "kill"]
     deaths = [e for e in ordered if e["kind"] == "node_dead"]
@@ -119,6 +121,12 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mode": "in_place" if joined else "restart",
                 "survivor_pids": {str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "survivor"},
                 "replacement_pids": {str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "replacement"},
+                # a replacement whose process had warmed up before the kill started in a warm spare
+                "warm_replacements": {
+                    str(r["rank"]): kill_time is not None and float(r.get("warmed") or kill_time) < kill_time
+                    for r in joined
+                    if r.get("role") == "replacement"
+                },
             }
         )
     order = sorted(range(len(result)), key=lambda i: (began[i], result[i]["job"]))

@@ -10,11 +10,13 @@ of float32 state per rank (one element changed per step) that both sides save an
 stand in for a larger model's parameters and optimizer state.
 
 Failures come at a fixed mean time between failures, in steps: the failure steps are the
-running sums of gaps drawn from an exponential distribution with mean ``--mtbf-steps``
-(``random.Random(--seed)``; gaps of at least 5 steps, at most ``--max-failures`` failures, none
-in the last 5 steps). At each failure step the node of one rank (rank 1, then 0, alternately)
-is hard-killed, a seeded uniform 0..``--step-sleep-s`` seconds after that step's save returned
-(a random point of the next step, where a real failure would fall). The same schedule, delays included,
+running sums, from the step at about ``--warm-up-s`` seconds on (the first seconds of a job,
+before its warm spares are up, are not when failures come), of gaps drawn from an exponential distribution with mean
+``--mtbf-steps`` (``random.Random(--seed)``; gaps of at least 5 steps, at most
+``--max-failures`` failures, none in the last 5 steps). At each failure step the node of one
+rank (rank 1, then 0, alternately) is hard-killed, a seeded uniform 0..``--step-sleep-s``
+seconds after that step's save returned (a random point of the next step, where a real failure
+would fall). The same schedule, delays included,
 hits three runs of the same job:
 
 * in place: ray_ckpt with ``ray_ckpt.train.InPlaceRecovery``: only the lost rank's worker is
@@ -87,14 +89,19 @@ def load_demo() -> Any:
     return module
 
 
-def kill_schedule(steps: int, mtbf_steps: float, seed: int, max_failures: int) -> list[tuple[int, list[int], int]]:
-    """Failure steps from a seeded exponential distribution, as the demo Killer's schedule:
-    (step, [rank whose node dies], extra shard holders killed = 0)."""
-    if mtbf_steps <= 0 or steps < 2 * MIN_GAP:
-        raise ValueError(f"need mtbf_steps > 0 and steps >= {2 * MIN_GAP}, got {mtbf_steps}, {steps}")
+def kill_schedule(
+    steps: int, mtbf_steps: float, seed: int, max_failures: int, warm_up_steps: int = 0
+) -> list[tuple[int, list[int], int]]:
+    """Failure steps from a seeded exponential distribution, counted from ``warm_up_steps``, as
+    the demo Killer's schedule: (step, [rank whose node dies], extra shard holders killed = 0)."""
+    if mtbf_steps <= 0 or steps < 2 * MIN_GAP or warm_up_steps < 0:
+        raise ValueError(
+            f"need mtbf_steps > 0, steps >= {2 * MIN_GAP} and warm_up_steps >= 0, got {mtbf_steps}, {steps}, "
+            f"{warm_up_steps}"
+        )
     rng = random.Random(seed)
     schedule: list[tuple[int, list[int], int]] = []
-    at = 0.0
+    at = float(warm_up_steps)
     while len(schedule) < max_failures:
         at += max(MIN_GAP, rng.expovariate(1.0 / mtbf_steps))
         step = round(at)
@@ -281,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mtbf-steps", type=float, default=25.0, help="mean steps between failures (default 25)")
     parser.add_argument("--max-failures", type=int, default=3, help="at most this many failures (default 3)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the failure schedule (default 1)")
+    parser.add_argument(
+        "--warm-up-s", type=float, default=15.0, help="no failure in about the first seconds of a run (default 15)"
+    )
     parser.add_argument("--step-sleep-s", type=float, default=0.2, help="extra seconds per step (default 0.2)")
     parser.add_argument(
         "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
@@ -292,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s = 30, 12.0, 1, 0.05
+        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 30, 12.0, 1, 0.05, 0.0
     if not 1 <= args.max_failures <= 6:
         parser.error("--max-failures must be in 1..6 (the demo's FailureConfig allows 6 restarts)")
     if args.step_sleep_s < 0:
@@ -300,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.state_mib <= 2048:
         parser.error("--state-mib must be in 0..2048")
     try:
-        schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures)
+        warm_up_steps = math.ceil(args.warm_up_s / max(args.step_sleep_s, 0.01))
+        schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures, warm_up_steps)
     except ValueError as error:
         parser.error(str(error))
     if not schedule:

@@ -3,11 +3,13 @@
 On one machine, with no arguments: starts a simulated Ray cluster (a head plus several
 one-CPU nodes, dashboard off, its own temp dir), trains a small transformer language model on
 a generated corpus with ``TorchTrainer`` (DDP over gloo), checkpointing every step with ray_ckpt
-RS(2,2), and hard-kills nodes on a schedule: one node, then two at once. The same kills hit
-three modes. ``in_place``: ray_ckpt with ``InPlaceRecovery``; Ray Train replaces only the
-lost workers, survivors keep their processes and roll back from their local copy, replacements
-restore from peers. ``full_restart``: ray_ckpt alone; Ray Train restarts the whole worker group
-and every rank resumes from peer memory. ``ray_train``: the same job checkpointing the way Ray Train does by default
+RS(2,2), and hard-kills nodes on a schedule: one node halfway through the run, then two at
+once three quarters through. The same kills hit three modes. ``in_place``: ray_ckpt with
+``InPlaceRecovery``; Ray Train replaces only the lost workers, survivors keep their processes
+and roll back from their local copy, replacements restore from peers (in a warm spare process
+when Ray schedules them where one waits: "(warm)" in the sources column). ``full_restart``:
+ray_ckpt alone; Ray Train restarts the whole worker group and every rank resumes from peer
+memory. ``ray_train``: the same job checkpointing the way Ray Train does by default
 (``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path) at an interval
 estimated to cost the same stall (each report taken as two controller polls, which is what a
 report costs when reports come faster than the controller polls; the measured stalls of both
@@ -16,7 +18,7 @@ shows, per mode and failure, the time to resume and its phases, the steps lost, 
 restore source and whether the survivors kept their processes, the job wall times and which
 mode won, and checks that the final models equal an uninterrupted run's, bit for bit.
 
-    python scripts/demo.py [--steps 60] [--json PATH] [--events PATH]
+    python scripts/demo.py [--steps 80] [--json PATH] [--events PATH]
 """
 
 from __future__ import annotations
@@ -371,6 +373,7 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
                 "restored_step": recovery["step"],
                 "phases": recovery["phases_s"],
                 "sources": recovery["sources"],
+                "warm": recovery.get("warm_replacements", {}),
                 "killed_nodes": [n[:8] for n in recovery["killed_nodes"]],
             }
         )
@@ -420,7 +423,8 @@ def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
         phases = f["phases"]
         cells = " ".join(f"{phases.get(p):>8.2f}" if phases.get(p) is not None else f"{'-':>8}" for p in TABLE_PHASES)
         resume = f["time_to_resume_s"]
-        sources = ", ".join(f"r{r}:{s}" for r, s in sorted(f["sources"].items()))
+        warm = f.get("warm", {})
+        sources = ", ".join(f"r{r}:{s}{' (warm)' if warm.get(r) else ''}" for r, s in sorted(f["sources"].items()))
         kept = f["survivor_pids_before"] and f["survivor_pids_before"] == f["survivor_pids_after"]
         survivors = "kept" if kept else ("new" if f["survivor_pids_before"] else "none survived")
         sources = f"{sources}; {survivors}"
@@ -430,13 +434,13 @@ def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    parser.add_argument("--steps", type=int, default=80, help="training steps (default 80)")
     parser.add_argument("--nodes", type=int, default=7, help="simulated one-CPU worker nodes (default 7)")
     parser.add_argument("--json", type=pathlib.Path, help="write the report as JSON here")
     parser.add_argument("--events", type=pathlib.Path, help="also write all recorded events (JSON lines) here")
     args = parser.parse_args(argv)
     if args.steps < 30:
-        parser.error("--steps must be >= 30 (failures are scheduled at 1/4 and 1/2 of the run)")
+        parser.error("--steps must be >= 30 (failures are scheduled at 1/2 and 3/4 of the run)")
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckdemo"))
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"
@@ -445,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     from ray_ckpt import events, quiet
     from ray_ckpt.testing import SimulatedCluster
 
-    first, second = args.steps // 4, args.steps // 2
+    # halfway first: a job's first seconds, before its warm spares are up, are not when failures come
+    first, second = args.steps // 2, args.steps * 3 // 4
     schedule = [(first, [1], 0), (second, [0], 1)]  # rank 1's node; then rank 0's node + a shard holder
     print(f"starting a simulated Ray cluster: a head + {args.nodes} one-CPU nodes ...", flush=True)
     sim = SimulatedCluster(args.nodes, start_service=False, logging_level="ERROR")

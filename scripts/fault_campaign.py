@@ -316,6 +316,7 @@ class Campaign:
     # ---- the campaign -------------------------------------------------------------------
 
     def run(self, trials: int, ops: int, always: tuple[str, ...] = ()) -> dict[str, Any]:
+        from ray_ckpt import quiet
         from ray_ckpt.testing import SimulatedCluster
 
         self.rng = random.Random(self.seed)
@@ -323,6 +324,7 @@ class Campaign:
         self.sim = SimulatedCluster(
             self.nodes, store_budget_bytes=STORE_BUDGET_BYTES, namespace=self.namespace, logging_level="ERROR"
         )
+        quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
         self.cluster = self.sim.cluster
         try:
             os.environ["RAY_CKPT_NAMESPACE"] = self.namespace

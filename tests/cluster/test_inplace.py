@@ -15,9 +15,10 @@ from typing import Any
 
 import psutil
 import pytest
+import ray
 
 import ray_ckpt
-from ray_ckpt import timeline
+from ray_ckpt import _ray_compat, inplace, timeline
 from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.testing import SimulatedCluster
 
@@ -74,6 +75,7 @@ def run_with(
     faults: Callable[[str], None],
     in_place: dict[str, Any],
     fsdp2: bool = False,
+    step_sleep_s: float = 0.15,
 ) -> dict[str, Any]:
     """Run job ``name`` in place with ``faults(events_dir)`` on a thread; the report."""
     _, example, references = cluster
@@ -96,7 +98,7 @@ def run_with(
         steps=STEPS,
         workers=workers,
         checkpoint=CHECKPOINT,
-        step_sleep_s=0.15,
+        step_sleep_s=step_sleep_s,
         max_failures=8,
         in_place=in_place,
         fsdp2=fsdp2,
@@ -107,6 +109,7 @@ def run_with(
         "restores": example.read_restores(events),
         "bit_exact": final["params_digest"] == references["fsdp2" if fsdp2 else workers],
         "recoveries": [r for r in timeline.recoveries(client.events()[1]) if r["job"] == name],
+        "rejoins": [e for e in client.events()[1] if e["kind"] == "rejoin" and e["job"] == name],
     }
 
 
@@ -137,6 +140,69 @@ def by_attempt(restores: list[dict[str, Any]]) -> list[dict[int, dict[str, Any]]
     for record in restores:
         groups.setdefault(record["attempt"], {})[record["rank"]] = record
     return list(groups.values())
+
+
+def nodes_with_a_warm_spare(since: float) -> set[str]:
+    """The nodes where a process started after ``since`` with in-place recovery's warm-up hook
+    sits idle and warm: Ray titles an idle worker ``ray::IDLE`` as soon as it connects, before
+    the hook's imports, so a process counts once its CPU time stands still for half a second
+    (its parent is its node's raylet)."""
+    sockets = {str(n["RayletSocketName"]): str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+    idle: dict[psutil.Process, tuple[str, float]] = {}
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(_ray_compat.SETUP_HOOK_ENV_VAR) != inplace.WARM_HOOK:
+                continue
+            parent = process.parent()
+            if process.cmdline()[:1] != ["ray::IDLE"] or parent is None or process.create_time() < since:
+                continue
+            raylet = next(a.split("=", 1)[1] for a in parent.cmdline() if a.startswith("--raylet_socket_name="))
+            if raylet in sockets:
+                idle[process] = (sockets[raylet], sum(process.cpu_times()[:2]))
+        except (psutil.Error, OSError, StopIteration):
+            continue
+    time.sleep(0.5)
+    nodes = set()
+    for process, (node, cpu_s) in idle.items():
+        try:
+            if sum(process.cpu_times()[:2]) - cpu_s < 0.02:
+                nodes.add(node)
+        except psutil.Error:
+            continue
+    return nodes
+
+
+def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: Any) -> None:
+    """2 ranks; the node of rank 1 is killed once every node with room for a worker and none of
+    the run's has a warm spare sitting idle (torch and Ray Train imported). The replacement
+    starts in one of them, a process that had warmed up before the kill; the survivor keeps its
+    process; the final weights are bit-identical. First in this module: each test is a job of
+    its own, and idle workers of earlier jobs on a one-CPU node keep Ray from starting a spare
+    there until it reaps them. Steps are slow (2 s): the spares of 8 nodes warm up one after
+    another on this machine's few cores, while the run trains."""
+    sim, example, _ = cluster
+    sim.add_workers(1)
+    killed: list[float] = []
+    started = time.time()  # spares left by earlier runs do not count
+
+    def faults(events: str) -> None:
+        example.wait_committed("warm", 2)
+        busy = {example.rank_node("warm", rank) for rank in (0, 1)}
+        spare = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1} - busy
+        deadline = time.monotonic() + 35
+        while not spare <= nodes_with_a_warm_spare(started):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not all {len(spare)} spare nodes had a warm spare within 35 s")
+        killed.append(time.time())
+        example.remove_node(sim, example.rank_node("warm", 1))
+
+    report = run_with(cluster, "warm", 2, faults, {"warm_spares": 16}, step_sleep_s=2.0)  # every spare node
+    assert killed, "the run ended before every spare node had a warm spare"
+    first, second = by_attempt(report["restores"])[:2]
+    assert second[0]["pid"] == first[0]["pid"], (report, recovery_log())
+    (replacement,) = [r for r in report["rejoins"] if r["role"] == "replacement"]
+    assert replacement["warmed"] is not None and replacement["warmed"] < killed[0], (replacement, killed)
+    assert report["bit_exact"]
 
 
 def test_a_node_kill_replaces_only_the_lost_rank_and_the_survivors_keep_their_processes(cluster: Any) -> None:

@@ -84,7 +84,7 @@ def test_an_elastic_fsdp2_run_shrinks_after_a_node_kill_and_grows_back_reshardin
                     name="elastic",
                     storage_path=tempfile.mkdtemp(),
                     events_dir=events,
-                    steps=40,
+                    steps=100,  # long enough at 3 workers for the node added back to be seen
                     workers=(2, 4),
                     checkpoint=CHECKPOINT,
                     step_sleep_s=0.25,

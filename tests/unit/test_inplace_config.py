@@ -18,6 +18,21 @@ def test_bad_timeouts_are_refused_naming_the_argument(name: str, value: object) 
         InPlaceRecovery(**{name: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [-1, 1.5, "2", True, None])
+def test_a_bad_warm_spare_count_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="warm_spares"):
+        InPlaceRecovery(warm_spares=value)  # type: ignore[arg-type]
+
+
+def test_warm_up_imports_what_a_worker_needs() -> None:
+    """The setup hook of warm spares imports the modules named and says when it was done."""
+    import sys
+
+    inplace.warm_up()
+    assert all(module in sys.modules for module in inplace.WARM_MODULES)
+    assert inplace._warmed_at is not None
+
+
 def test_it_is_a_torch_config_whose_process_groups_use_the_collective_timeout() -> None:
     from ray.train.torch import TorchConfig
 

@@ -86,3 +86,33 @@ def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_ru
 
     TrainController._replace_bad_workers(Controller(), PollStatus())  # type: ignore[arg-type]
     assert calls == ["shutdown", "start 3 {'CPU': 1}"]
+
+
+def test_warm_spares_find_the_raylet_call_and_the_setup_hook_ray_runs() -> None:
+    """The raylet's PrestartWorkers call with the fields prestart_workers sets, and the env var
+    through which Ray hands a worker process its setup hook (run before it takes any task)."""
+    import ray._private.ray_constants as constants
+    from ray._private.workers import default_worker
+    from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc
+
+    fields = set(node_manager_pb2.PrestartWorkersRequest.DESCRIPTOR.fields_by_name)
+    assert {"language", "job_id", "runtime_env_info", "keep_alive_duration_secs", "num_workers"} <= fields
+    assert hasattr(node_manager_pb2_grpc.NodeManagerServiceStub, "__init__")
+    assert constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR == _ray_compat.SETUP_HOOK_ENV_VAR
+    assert "WORKER_PROCESS_SETUP_HOOK_ENV_VAR" in inspect.getsource(default_worker)
+    importlib_name = _ray_compat.train_worker_module()
+    assert __import__(importlib_name, fromlist=["RayTrainWorker"]).RayTrainWorker is not None
+
+
+def test_train_workers_get_the_warm_up_hook_in_their_runtime_env_once() -> None:
+    """The patched WorkerGroup adds the hook to the workers' env vars, keeps the user's env vars
+    and a hook the job already set, and patching again changes nothing."""
+    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
+
+    _ray_compat.warm_worker_processes("ray_ckpt.inplace.warm_up")
+    _ray_compat.warm_worker_processes("ray_ckpt.inplace.warm_up")
+    env = WorkerGroup._get_worker_runtime_env({"env_vars": {"MINE": "1"}})
+    assert env["env_vars"]["MINE"] == "1"
+    assert env["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "ray_ckpt.inplace.warm_up"
+    theirs = WorkerGroup._get_worker_runtime_env({"env_vars": {_ray_compat.SETUP_HOOK_ENV_VAR: "job.hook"}})
+    assert theirs["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "job.hook"
