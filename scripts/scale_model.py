@@ -51,10 +51,10 @@ root of the relay tree):
                           its own node)
     full restart          detect_restart + restart_per_node * N
     recovery, ray_ckpt    full restart + restore plan + fetch + load
-    recovery, in place    detect + replace + R * plan_per_rank / 2 + restore plan + fetch + load
+    recovery, in place    detect + replace + R * control_call + restore plan + fetch + load
                           (one worker replaced whatever N; every rank joins the next generation
-                          at the run's one coordinator actor: one small call per rank, costed as
-                          one of the two calls of a restore plan)
+                          at the run's one coordinator actor: one actor call per rank, in turn,
+                          costed as a registry call)
     recovery, storage     full restart + N * S / storage + load (every rank rereads its state)
     load                  (S / r) / d2h                         (host -> device, all ranks at once)
     checkpoint interval   Young's optimum sqrt(2 * stall * M), but no shorter than a step and
@@ -109,11 +109,11 @@ class Params:
     encode_bytes_per_s: float = 7 * GB  # per rank (one core, ISA-L; anchors: 7-10 GB/s)
     detect_restart_s: float = 15.0  # anchors: Ray Train hard node kill -> new group ~15-20 s
     restart_per_node_s: float = 0.01  # assumption: the controller's, GCS's and rank 0's serial work per node
-    detect_s: float = 0.6  # in place, measured here: a survivor's collective fails
-    replace_s: float = 8.8  # in place, measured here: a new worker's start + the rendezvous (imports dominate)
-    control_call_s: float = 1.6e-3  # measured here: the registry's CPU per stage call (bench_control_plane)
-    plan_s_per_rank: float = 1.0e-3  # measured here: the registry's CPU for one rank's plan and record
-    relay_s_per_rank: float = 7e-6  # measured here: a relay's CPU per rank it passes on
+    detect_s: float = 0.5  # in place, measured here: a survivor's collective fails
+    replace_s: float = 1.6  # in place, measured here: the replacement's start in a warm spare + the rendezvous
+    control_call_s: float = 2.0e-3  # measured here: the registry's CPU per stage call (bench_control_plane)
+    plan_s_per_rank: float = 6.5e-5  # measured here: the registry's CPU for one rank's plan and record
+    relay_s_per_rank: float = 5e-6  # measured here: a relay's CPU per rank it passes on
     relay_fanin: int = 16  # RAY_CKPT_RELAY_FANIN
     relay_linger_s: float = 0.005  # RAY_CKPT_RELAY_LINGER_S
     restore_efficiency: float = 0.7  # restore speed / raw transfer speed (the project's goal)
@@ -227,7 +227,8 @@ def model(nodes: int, params: Params) -> dict[str, Any]:
     plan = ranks * params.plan_s_per_rank
     restart = params.detect_restart_s + params.restart_per_node_s * nodes
     recovery_ours = restart + plan + fetch + load
-    rejoin = params.detect_s + params.replace_s + ranks * params.plan_s_per_rank / 2
+    joins = ranks * params.control_call_s
+    rejoin = params.detect_s + params.replace_s + joins
     recovery_in_place = rejoin + plan + fetch + load
     storage_read = nodes * state / params.storage_bytes_per_s
     recovery_storage = restart + storage_read + load
@@ -250,6 +251,7 @@ def model(nodes: int, params: Params) -> dict[str, Any]:
         "peer_memory_bytes_per_node": memory_multiple * state,
         "peer_memory_multiple": memory_multiple,
         "restore_plan_s": plan,
+        "in_place_joins_s": joins,
         "restart_s": restart,
         "recovery_ray_ckpt_s": recovery_ours,
         "recovery_in_place_s": recovery_in_place,
@@ -454,6 +456,7 @@ def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.P
     left.set_title("Recovery after one node failure (model)")
     middle.plot(nodes, [r["commit_s"] for r in rows], "o-", label="commit latency (relay tree)")
     middle.plot(nodes, [r["restore_plan_s"] for r in rows], "s-", label="restore plans of all ranks")
+    middle.plot(nodes, [r["in_place_joins_s"] for r in rows], "d-", label="in place: every rank's join")
     middle.plot(nodes, [r["restart_s"] for r in rows], "^-", label="detect + full restart")
     middle.set_yscale("log")
     middle.set_ylabel("seconds")

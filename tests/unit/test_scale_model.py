@@ -39,16 +39,17 @@ def test_more_nodes_same_per_node_stall_and_memory() -> None:
 def test_storage_recovery_grows_with_nodes_far_faster_than_ray_ckpts() -> None:
     """Recovery from storage grows with the state to reread; ray_ckpt's grows only with the
     control plane and the restart, so the speedup keeps growing; in place beats a full restart
-    at every size; the wasted share stays below storage's at scale."""
+    up to 1024 nodes, and loses at 4096, where the run's one coordinator takes a join call per
+    rank (32768 of them) in turn; the wasted share stays below storage's at scale."""
     rows = sm.sweep(sm.Params())
     storage = [r["recovery_storage_s"] for r in rows]
     assert all(b > a for a, b in itertools.pairwise(storage))
     assert all(b > a for a, b in itertools.pairwise(r["recovery_speedup"] for r in rows))
-    assert all(r["recovery_in_place_s"] < r["recovery_ray_ckpt_s"] for r in rows)
+    assert all(r["recovery_in_place_s"] < r["recovery_ray_ckpt_s"] for r in rows if r["nodes"] <= 1024)
+    assert rows[-1]["nodes"] == 4096 and rows[-1]["recovery_in_place_s"] > rows[-1]["recovery_ray_ckpt_s"]
     assert rows[-1]["recovery_ray_ckpt_s"] < rows[0]["recovery_ray_ckpt_s"] * 20 < rows[-1]["recovery_storage_s"]
     wasted = [r["wasted_fraction_storage"] for r in rows]
     assert all(b >= a for a, b in itertools.pairwise(wasted))
-    assert rows[-1]["wasted_fraction_in_place"] <= rows[-1]["wasted_fraction_ray_ckpt"]
     assert rows[-1]["wasted_fraction_ray_ckpt"] < rows[-1]["wasted_fraction_storage"]
 
 
@@ -63,7 +64,8 @@ def test_recovery_formulas() -> None:
     fetch = p.state_per_node_bytes / p.nic_bytes_per_s
     assert row["restart_s"] == pytest.approx(restart) and row["restore_plan_s"] == pytest.approx(plan)
     assert row["recovery_ray_ckpt_s"] == pytest.approx(restart + plan + fetch + load)
-    in_place = p.detect_s + p.replace_s + ranks * p.plan_s_per_rank / 2 + plan + fetch + load
+    assert row["in_place_joins_s"] == pytest.approx(ranks * p.control_call_s)
+    in_place = p.detect_s + p.replace_s + ranks * p.control_call_s + plan + fetch + load
     assert row["recovery_in_place_s"] == pytest.approx(in_place)
     assert row["recovery_storage_s"] == pytest.approx(
         restart + 16 * p.state_per_node_bytes / p.storage_bytes_per_s + load
