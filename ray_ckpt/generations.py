@@ -10,7 +10,8 @@ than its timeout is taken out of the round (it then fails, and Ray Train restart
 ``Generations`` is the bookkeeping, a pure class; ``GenerationCoordinator`` is the Ray actor
 around it, one per run, owned by the run's controller. It also watches heartbeats: a member of
 the current generation that has not beaten for ``hang_timeout_s`` (its process stopped, or
-stuck outside Python) is killed, so Ray sees a dead worker and replaces it.
+stuck outside Python) is killed, so Ray sees a dead worker and replaces it; a job too large for
+one actor to take every rank's beat at that rate gets a longer bound (``hang_bound_s``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ import uuid
 from typing import Any
 
 import ray
+
+BEATS_PER_S = 200  # heartbeats a second the run's one coordinator takes, leaving room for joins
+
+
+def hang_bound_s(hang_timeout_s: float, world_size: int) -> float:
+    """The hang bound in effect for ``world_size`` ranks: ``hang_timeout_s``, or longer where
+    every rank beating every bound / 4 would send the coordinator more than ``BEATS_PER_S``
+    heartbeats a second. Beats queued behind an overloaded actor would arrive late and get
+    live members killed as hung; a larger job detects hangs later instead."""
+    return max(hang_timeout_s, 4 * world_size / BEATS_PER_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +173,8 @@ class GenerationCoordinator:
     def __init__(self, hang_timeout_s: float, watch_interval_s: float = 0.25) -> None:
         self._gens = Generations()
         self._changed = asyncio.Condition()
-        self._hang_timeout_s = hang_timeout_s
+        self._hang_timeout_s = hang_timeout_s  # as asked; the bound used is hang_bound_s of it
+        self._hang_s = hang_timeout_s
         self._watch_interval_s = watch_interval_s
         self._killed: list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
@@ -172,7 +184,7 @@ class GenerationCoordinator:
         """Form the next generation if every rank joined from a live process (caller holds
         the condition)."""
         if self._alive is not None:
-            self._gens.drop_dead(self._alive, now, self._hang_timeout_s)
+            self._gens.drop_dead(self._alive, now, self._hang_s)
         if self._gens.complete():
             self._gens.form(now)
             self._changed.notify_all()
@@ -184,6 +196,7 @@ class GenerationCoordinator:
     async def begin(self, world_size: int) -> dict[str, Any]:
         self._ensure_watcher()
         async with self._changed:
+            self._hang_s = hang_bound_s(self._hang_timeout_s, world_size)
             number = self._gens.begin(world_size, time.time())
             self._changed.notify_all()
         return {"epoch": self._gens.epoch, "generation": number, "attempt": self._gens.attempt(number)}
@@ -279,7 +292,7 @@ class GenerationCoordinator:
             self._alive = alive
             async with self._changed:
                 self._try_form(now)
-                hung = [m for m in self._gens.hung(now, self._hang_timeout_s) if m.node_id in alive]
+                hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]
             for member in hung:
                 if any(k["incarnation"] == member.incarnation for k in self._killed):
                     continue

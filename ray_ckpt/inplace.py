@@ -45,7 +45,7 @@ from ray.train.torch import TorchConfig
 
 from ray_ckpt import _ray_compat
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
-from ray_ckpt.generations import GenerationCoordinator, Member
+from ray_ckpt.generations import BEATS_PER_S, GenerationCoordinator, Member, hang_bound_s
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,16 @@ def _backend_class() -> type:
                 self._warm_spares(group, config, full_start=False)
                 return
             super().on_start(group, config)
+            bound = hang_bound_s(config.settings.hang_timeout_s, len(group))
+            if bound > config.settings.hang_timeout_s:
+                logger.warning(
+                    "ray_ckpt: %d workers beat one coordinator: hung workers are detected after %.0f s, not "
+                    "hang_timeout_s=%.0f s, to keep its heartbeats under %d a second",
+                    len(group),
+                    bound,
+                    config.settings.hang_timeout_s,
+                    BEATS_PER_S,
+                )
             begun = ray.get(coordinator.begin.remote(len(group)))
             role = _Role(coordinator, begun["epoch"], begun["generation"], begun["attempt"], config.settings)
             group.execute(_become, role)
@@ -409,7 +419,7 @@ class _Worker:
             self._beating.set()
 
     def _start_heartbeat(self) -> None:
-        interval = max(0.1, self.settings.hang_timeout_s / 4)
+        interval = max(0.1, hang_bound_s(self.settings.hang_timeout_s, self.world_size) / 4)
         coordinator, member = self.role.coordinator, self.member
 
         def beat() -> None:

@@ -111,19 +111,9 @@ def kill_schedule(
     return schedule
 
 
-def step_time(name: str, records: list[dict[str, Any]]) -> float:
-    """Median seconds between consecutive steps of rank 0 within one attempt."""
-    saves: dict[str, dict[int, float]] = {}
-    for r in records:
-        if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0:
-            saves.setdefault(str(r.get("attempt")), {})[int(r["step"])] = float(r.get("returned", r["time"]))
-    gaps = [times[s + 1] - times[s] for times in saves.values() for s in sorted(times) if s + 1 in times]
-    return statistics.median(gaps) if gaps else float("nan")
-
-
 def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str, Any]) -> dict[str, Any]:
     failures = demo.failures_report(name, records)
-    period = step_time(name, records)
+    period = demo.step_time(name, records)
     for f in failures:
         lost = f["steps_lost"] * period
         resume = f["time_to_resume_s"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ray_ckpt import generations
 from ray_ckpt.generations import Generations, Member
 
 
@@ -76,3 +79,13 @@ def test_hung_members_are_those_silent_past_the_bound() -> None:
     gens.beat(member(1), now=9.0)
     assert [m.rank for m in gens.hung(now=10.5, hang_timeout_s=10)] == [2]
     assert gens.hung(now=5.0, hang_timeout_s=10) == []
+
+
+def test_the_hang_bound_grows_once_every_ranks_beat_would_overload_the_coordinator() -> None:
+    """Every rank beats every bound / 4: the bound stays as asked while that is at most
+    BEATS_PER_S beats a second, and grows with the world size beyond."""
+    assert generations.hang_bound_s(10.0, 8) == 10.0
+    largest = int(generations.BEATS_PER_S * 10.0 / 4)  # 500 ranks at 10 s
+    assert generations.hang_bound_s(10.0, largest) == 10.0
+    bound = generations.hang_bound_s(10.0, 32768)
+    assert bound > 10.0 and 32768 / (bound / 4) == pytest.approx(generations.BEATS_PER_S)
