@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -174,11 +173,10 @@ class Checkpointer:
 
     # ---- restore ------------------------------------------------------------------------
 
-    @staticmethod
-    def _fill(state: Any, into: Any) -> Any:
+    def _fill(self, restored: Restored, into: Any) -> Restored:
         if into is not None:
-            return dtensor.load_into(state, into)
-        sharded = dtensor.holds_shards(state)
+            return self._restorer.fill(restored, into)
+        sharded = dtensor.holds_shards(restored.state)
         if sharded:
             raise ConfigError(
                 f"this checkpoint holds DTensors ({', '.join(sharded[:3])}{', ...' if len(sharded) > 3 else ''}): "
@@ -186,7 +184,7 @@ class Checkpointer:
                 "tree you saved (for FSDP2 with an optimizer: get_state_dict(model, optimizer))",
                 keys=sharded,
             )
-        return state
+        return restored
 
     def latest_step(self) -> int | None:
         """The newest step committed by all ranks of this job, or None if none is."""
@@ -200,11 +198,12 @@ class Checkpointer:
         ``into``: a state of the same tree the caller already has (``model.state_dict()``, or
         ``{"model": ..., "optim": ...}`` from DCP's ``get_state_dict(model, optimizer)``): the
         restored tensors are copied into its tensors and DTensors, which must have the same
-        shapes, dtypes and sharding (``dtensor.load_into``); ``Restored.state`` is then that
-        filled tree. A state saved with DTensors needs ``into`` (a DTensor needs the caller's
-        device mesh); without it ConfigError names the DTensor keys. A step saved at another
-        world size is resharded into ``into`` from peer memory: each rank reads only the byte
-        ranges its new shards need (``Restored.from_world_size``, ``values_by_rank``).
+        shapes and dtypes (``dtensor.load_into``); ``Restored.state`` is then that filled
+        tree. A state saved with DTensors needs ``into`` (a DTensor needs the caller's device
+        mesh); without it ConfigError names the DTensor keys. A step saved at another
+        world size, or in another sharding (device mesh, placements), is resharded into
+        ``into`` from peer memory: each rank reads only the byte ranges its new shards need
+        (``Restored.from_world_size``, ``values_by_rank``).
 
         Returns None only when the job never committed a step and has no backup. Raises
         ConfigError, the same on every rank, when the step was saved at another world size
@@ -217,7 +216,7 @@ class Checkpointer:
         try:
             restored, plan = self._restorer.restore(step, into)
             if restored is not None and restored.from_world_size is None:
-                restored = dataclasses.replace(restored, state=self._fill(restored.state, into))
+                restored = self._fill(restored, into)
         except Exception as error:
             self._record(
                 "restore",

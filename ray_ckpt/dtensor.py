@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ray_ckpt.errors import ConfigError
+from ray_ckpt.errors import ConfigError, LayoutChangedError
 
 Placement = tuple[str, ...] | tuple[str, int]  # ("S", dim) or ("R",)
 
@@ -204,7 +204,8 @@ def load_into(saved: Any, into: Any) -> Any:
     have the same global shape, dtype, mesh shape, placements and this rank's block. Other
     values, and tensors ``into`` has no place for, come from ``saved``. Returns the merged tree
     (``into``'s tensors, filled). Everything is checked before anything is copied: a mismatch
-    raises ConfigError naming the key and leaves ``into`` untouched."""
+    raises ConfigError naming the key (LayoutChangedError when only the sharding differs) and
+    leaves ``into`` untouched."""
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     merged = walk(saved, into, lambda node, target, keys: _merge(node, target, keys, copies))
     with torch.no_grad():
@@ -260,11 +261,15 @@ def _merge(saved: Any, target: Any, keys: tuple[Any, ...], copies: list[tuple[to
 
 
 def _check_same_block(saved: SavedShard, now: SavedShard, path: str) -> None:
+    if (saved.global_shape, saved.local.dtype) != (now.global_shape, now.local.dtype):
+        raise ConfigError(
+            f"{path}: saved {saved.local.dtype} of global shape {saved.global_shape}, `into` holds "
+            f"{now.local.dtype} of global shape {now.global_shape}",
+            key_path=path,
+        )
     differences = [
         f"{what} {a} saved, {b} now"
         for what, a, b in (
-            ("global shape", saved.global_shape, now.global_shape),
-            ("dtype", saved.local.dtype, now.local.dtype),
             ("mesh", saved.mesh_shape, now.mesh_shape),
             ("placements", saved.placements, now.placements),
             ("block offsets", saved.offsets, now.offsets),
@@ -273,8 +278,8 @@ def _check_same_block(saved: SavedShard, now: SavedShard, path: str) -> None:
         if a != b
     ]
     if differences:
-        raise ConfigError(
-            f"{path}: this rank's shard was saved in another layout ({'; '.join(differences)}); ray_ckpt "
-            "restores a DTensor into the layout it was saved in",
+        raise LayoutChangedError(
+            f"{path}: this rank's shard was saved in another layout ({'; '.join(differences)}); a restore "
+            "from peer memory reshards it, a backup restores only into the layout it was saved in",
             key_path=path,
         )

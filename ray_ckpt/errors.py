@@ -33,6 +33,11 @@ class ConfigError(RayCkptError, ValueError):
     """A setting or argument is invalid; the message names it and the accepted values."""
 
 
+class LayoutChangedError(ConfigError):
+    """A DTensor is restored into another sharding than it was saved in (same global shape and
+    dtype, another mesh, placements or block): a restore from peer memory reshards instead."""
+
+
 class ShardMismatchError(RayCkptError, ValueError):
     """Shards given to the codec disagree in number or length."""
 

@@ -26,11 +26,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt import blob, hostmem, reshard, snapshot
+from ray_ckpt import blob, dtensor, hostmem, reshard, snapshot
 from ray_ckpt.backup import Backup
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
-from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError
+from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
@@ -45,7 +45,7 @@ class Restored:
     """A restored checkpoint: the step, the state (CPU tensors), where it came from
     (``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase durations in seconds
     (``locate``, ``fetch``, ``decode``, ``load``). After a resharded restore (the step was
-    saved at another world size), ``from_world_size`` is that size and ``values_by_rank``
+    saved at another world size or sharding), ``from_world_size`` is the saving world size and ``values_by_rank``
     holds every old rank's non-tensor values (tensors as None), e.g. data loader positions."""
 
     step: int
@@ -257,6 +257,19 @@ class Restorer:
             return restored, plan
         return self._from_backup(plan, t0), plan
 
+    def fill(self, restored: Restored, into: Any) -> Restored:
+        """``restored`` with its state copied into ``into`` (``dtensor.load_into``). When a
+        state from peer memory was saved in another sharding than ``into`` holds (same world
+        size, another device mesh or placements), it is resharded into ``into`` instead, with
+        ``from_world_size`` set; from a backup that raises LayoutChangedError."""
+        try:
+            return dataclasses.replace(restored, state=dtensor.load_into(restored.state, into))
+        except LayoutChangedError as error:
+            if restored.source not in ("local", "peers"):
+                raise
+            logger.info("rank %d: %s; resharding step %d into it", self.rank, error, restored.step)
+            return self._resharded(restored.step, into, time.perf_counter())
+
     def _plan(self) -> PlanAnswer:
         """The attempt's plan and this rank's record of its step, through this node's store
         (whose ranks, and the stores below it in the relay tree, ask the registry together);
@@ -326,7 +339,7 @@ class Restorer:
         return Restored(step, state, "peers", _phases(t0, t1, t2, t3, time.perf_counter()))
 
     def _resharded(self, step: int, into: Any, t0: float) -> Restored:
-        """This rank's new shards of ``step`` (saved at another world size), read as byte
+        """This rank's new shards of ``step`` (saved at another world size or sharding), read as byte
         ranges from every old rank's checkpoint and copied into ``into``."""
         records = self.registry.locate(self.job, step)
         t1 = time.perf_counter()

@@ -7,6 +7,10 @@ committed step from memory, and training finishes. The final parameters are comp
 uninterrupted run of the same seed.
 
     python scripts/train_example.py [--steps 30] [--workers 2] [--kill-at-step 10]
+
+With ``--elastic``: an FSDP2 job under ``ScalingConfig(num_workers=(2, 4))`` on exactly 4 nodes
+loses a node, goes on at 3 workers, and grows back to 4 when a node is added; each restart
+reshards the committed step from peer memory into the new sharding (``run_elastic``).
 """
 
 from __future__ import annotations
@@ -268,14 +272,90 @@ def run_with_kill(
         }
 
 
+def run_elastic(steps: int = 100, step_sleep_s: float = 0.25) -> dict[str, Any]:
+    """An elastic FSDP2 run, ``ScalingConfig(num_workers=(2, 4))``, on a fresh simulated
+    cluster of exactly 4 one-CPU nodes, RS(2,1): after step 4 committed the node of rank 1 is
+    hard-killed and there is no spare, so Ray Train restarts the run at 3 workers, which
+    reshard the 4 ranks' step from peer memory; once they have trained 2 steps a node is
+    added back and Ray Train grows the run to 4 workers, which reshard from 3. Returns
+    ``{"sizes": [workers of each attempt that restored, in order], "reshards": [{"from",
+    "to", "step", "bit_exact"}], "completed"}``: ``bit_exact`` compares every new rank's
+    restored full parameters with those the saving group had at that step."""
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    events = tempfile.mkdtemp()
+    failures: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            run(
+                name="elastic",
+                storage_path=tempfile.mkdtemp(prefix="rcktrain-storage"),
+                events_dir=events,
+                steps=steps,  # long enough at 3 workers for the node added back to be seen
+                workers=(2, 4),
+                checkpoint={"data_shards": 2, "parity_shards": 1},
+                step_sleep_s=step_sleep_s,
+                max_failures=4,
+                fsdp2=True,
+            )
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    with SimulatedCluster(4, store_budget_bytes=256 << 20) as sim:
+        # Ray starts a node only from the main thread: the run goes on a thread instead
+        trainer = threading.Thread(target=fit, daemon=True)
+        trainer.start()
+        wait_committed("elastic", 4)
+        remove_node(sim, rank_node("elastic", 1))
+        deadline = time.monotonic() + 240
+        while not any(r["world_size"] == 3 and r["step"] >= 2 for r in read_step_digests(events)):
+            if time.monotonic() > deadline or not trainer.is_alive():
+                raise TimeoutError("the run did not go on at 3 workers within 240 s")
+            time.sleep(0.2)
+        sim.add_workers(1)
+        trainer.join(timeout=600)
+        if trainer.is_alive():
+            raise TimeoutError("the elastic run did not finish within 600 s")
+    if failures:
+        raise failures[0]
+    saved = read_step_digests(events)
+    attempts: dict[str, list[dict[str, Any]]] = {}
+    for record in read_restores(events):
+        attempts.setdefault(record["attempt"], []).append(record)
+    reshards = []
+    for records in attempts.values():
+        old = records[0]["from_world_size"]
+        if old in (None, len(records)):
+            continue
+        step = records[0]["restored_step"]
+        by_saver = [s["digest"] for s in saved if s["step"] == step and s["world_size"] == old]
+        same = bool(by_saver) and {r["restored_digest"] for r in records} == {by_saver[-1]}
+        reshards.append({"from": old, "to": len(records), "step": step, "bit_exact": same})
+    return {"sizes": [len(r) for r in attempts.values()], "reshards": reshards, "completed": True}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=5, help="simulated one-CPU worker nodes")
     parser.add_argument("--kill-at-step", type=int, default=10)
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="instead: an elastic FSDP2 run (2 to 4 workers) that loses a node and gets one back, resharding",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rcktrain"))
+    if args.elastic:
+        elastic = run_elastic()
+        print(f"workers of each restart: {' -> '.join(map(str, elastic['sizes']))}")
+        for r in elastic["reshards"]:
+            print(
+                f"{r['from']} -> {r['to']} workers: step {r['step']} resharded from peer memory, "
+                + ("bit-identical to the saved parameters" if r["bit_exact"] else "MISMATCH")
+            )
+        return 0 if elastic["reshards"] and all(r["bit_exact"] for r in elastic["reshards"]) else 1
     report = run_with_kill(steps=args.steps, workers=args.workers, nodes=args.nodes, kill_at_step=args.kill_at_step)
     killed = report["killed"]
     print(f"killed node {killed.get('node_id', '?')[:8]} after step {killed.get('latest_committed')} committed")

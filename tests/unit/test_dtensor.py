@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 from ray_ckpt import dtensor
 from ray_ckpt import snapshot as snap
-from ray_ckpt.errors import ConfigError, SnapshotFormatError, UnsupportedLeafError
+from ray_ckpt.errors import ConfigError, LayoutChangedError, SnapshotFormatError, UnsupportedLeafError
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,13 @@ def test_a_layout_mismatch_names_the_key_and_changes_nothing(one_rank: None) -> 
     with pytest.raises(ConfigError, match=r"state\['model'\]\['0.weight'\].*placements") as info:
         dtensor.load_into(restored, target)
     assert info.value.details["key_path"] == "state['model']['0.weight']"
+    assert isinstance(info.value, LayoutChangedError)  # only the sharding differs: a restore reshards
     assert bool((target["model"]["0.bias"].to_local() == 0).all())  # checked before any copy
+
+    other_shape = {"model": {"0.weight": distribute_tensor(torch.zeros(6, 6), mesh, [Shard(0)])}}
+    with pytest.raises(ConfigError, match="global shape") as info:
+        dtensor.load_into(restored, other_shape)
+    assert not isinstance(info.value, LayoutChangedError)  # another tensor: no sharding fits it
 
     plain = {"model": {"0.weight": torch.zeros(5, 6)}}
     with pytest.raises(ConfigError, match="saved as a DTensor"):

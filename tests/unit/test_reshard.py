@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import pathlib
 from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,22 +20,27 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from ray_ckpt import blob, reshard, snapshot
+from ray_ckpt import blob, dtensor, reshard, snapshot
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
-from ray_ckpt.errors import ConfigError
+from ray_ckpt.errors import ConfigError, LayoutChangedError
 from ray_ckpt.ranges import RangeReader
+from ray_ckpt.restore import Restored, Restorer, load
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import RankRecord
 
 K, M, OLD = 2, 1, 4
 
 
-def sharded_state(world: int, seed: int, zero: bool = False) -> tuple[dict[str, Any], torch.nn.Module]:
+def sharded_state(
+    world: int, seed: int, zero: bool = False, mesh_2d: bool = False
+) -> tuple[dict[str, Any], torch.nn.Module]:
     """Rank's state of a ``world``-rank job: FSDP2 model and Adam, a [10, 7] table sharded on
-    columns, a replicated vector, a per-rank loader position."""
-    model, optim = fsdp_model(seed)
-    mesh = init_device_mesh("cpu", (world,))
+    columns, a replicated vector, a per-rank loader position; ``mesh_2d``: all of it on a
+    (2, world / 2) mesh instead (HSDP, the table sharded on rows and columns)."""
+    shape = (2, world // 2) if mesh_2d else (world,)
+    model, optim = fsdp_model(seed, shape)
+    mesh = init_device_mesh("cpu", shape)
     torch.manual_seed(seed)
     table, vector = torch.randn(10, 7), torch.randn(5)
     if zero:
@@ -43,8 +49,8 @@ def sharded_state(world: int, seed: int, zero: bool = False) -> tuple[dict[str, 
     state = {
         "model": model_state,
         "optim": optim_state,
-        "table": distribute_tensor(table, mesh, [Shard(1)]),
-        "vector": distribute_tensor(vector, mesh, [Replicate()]),
+        "table": distribute_tensor(table, mesh, [Shard(0), Shard(1)] if mesh_2d else [Shard(1)]),
+        "vector": distribute_tensor(vector, mesh, [Replicate()] * len(shape)),
         "loader": {"position": dist.get_rank() * 100 + seed},
     }
     return state, model
@@ -146,6 +152,25 @@ def _restore(rank: int, world: int, folder: pathlib.Path, results: Any, dead: se
     results.put((rank, filled and same == sorted(expected), positions, torch.equal(weight, expected["model/2.weight"])))
 
 
+def _restore_other_mesh(rank: int, world: int, folder: pathlib.Path, results: Any) -> None:
+    """As a Checkpointer restores at the saved world size: this rank's own state, as read back
+    from peer memory, filled into a state on another mesh, which reshards instead."""
+    target, _ = sharded_state(world, seed=7, zero=True, mesh_2d=True)
+    stores = FileStores(folder)
+    registry = SimpleNamespace(locate=lambda job, step: stores.records)
+    restorer = Restorer(
+        job="j", rank=rank, world_size=world, attempt="a", node_id="here", registry=registry, stores=stores,
+        backup=None, background=None, timeout_s=lambda: 5.0,
+    )  # fmt: skip
+    own = Restored(3, load(np.fromfile(folder / f"old-{rank}.bin", dtype=np.uint8)), "peers", {})
+    with pytest.raises(LayoutChangedError):
+        dtensor.load_into(own.state, target)
+    filled = restorer.fill(own, target)
+    got, expected = full_tensors(filled.state), torch.load(folder / "full.pt")
+    same = sorted(k for k in expected if torch.equal(expected[k], got[k]))
+    results.put((rank, filled.from_world_size, filled.state["table"] is target["table"], same == sorted(expected)))
+
+
 def spawn(world: int, folder: pathlib.Path, work: Any, *args: Any) -> list[Any]:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -182,6 +207,12 @@ def test_a_4_rank_fsdp2_state_restores_bit_exact_into_another_world_size(
     outcome = spawn(world, saved, _restore, dead, corrupt)
     positions = {r: r * 100 for r in range(OLD)}
     assert outcome == [(rank, True, positions, True) for rank in range(world)]
+
+
+def test_a_4_rank_fsdp2_state_restores_bit_exact_into_another_mesh_at_the_same_world_size(saved: pathlib.Path) -> None:
+    """Saved on a 1-D mesh of 4, restored by 4 ranks on a (2, 2) mesh (HSDP, a 2-D sharded
+    table): filling ``into`` finds another sharding and the restore reshards, bit-identical."""
+    assert spawn(OLD, saved, _restore_other_mesh) == [(rank, OLD, True, True) for rank in range(OLD)]
 
 
 def test_reading_only_the_needed_bytes_and_refusing_per_rank_plain_state(tmp_path: pathlib.Path) -> None:
