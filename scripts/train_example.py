@@ -33,7 +33,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import ray_ckpt
-from ray_ckpt import naming
+from ray_ckpt import naming, quiet
 from ray_ckpt.testing import SimulatedCluster
 
 
@@ -249,7 +249,8 @@ def run_with_kill(
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
     checkpoint = {"data_shards": 2, "parity_shards": 1} if checkpoint is None else checkpoint
-    with SimulatedCluster(nodes, store_budget_bytes=512 << 20) as sim:
+    with SimulatedCluster(nodes, store_budget_bytes=512 << 20, logging_level="ERROR") as sim:
+        quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         common: dict[str, Any] = {"storage_path": storage, "steps": steps, "workers": workers, "checkpoint": checkpoint}
         reference = run(name="reference", events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **common)
         events = tempfile.mkdtemp()
@@ -301,7 +302,8 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25) -> dict[str, Any]:
         except BaseException as error:  # reported below
             failures.append(error)
 
-    with SimulatedCluster(4, store_budget_bytes=256 << 20) as sim:
+    with SimulatedCluster(4, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
+        quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         # Ray starts a node only from the main thread: the run goes on a thread instead
         trainer = threading.Thread(target=fit, daemon=True)
         trainer.start()
