@@ -81,17 +81,48 @@ WARM_MODULES = (
 )
 
 
+WARM_NICENESS = 10  # added to a process's niceness while it warms up, where it can be taken back
+
+
 def warm_up() -> None:
     """The setup hook of this run's Ray Train worker processes: import what a worker needs as
     the process starts (this module imports torch.distributed and Ray Train's torch support;
     then ``WARM_MODULES``), so that a warm spare has done it before a replacement lands in it.
-    Workers that are not spares import them anyway, or soon would."""
+    Workers that are not spares import them anyway, or soon would. Where the process may lower
+    its niceness again (root, or RLIMIT_NICE allows it), it warms up at ``WARM_NICENESS`` more,
+    so that spares starting beside training on shared cores yield to it; a worker takes its
+    priority back when it becomes one (``_become``)."""
     import importlib
 
-    global _warmed_at
+    global _warmed_at, _niceness_before
+    if _may_renice():
+        _niceness_before = os.nice(0)
+        os.nice(WARM_NICENESS)
     for module in WARM_MODULES:
         importlib.import_module(module)
     _warmed_at = time.time()
+
+
+def _may_renice() -> bool:
+    """Whether this process could raise its niceness by ``WARM_NICENESS`` and lower it back."""
+    if not hasattr(os, "nice"):
+        return False
+    if os.geteuid() == 0:
+        return True
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)  # the least niceness allowed is 20 - soft
+    return soft == resource.RLIM_INFINITY or 20 - soft <= os.nice(0)
+
+
+def _take_priority_back() -> None:
+    global _niceness_before
+    if _niceness_before is not None:
+        try:
+            os.nice(_niceness_before - os.nice(0))
+        except OSError as error:  # the limit changed since: the worker keeps the lower priority
+            logger.warning("ray_ckpt: could not restore this worker's CPU priority: %s", error)
+        _niceness_before = None
 
 
 @dataclasses.dataclass
@@ -108,6 +139,7 @@ class _Role:
 
 _role: _Role | None = None
 _warmed_at: float | None = None  # when ``warm_up`` finished in this process
+_niceness_before: int | None = None  # this process's niceness before ``warm_up`` raised it
 _attempt: str | None = None  # the ray_ckpt attempt of the generation this process is in
 _rejoin: dict[str, Any] | None = None  # how this process entered that generation, for its event
 _open: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -115,6 +147,7 @@ _open: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def _become(role: _Role) -> None:
     global _role
+    _take_priority_back()  # this process is a worker now, no longer a spare
     _role = role
 
 

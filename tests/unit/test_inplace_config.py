@@ -24,13 +24,23 @@ def test_a_bad_warm_spare_count_is_refused(value: object) -> None:
         InPlaceRecovery(warm_spares=value)  # type: ignore[arg-type]
 
 
-def test_warm_up_imports_what_a_worker_needs() -> None:
-    """The setup hook of warm spares imports the modules named and says when it was done."""
+def test_warm_up_imports_what_a_worker_needs_at_a_lower_priority_the_worker_takes_back() -> None:
+    """The setup hook of warm spares imports the modules named and says when it was done; where
+    the process may renice back, it does so at WARM_NICENESS more, and becoming a worker
+    restores its niceness."""
+    import os
     import sys
 
-    inplace.warm_up()
-    assert all(module in sys.modules for module in inplace.WARM_MODULES)
-    assert inplace._warmed_at is not None
+    before = os.nice(0)
+    renices = inplace._may_renice()
+    try:
+        inplace.warm_up()
+        assert all(module in sys.modules for module in inplace.WARM_MODULES)
+        assert inplace._warmed_at is not None
+        assert os.nice(0) == before + (inplace.WARM_NICENESS if renices else 0)
+    finally:
+        inplace._take_priority_back()
+    assert os.nice(0) == before
 
 
 def test_it_is_a_torch_config_whose_process_groups_use_the_collective_timeout() -> None:
