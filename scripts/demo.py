@@ -542,8 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{name} {wall:.1f} s" for name, wall in walls.items())
             + f" (fastest: {min(walls, key=lambda name: walls[name])}; median step "
             + ", ".join(f"{mode['step_s']:.3f}" for mode in modes.values())
-            + " s: the simulated nodes share this machine's cores, so the in-place run's warm spares,"
-            " starting up, slow its steps; on a cluster they start on idle nodes)"
+            + " s; every simulated node shares this machine's cores)"
         )
         ours = modes["in_place"]["failures"] + modes["full_restart"]["failures"]
         all_from_memory = all(
