@@ -240,17 +240,20 @@ def run_with_kill(
     kill_at_step: int,
     checkpoint: dict[str, Any] | None = None,
     in_place: dict[str, Any] | None = None,
+    quiet_driver: bool = False,
 ) -> dict[str, Any]:
     """On a fresh simulated cluster: an uninterrupted reference run, then the same job with the
     node of rank 1 hard-killed after ``kill_at_step`` committed. ``checkpoint``: the
     CheckpointConfig fields (default RS(2,1)). Returns the report: ``{"killed", "restores",
     "bit_exact", "reference_digest", "final_digest", "final_status"}`` (``final_status``: the
-    job's ``ray_ckpt.status()`` entry at the end, with its protection)."""
+    job's ``ray_ckpt.status()`` entry at the end, with its protection). ``quiet_driver``: keep
+    Ray's messages about the killed node off this process's output (``quiet.quiet_driver``)."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
     checkpoint = {"data_shards": 2, "parity_shards": 1} if checkpoint is None else checkpoint
     with SimulatedCluster(nodes, store_budget_bytes=512 << 20, logging_level="ERROR") as sim:
-        quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
+        if quiet_driver:
+            quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         common: dict[str, Any] = {"storage_path": storage, "steps": steps, "workers": workers, "checkpoint": checkpoint}
         reference = run(name="reference", events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **common)
         events = tempfile.mkdtemp()
@@ -273,7 +276,7 @@ def run_with_kill(
         }
 
 
-def run_elastic(steps: int = 100, step_sleep_s: float = 0.25) -> dict[str, Any]:
+def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool = False) -> dict[str, Any]:
     """An elastic FSDP2 run, ``ScalingConfig(num_workers=(2, 4))``, on a fresh simulated
     cluster of exactly 4 one-CPU nodes, RS(2,1): after step 4 committed the node of rank 1 is
     hard-killed and there is no spare, so Ray Train restarts the run at 3 workers, which
@@ -281,7 +284,8 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25) -> dict[str, Any]:
     added back and Ray Train grows the run to 4 workers, which reshard from 3. Returns
     ``{"sizes": [workers of each attempt that restored, in order], "reshards": [{"from",
     "to", "step", "bit_exact"}], "completed"}``: ``bit_exact`` compares every new rank's
-    restored full parameters with those the saving group had at that step."""
+    restored full parameters with those the saving group had at that step. ``quiet_driver`` as
+    in ``run_with_kill``."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     events = tempfile.mkdtemp()
     failures: list[BaseException] = []
@@ -303,7 +307,8 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25) -> dict[str, Any]:
             failures.append(error)
 
     with SimulatedCluster(4, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
-        quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
+        if quiet_driver:
+            quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         # Ray starts a node only from the main thread: the run goes on a thread instead
         trainer = threading.Thread(target=fit, daemon=True)
         trainer.start()
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rcktrain"))
     if args.elastic:
-        elastic = run_elastic()
+        elastic = run_elastic(quiet_driver=True)
         print(f"workers of each restart: {' -> '.join(map(str, elastic['sizes']))}")
         for r in elastic["reshards"]:
             print(
@@ -358,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                 + ("bit-identical to the saved parameters" if r["bit_exact"] else "MISMATCH")
             )
         return 0 if elastic["reshards"] and all(r["bit_exact"] for r in elastic["reshards"]) else 1
-    report = run_with_kill(steps=args.steps, workers=args.workers, nodes=args.nodes, kill_at_step=args.kill_at_step)
+    report = run_with_kill(
+        steps=args.steps, workers=args.workers, nodes=args.nodes, kill_at_step=args.kill_at_step, quiet_driver=True
+    )
     killed = report["killed"]
     print(f"killed node {killed.get('node_id', '?')[:8]} after step {killed.get('latest_committed')} committed")
     for record in report["restores"]:
