@@ -15,8 +15,9 @@ estimated to cost the same stall (each report taken as two controller polls, whi
 report costs when reports come faster than the controller polls; the measured stalls of both
 are printed, and ``scripts/bench_goodput.py`` compares at the measured equal stall). The report
 shows, per mode and failure, the time to resume and its phases, the steps lost, each rank's
-restore source and whether the survivors kept their processes, the job wall times and which
-mode won, and checks that the final models equal an uninterrupted run's, bit for bit.
+restore source and whether the survivors kept their processes, the time each mode lost to its
+failures (time to resume plus steps redone), the job wall times and which mode finished first,
+and checks that the final models equal an uninterrupted run's, bit for bit.
 
     python scripts/demo.py [--steps 200] [--json PATH] [--events PATH]
 """
