@@ -147,7 +147,7 @@ def warm_worker_processes(hook: str) -> None:
     """Make every Ray Train worker process this process's controller creates run ``hook`` (a
     "module.function" path) when the process starts, before its actor is created: Ray's
     ``worker_process_setup_hook`` as it passes one to a worker, an env var of the workers'
-    runtime env. A prestarted worker with that runtime env (``prestart_workers``) then has the
+    runtime env. A prestarted worker with that runtime env (``prestart_worker``) then has the
     imports done before a replacement lands in it. Patches ``WorkerGroup._get_worker_runtime_env``
     in this process; leaves a setup hook the job already has alone; idempotent."""
     worker_group = importlib.import_module("ray.train.v2._internal.execution.worker_group.worker_group")
@@ -170,40 +170,36 @@ def train_worker_module() -> str:
     return "ray.train.v2._internal.execution.worker_group.worker"
 
 
-def prestart_workers(node_ids: list[str], runtime_env: str, job_id: str, keep_alive_s: int) -> list[str]:
-    """Ask the raylet of each of ``node_ids`` to start one idle Python worker process for the
-    job ``job_id`` (hex) with the serialized ``runtime_env``, kept alive ``keep_alive_s``: the
-    process an actor with that runtime env (a Ray Train replacement) is then created in, with no
-    process to start. Ray's raylet ``PrestartWorkers`` call (internal gRPC). Returns the nodes
-    where it was accepted; logs and skips the others; never raises."""
+def prestart_worker(raylet_address: str, runtime_env: str, job_id: str, keep_alive_s: int) -> bool:
+    """Ask the raylet at ``raylet_address`` ("host:port", a node's NodeManagerAddress and
+    NodeManagerPort) to start one idle Python worker process for the job ``job_id`` (hex) with
+    the serialized ``runtime_env``, kept alive ``keep_alive_s``: the process an actor with that
+    runtime env (a Ray Train replacement) is then created in, with no process to start. Ray's
+    raylet ``PrestartWorkers`` call (internal gRPC). True if it was accepted; logs and returns
+    False otherwise; never raises."""
     try:
         from ray._private.grpc_utils import init_grpc_channel
         from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
     except ImportError as error:
         logger.info("warm spares are off: Ray lacks the raylet's PrestartWorkers call (%s)", error)
-        return []
-    addresses = {str(n["NodeID"]): f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}" for n in ray.nodes()}
-    started = []
-    for node_id in node_ids:
-        if node_id not in addresses:
-            continue
+        return False
+    try:
+        request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]
+            language=common_pb2.PYTHON,  # type: ignore[attr-defined]
+            job_id=bytes.fromhex(job_id),
+            num_workers=1,
+            keep_alive_duration_secs=int(keep_alive_s),
+        )
+        request.runtime_env_info.serialized_runtime_env = runtime_env
+        channel = init_grpc_channel(raylet_address)
         try:
-            request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]
-                language=common_pb2.PYTHON,  # type: ignore[attr-defined]
-                job_id=bytes.fromhex(job_id),
-                num_workers=1,
-                keep_alive_duration_secs=int(keep_alive_s),
-            )
-            request.runtime_env_info.serialized_runtime_env = runtime_env
-            channel = init_grpc_channel(addresses[node_id])
-            try:
-                node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
-            finally:
-                channel.close()
-            started.append(node_id)
-        except Exception as error:  # an optimization: a replacement then starts a process as before
-            logger.info("could not prestart a warm worker on node %s: %s", node_id, error)
-    return started
+            node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
+        finally:
+            channel.close()
+        return True
+    except Exception as error:  # an optimization: a replacement then starts a process as before
+        logger.info("could not prestart a warm worker at %s: %s", raylet_address, error)
+        return False
 
 
 _WARM_NAMESPACE = "ray_ckpt"

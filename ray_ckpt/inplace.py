@@ -353,18 +353,18 @@ class _WarmSpares:
                 return
             env, job, needs = facts["runtime_env"], facts["job_id"], facts["resources"]
             busy = set(self.workers.values())
-            room = [
-                str(node["NodeID"])
+            room = {  # node id -> its raylet's address
+                str(node["NodeID"]): f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
                 for node in ray.nodes()
                 if node.get("Alive")
                 and str(node["NodeID"]) not in busy
                 and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
-            ]
+            }
             fresh = time.time() - WARM_KEEP_ALIVE_S / 2
             waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
             chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
             for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                if _ray_compat.prestart_workers([node], env, job, WARM_KEEP_ALIVE_S):
+                if _ray_compat.prestart_worker(room[node], env, job, WARM_KEEP_ALIVE_S):
                     _ray_compat.mark_warm_spare(job, env, node, time.time())
                 time.sleep(WARM_STAGGER_S)
         if chosen:

@@ -89,7 +89,7 @@ def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_ru
 
 
 def test_warm_spares_find_the_raylet_call_and_the_setup_hook_ray_runs() -> None:
-    """The raylet's PrestartWorkers call with the fields prestart_workers sets, and the env var
+    """The raylet's PrestartWorkers call with the fields prestart_worker sets, and the env var
     through which Ray hands a worker process its setup hook (run before it takes any task)."""
     import ray._private.ray_constants as constants
     from ray._private.workers import default_worker
