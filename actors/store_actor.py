@@ -11,6 +11,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ckpt import metrics, naming, remote, settings
+from ray_ckpt.direct_reads import DirectReadServer
 from ray_ckpt.errors import ConfigError, RayCkptError
 from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.relay import Relay, subtrees
@@ -64,6 +65,7 @@ class ShardStoreActor:
         self._kept: dict[str, tuple[int, ...]] = {}  # job -> the kept steps this store last applied
         self._relayed = 0  # relay calls taken from stores below
         self._pushes: dict[str, Any] = {}  # child node id -> its last commit push (an ObjectRef)
+        self._direct = None if not settings.direct_reads() else DirectReadServer(self._store, _node_address())
 
     def ready(self) -> str:
         return self._store.node_id
@@ -79,6 +81,10 @@ class ShardStoreActor:
     ) -> tuple[dict[str, Any], np.ndarray] | None:
         found = self._store.get(job, step, rank, index, local=local)
         return None if found is None else (found[0].to_dict(), found[1])
+
+    def direct_endpoint(self) -> list[Any] | None:
+        """Where this store serves direct reads (``Endpoint`` on the wire); None when off."""
+        return None if self._direct is None else self._direct.endpoint.to_wire()
 
     def get_ranges(
         self, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool = False
@@ -233,6 +239,8 @@ class ShardStoreActor:
             "parent": self._parent,
             "relay_sends": self._relay.sends,
             "relayed": self._relayed,
+            "direct_reads": 0 if self._direct is None else self._direct.reads,
+            "direct_bytes": 0 if self._direct is None else self._direct.bytes_sent,
         }
 
     def set_memory_ceiling(self, fraction: float) -> None:
@@ -254,6 +262,10 @@ def deploy(namespace: str, node_id: str, budget_bytes: int | None, budget_fracti
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote(node_id, budget_bytes, budget_fraction, namespace)
+
+
+def _node_address() -> str:
+    return str(ray.util.get_node_ip_address())
 
 
 def _node_memory() -> tuple[int, int]:

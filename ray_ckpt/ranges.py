@@ -6,7 +6,9 @@ one or more data shards, read from their stores. A data shard that is lost, unre
 longer matches its checksum (the store checks the whole shard; a range cannot be checked on
 its own) is an erasure: only the same byte positions are read from k other shards and decoded,
 since Reed-Solomon works position by position. When the rank's local copy lies on this node,
-the ranges are read from it with no network.
+the ranges are read from it with no network. A caller may name where each range goes
+(``read(ranges, into=...)``): the bytes land there straight from the socket when the store
+vouches for them, and are copied there otherwise.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.direct_reads import Landing
 from ray_ckpt.errors import InsufficientShardsError
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import RankRecord
 
 Ranges = list[tuple[int, int]]
+Targets = list[np.ndarray | None]  # per range: where its bytes go (None: anywhere)
 
 
 class RangeSource(Protocol):
@@ -33,14 +37,26 @@ class RangeSource(Protocol):
         """Which of these nodes run a store that is alive now."""
 
     def get_ranges(
-        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: Ranges, local: bool
+        self,
+        node_id: str,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: Ranges,
+        local: bool,
+        into: Landing | None = None,
     ) -> Future[Any]:
-        """``(meta dict, intact, pieces)`` or None; the future fails if the store does."""
+        """``(meta dict, intact, pieces)`` or None; the future fails if the store does. A
+        source may put pieces ``into`` the landing's arrays (or ignore it)."""
 
 
 class RangeReader:
     """Byte ranges of rank ``rank``'s blob of ``step`` (described by its registry ``record``).
-    ``fetched_bytes`` counts what was read so far (decoding reads k pieces per lost one)."""
+    ``fetched_bytes`` counts what was read so far (decoding reads k pieces per lost one).
+    ``live_nodes``: the nodes with a live store as the caller found them for the readers of
+    one restore (one look-up for all; a store that died since fails its read, an erasure);
+    None: the source is asked on each read."""
 
     def __init__(
         self,
@@ -52,28 +68,37 @@ class RangeReader:
         rank: int,
         node_id: str,
         timeout_s: Callable[[], float],
+        live_nodes: set[str] | None = None,
     ) -> None:
         self.source, self.record, self.job, self.step, self.rank = source, record, job, step, rank
-        self.node_id, self._timeout_s = node_id, timeout_s
+        self.node_id, self._timeout_s, self._live_nodes = node_id, timeout_s, live_nodes
         self.fetched_bytes = 0
 
     @property
     def blob_size(self) -> int:
         return self.record.payload_size
 
-    def read(self, ranges: Ranges) -> list[np.ndarray]:
-        """The bytes of each blob range ``[start, stop)``, in order. InsufficientShardsError
-        when fewer than k shards can serve a lost data shard's positions."""
-        for start, stop in ranges:
+    def read(self, ranges: Ranges, into: Targets | None = None) -> list[np.ndarray]:
+        """The bytes of each blob range ``[start, stop)``, in order; with ``into``, range i is
+        written into ``into[i]`` (a writable uint8 array of its size, or None) and returned as
+        it. InsufficientShardsError when fewer than k shards can serve a lost data shard's
+        positions (``into`` may then hold some of the bytes)."""
+        targets: Targets = [None] * len(ranges) if into is None else list(into)
+        if len(targets) != len(ranges):
+            raise ValueError(f"{len(ranges)} ranges but {len(targets)} places to put them")
+        for (start, stop), target in zip(ranges, targets, strict=True):
             if not 0 <= start <= stop <= self.blob_size:
                 raise ValueError(f"blob range [{start}, {stop}) is outside the {self.blob_size}-byte blob")
-        local = self._from_local_copy(ranges)
+            if target is not None and target.size != stop - start:
+                raise ValueError(f"blob range [{start}, {stop}) cannot go into an array of {target.size} bytes")
+        local = self._from_local_copy(ranges, targets)
         if local is not None:
             return local
         size = self.record.shard_size
         pieces: dict[int, Ranges] = {}  # data shard -> ranges inside it
+        landing: dict[int, Targets] = {}  # data shard -> where each of them goes
         parts: list[list[tuple[int, int]]] = []  # per requested range: (shard, piece position)
-        for start, stop in ranges:
+        for (start, stop), target in zip(ranges, targets, strict=True):
             part = []
             cursor = start
             while cursor < stop:
@@ -82,29 +107,37 @@ class RangeReader:
                 wanted = pieces.setdefault(index, [])
                 part.append((index, len(wanted)))
                 wanted.append((offset, offset + end - cursor))
+                landing.setdefault(index, []).append(None if target is None else target[cursor - start : end - start])
                 cursor = end
             parts.append(part)
-        got = self._data_pieces(pieces)
+        got = self._data_pieces(pieces, landing)
         out = []
-        for part in parts:
+        for part, target in zip(parts, targets, strict=True):
+            if target is not None:
+                out.append(target)
+                continue
             chunks = [got[index][position] for index, position in part]
             out.append(chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.empty(0, np.uint8))
         return out
 
-    def _from_local_copy(self, ranges: Ranges) -> list[np.ndarray] | None:
+    def _from_local_copy(self, ranges: Ranges, targets: Targets) -> list[np.ndarray] | None:
         meta = self.record.local
         if meta is None or self.record.local_node != self.node_id:
             return None
-        found = self._fetch({-1: (self.node_id, ranges)}, local=True).get(-1)
+        found = self._fetch({-1: (self.node_id, ranges, Landing(meta.checksum, targets))}, local=True).get(-1)
         if found is None or not self._usable(found, meta):
             return None
         self.fetched_bytes += sum(stop - start for start, stop in ranges)
-        return list(found[2])
+        return [_put(piece, target) for piece, target in zip(found[2], targets, strict=True)]
 
-    def _data_pieces(self, pieces: dict[int, Ranges]) -> dict[int, list[np.ndarray]]:
+    def _data_pieces(self, pieces: dict[int, Ranges], landing: dict[int, Targets]) -> dict[int, list[np.ndarray]]:
         nodes = self.record.nodes
-        live = self.source.live({nodes[i] for i in nodes})
-        asked = {i: (nodes[i], r) for i, r in pieces.items() if nodes.get(i) in live}
+        live = self._live_nodes if self._live_nodes is not None else self.source.live({nodes[i] for i in nodes})
+        asked: dict[int, tuple[str, Ranges, Landing | None]] = {
+            i: (nodes[i], r, Landing(self.record.metas[i].checksum, landing[i]))
+            for i, r in pieces.items()
+            if nodes.get(i) in live
+        }
         found = self._fetch(asked, local=False)
         got: dict[int, list[np.ndarray]] = {}
         for index, wanted in pieces.items():
@@ -114,6 +147,7 @@ class RangeReader:
                 self.fetched_bytes += sum(stop - start for start, stop in wanted)
             else:
                 got[index] = self._decode(index, wanted, live)
+            got[index] = [_put(piece, target) for piece, target in zip(got[index], landing[index], strict=True)]
         return got
 
     def _decode(self, lost: int, wanted: Ranges, live: set[str]) -> list[np.ndarray]:
@@ -124,7 +158,7 @@ class RangeReader:
         valid: dict[int, np.ndarray] = {}
         while candidates and len(valid) < k:
             batch, candidates = candidates[: k - len(valid)], candidates[k - len(valid) :]
-            found = self._fetch({i: (self.record.nodes[i], wanted) for i in batch}, local=False)
+            found = self._fetch({i: (self.record.nodes[i], wanted, None) for i in batch}, local=False)
             for index in batch:
                 answer = found.get(index)
                 if answer is not None and self._usable(answer, self.record.metas[index]):
@@ -149,13 +183,15 @@ class RangeReader:
             cursor += stop - start
         return out
 
-    def _fetch(self, asks: dict[int, tuple[str, Ranges]], *, local: bool) -> dict[int, Any]:
+    def _fetch(self, asks: dict[int, tuple[str, Ranges, Landing | None]], *, local: bool) -> dict[int, Any]:
         """Answers by key (None for a failed or unanswered call), all asked at once."""
         futures: dict[int, Future[Any]] = {}
-        for key, (node_id, ranges) in asks.items():
+        for key, (node_id, ranges, into) in asks.items():
             index = 0 if local else key
             try:
-                futures[key] = self.source.get_ranges(node_id, self.job, self.step, self.rank, index, ranges, local)
+                futures[key] = self.source.get_ranges(
+                    node_id, self.job, self.step, self.rank, index, ranges, local, into
+                )
             except KeyError:  # no live store there any more
                 continue
         deadline = time.monotonic() + self._timeout_s()
@@ -174,3 +210,12 @@ class RangeReader:
             return bool(intact) and ShardMeta.from_dict(meta) == expected
         except Exception:
             return False
+
+
+def _put(piece: np.ndarray, target: np.ndarray | None) -> np.ndarray:
+    """``piece``, or ``target`` holding its bytes (copied unless it landed there already)."""
+    if target is None:
+        return piece
+    if piece.ctypes.data != target.ctypes.data:
+        np.copyto(target, piece)
+    return target

@@ -11,7 +11,11 @@ such as a data loader's position are also handed back for every old rank
 (``Resharded.values_by_rank``), so the caller decides. A state without DTensors is per-rank
 state and cannot be resharded: ConfigError names its keys.
 
-Everything is planned and checked before a byte of ``into`` is written.
+Everything is planned and checked before a byte is read, so a state that does not fit
+changes nothing. Where a new block's part is one run of bytes on both sides (FSDP2's row
+shards are), the bytes land in ``into`` straight from the store; the rest is copied into place
+after the reads. A read that fails (a step lost beyond its parity) may leave ``into`` part
+written, and raises.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def restore_into(old: list[OldRank], into: Any, *, rank: int) -> Resharded:
     fetched_before = sum(o.reader.fetched_bytes for o in old)
     sources = [o for o in old if plan.reads.get(o.rank)]
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(sources))), thread_name_prefix="ray_ckpt-ranges") as pool:
-        pieces = list(pool.map(lambda o: o.reader.read(plan.reads[o.rank]), sources))
+        pieces = list(pool.map(lambda o: o.reader.read(plan.reads[o.rank], plan.targets[o.rank]), sources))
     data = {o.rank: got for o, got in zip(sources, pieces, strict=True)}
     with torch.no_grad():
         for fill in plan.fills:
@@ -106,15 +110,18 @@ class _Plan:
     def __init__(self, old: list[OldRank], primary: OldRank) -> None:
         self.old, self.primary = old, primary
         self.reads: dict[int, list[tuple[int, int]]] = {}
+        self.targets: dict[int, list[np.ndarray | None]] = {}  # per read: the bytes of ``into`` it lands in
         self.fills: list[Callable[[dict[int, list[np.ndarray]]], None]] = []
         self.sharded = False
         self.plain: list[str] = []
         self.needed = 0
 
-    def read(self, source: OldRank, start: int, stop: int) -> tuple[int, int]:
-        """Schedule payload bytes ``[start, stop)`` of ``source``; (its rank, position)."""
+    def read(self, source: OldRank, start: int, stop: int, land: torch.Tensor | None = None) -> tuple[int, int]:
+        """Schedule payload bytes ``[start, stop)`` of ``source``, straight into ``land`` (a
+        tensor of exactly those bytes) when given; (its rank, position)."""
         wanted = self.reads.setdefault(source.rank, [])
         wanted.append((source.payload_offset + start, source.payload_offset + stop))
+        self.targets.setdefault(source.rank, []).append(None if land is None else _bytes_of(land))
         return source.rank, len(wanted) - 1
 
     def leaf(self, saved: Any, target: Any, keys: tuple[Any, ...]) -> Any:
@@ -134,6 +141,9 @@ class _Plan:
         out = plain if plain is not None else torch.empty(ref.shape, dtype=ref.dtype)
         self.needed += ref.nbytes
         if not ref.nbytes:
+            return out
+        if _landable(out):
+            self.read(self.primary, ref.offset, ref.offset + ref.nbytes, land=out)
             return out
         source, position = self.read(self.primary, ref.offset, ref.offset + ref.nbytes)
 
@@ -182,8 +192,12 @@ class _Plan:
         first = sum(s * t for s, t in zip(start, strides, strict=True))
         last = sum((s + n - 1) * t for s, n, t in zip(start, size, strides, strict=True))
         item = ref.dtype.itemsize
-        key = self.read(source, ref.offset + first * item, ref.offset + (last + 1) * item)
         box = tuple(slice(b - o, e - o) for b, e, o in zip(begin, end, now.offsets, strict=True))
+        region = local[box]
+        if last + 1 - first == region.numel() and _landable(region):  # one run of bytes on both sides
+            self.read(source, ref.offset + first * item, ref.offset + (last + 1) * item, land=region)
+            return
+        key = self.read(source, ref.offset + first * item, ref.offset + (last + 1) * item)
 
         def fill(data: dict[int, list[np.ndarray]]) -> None:
             span = _as_tensor(data[key[0]][key[1]], ref.dtype)
@@ -217,6 +231,16 @@ def _at(tree: Any, keys: tuple[Any, ...]) -> Any:
         except (KeyError, IndexError, TypeError):
             return None
     return node
+
+
+def _landable(tensor: torch.Tensor) -> bool:
+    """Whether fetched bytes can be written straight into ``tensor``'s memory."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel() > 0
+
+
+def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
+    """A writable uint8 numpy view of a contiguous CPU tensor's bytes."""
+    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _row_major_strides(shape: tuple[int, ...]) -> list[int]:

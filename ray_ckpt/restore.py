@@ -30,6 +30,7 @@ from ray_ckpt import blob, dtensor, hostmem, reshard, snapshot
 from ray_ckpt.backup import Backup
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.direct_reads import Landing
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.shard import ShardMeta
@@ -90,9 +91,18 @@ class ShardSource(Protocol):
         future fails if the store does."""
 
     def get_ranges(
-        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool
+        self,
+        node_id: str,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: list[tuple[int, int]],
+        local: bool,
+        into: Landing | None = None,
     ) -> Future[Any]:
-        """Byte ranges of that shard (or full copy): ``(meta dict, intact, pieces)`` or None."""
+        """Byte ranges of that shard (or full copy): ``(meta dict, intact, pieces)`` or None
+        (``ranges.RangeSource``)."""
 
 
 def check_shard(found: Any, expected: ShardMeta) -> str | None:
@@ -342,6 +352,7 @@ class Restorer:
         """This rank's new shards of ``step`` (saved at another world size or sharding), read as byte
         ranges from every old rank's checkpoint and copied into ``into``."""
         records = self.registry.locate(self.job, step)
+        live = self.stores.live({node for record in records.values() for node in record.nodes.values()})
         t1 = time.perf_counter()
         readers = [
             RangeReader(
@@ -352,6 +363,7 @@ class Restorer:
                 rank=r,
                 node_id=self.node_id,
                 timeout_s=self._timeout_s,
+                live_nodes=live,
             )
             for r in sorted(records)
         ]
@@ -386,7 +398,8 @@ class Restorer:
             return None
         if check_shard(found, record.local) is not None:
             return None
-        return np.array(found[1], copy=True)  # type: ignore[index]  # writable, owned: tensors view it
+        data: np.ndarray = found[1]  # type: ignore[index]
+        return data if data.flags.writeable else np.array(data, copy=True)  # tensors view it: writable, owned
 
     def _from_backup(self, plan: RestorePlan, t0: float) -> Restored | None:
         proposal = None

@@ -104,6 +104,14 @@ def relay_timeout_s() -> float:
     return _read("RAY_CKPT_RELAY_TIMEOUT_S", 5.0, float)
 
 
+def direct_reads() -> bool:
+    """RAY_CKPT_DIRECT_READS: restores read shards and byte ranges from each store over a
+    plain TCP connection (``ray_ckpt.direct_reads``) rather than through Ray's object store;
+    0 turns it off (for networks that allow only Ray's own ports). Read by stores as they
+    start and by readers as they read."""
+    return _read("RAY_CKPT_DIRECT_READS", True, lambda raw: raw.strip().lower() not in ("0", "false", "no", "off"))
+
+
 @contextlib.contextmanager
 def override(**values: object) -> Iterator[None]:
     """Temporarily set knobs by env-var name, e.g. ``override(RAY_CKPT_CODEC_THREADS=1)``."""

@@ -4,21 +4,32 @@ Handles are looked up once and cached (a save touches only the stores it uses, n
 node of the cluster); ``live`` asks Ray afresh, so a restore never counts on a dead store.
 Calls return ``concurrent.futures.Future``s, which is what the save and restore paths (and
 their fakes in unit tests) wait on.
+
+Reads (``get``, ``get_ranges``) go straight to the store's socket (``ray_ckpt.direct_reads``)
+when it serves one, from a small pool of reader threads; a store that cannot be reached that
+way is read through its Ray actor from then on.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import ray
 
-from ray_ckpt import naming
+from ray_ckpt import direct_reads, naming, remote, settings
+from ray_ckpt.direct_reads import Endpoint, Landing
 from ray_ckpt.placement import Node
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import StageRequest
+
+logger = logging.getLogger(__name__)
+
+_READ_THREADS = 16  # direct reads in flight at once (a resharded restore reads every old rank)
 
 
 class StoreDirectory:
@@ -28,6 +39,9 @@ class StoreDirectory:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self._handles: dict[str, Any] = {}
+        self._endpoints: dict[str, Endpoint | None] = {}  # node id -> direct reads (None: through Ray)
+        self._endpoints_lock = threading.Lock()
+        self._readers: ThreadPoolExecutor | None = None
 
     def storage_nodes(self, failure_domain_label: str | None) -> list[Node]:
         """The alive nodes that run a store, with their failure domain from the node label (two
@@ -44,6 +58,10 @@ class StoreDirectory:
     def live(self, node_ids: Iterable[str]) -> set[str]:
         """Which of these nodes run a live store now (their handles are cached)."""
         found = naming.store_handles(self.namespace, sorted(set(node_ids)))
+        with self._endpoints_lock:
+            for node_id, handle in found.items():
+                if self._handles.get(node_id, handle) != handle:  # a new store there: ask it anew
+                    self._endpoints.pop(node_id, None)
         self._handles.update(found)
         return set(found)
 
@@ -57,13 +75,95 @@ class StoreDirectory:
         return self._handle(node_id).put.remote(meta.to_dict(), ray.put(data), local).future()
 
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
-        return self._handle(node_id).get.remote(job, step, rank, index, local).future()
+        """A shard (or local copy): ``(meta dict, data)`` or None. Data read directly is writable."""
+        handle = self._handle(node_id)
+        if not settings.direct_reads():
+            return handle.get.remote(job, step, rank, index, local).future()
+
+        def whole() -> Any:
+            found = self._read(node_id, handle, job, step, rank, index, None, local, None)
+            if found is _THROUGH_RAY:
+                return remote.get(handle.get.remote(job, step, rank, index, local), timeout=settings.peer_timeout_s())
+            return None if found is None else (found[0], found[2][0])
+
+        return self._reader_pool().submit(whole)
 
     def get_ranges(
-        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool
+        self,
+        node_id: str,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: list[tuple[int, int]],
+        local: bool,
+        into: Landing | None = None,
     ) -> Future[Any]:
-        """Byte ranges of a shard (or local copy): ``(meta dict, intact, pieces)`` or None."""
-        return self._handle(node_id).get_ranges.remote(job, step, rank, index, ranges, local).future()
+        """Byte ranges of a shard (or local copy): ``(meta dict, intact, pieces)`` or None. A
+        direct read puts the pieces ``into`` its arrays when the store vouches for them
+        (``direct_reads.Landing``); the caller copies any other piece."""
+        handle = self._handle(node_id)
+        if not settings.direct_reads():
+            return handle.get_ranges.remote(job, step, rank, index, ranges, local).future()
+
+        def spans() -> Any:
+            found = self._read(node_id, handle, job, step, rank, index, ranges, local, into)
+            if found is _THROUGH_RAY:
+                call = handle.get_ranges.remote(job, step, rank, index, ranges, local)
+                return remote.get(call, timeout=settings.peer_timeout_s())
+            return found
+
+        return self._reader_pool().submit(spans)
+
+    def _read(
+        self,
+        node_id: str,
+        handle: Any,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: list[tuple[int, int]] | None,
+        local: bool,
+        into: Landing | None,
+    ) -> Any:
+        """A direct read from that store, or ``_THROUGH_RAY`` when it serves none or cannot be
+        reached (then it is read through Ray from now on)."""
+        endpoint = self._endpoint(node_id, handle)
+        if endpoint is None:
+            return _THROUGH_RAY
+        try:
+            return direct_reads.read(
+                endpoint,
+                job=job,
+                step=step,
+                rank=rank,
+                index=index,
+                ranges=ranges,
+                local=local,
+                timeout_s=settings.peer_timeout_s(),
+                into=into,
+            )
+        except OSError as error:
+            logger.info("ray_ckpt: direct read from the store on %s failed (%s); reading through Ray", node_id, error)
+            with self._endpoints_lock:
+                self._endpoints[node_id] = None
+            return _THROUGH_RAY
+
+    def _endpoint(self, node_id: str, handle: Any) -> Endpoint | None:
+        with self._endpoints_lock:
+            if node_id in self._endpoints:
+                return self._endpoints[node_id]
+        wire = remote.get(handle.direct_endpoint.remote(), timeout=settings.peer_timeout_s())
+        endpoint = None if wire is None else Endpoint.from_wire(wire)
+        with self._endpoints_lock:
+            self._endpoints[node_id] = endpoint
+        return endpoint
+
+    def _reader_pool(self) -> ThreadPoolExecutor:
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ray_ckpt-reads")
+        return self._readers
 
     def stage(self, node_id: str, request: StageRequest) -> Future[dict[str, Any]]:
         """Stage through that node's store, which batches its ranks' stages into one registry
@@ -78,6 +178,16 @@ class StoreDirectory:
     def forget(self, node_id: str) -> None:
         """Drop a cached handle (its store failed; a new one may take its place)."""
         self._handles.pop(node_id, None)
+        with self._endpoints_lock:
+            self._endpoints.pop(node_id, None)
 
     def clear(self) -> None:
         self._handles.clear()
+        with self._endpoints_lock:
+            self._endpoints.clear()
+        if self._readers is not None:
+            self._readers.shutdown(wait=False)
+            self._readers = None
+
+
+_THROUGH_RAY = object()  # a read the store's Ray actor must serve

@@ -14,13 +14,15 @@ private RAY_TMPDIR), ranks are Ray actors (one per node, round robin) in a gloo 
 3. Every restored global tensor is compared with the saved one (``full_tensor`` digests); a
    mismatch aborts the run.
 
-Rows: ``{"from_ranks", "to_ranks", "size_bytes", "restore_s", "dcp_load_s", "bytes_fetched",
-"bytes_needed"}``: the slowest rank's times, and per rank the most bytes read against what its
+Steps 2 and 3 run ``--repeats`` rounds over all pairs (new processes each time). Rows:
+``{"from_ranks", "to_ranks", "size_bytes", "restore_s", "dcp_load_s", "bytes_fetched",
+"bytes_needed", "restore_s_trials"}``: the median over the rounds of the slowest rank's times
+(each round's in ``restore_s_trials``), and per rank the most bytes read against what its
 new shards need (a plain restore at the same size reads its local copy: 0 bytes over the
 network, reported as the local bytes). All "nodes" share this machine's cores, so the times
 are comparable only within one run.
 
-    python scripts/bench_reshard.py [--state-mib 256] [--json PATH] [--quick]
+    python scripts/bench_reshard.py [--state-mib 256] [--repeats 3] [--json PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -173,11 +176,14 @@ def _free_port() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-mib", type=int, default=256, help="parameters plus Adam moments, all ranks (MiB)")
-    parser.add_argument("--quick", action="store_true", help="24 MiB (for tests)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of restores of every pair (median)")
+    parser.add_argument("--quick", action="store_true", help="24 MiB and one round (for tests)")
     parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.state_mib = 24
+        args.state_mib, args.repeats = 24, 1
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     if not 12 <= args.state_mib <= 4096:
         parser.error("--state-mib must be in 12..4096")
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rckr")
@@ -197,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             quiet.quiet_driver()
             nodes = [sim.node_id(i) for i in range(NODES)]
             digests, sizes = {}, {}
+            trials: dict[tuple[int, int], list[list[dict[str, Any]]]] = {}
             for saved in sorted({n for n, _ in PAIRS}):
                 ranks = group(f"saved{saved}", saved, args.state_mib, seed=saved, nodes=nodes)
                 ray.get([r.save.remote(str(folder / f"dcp{saved}")) for r in ranks])
@@ -204,26 +211,32 @@ def main(argv: list[str] | None = None) -> int:
                 sizes[saved] = sum(ray.get([r.size.remote() for r in ranks]))
                 for r in ranks:
                     ray.kill(r)
-            for n, m in PAIRS:
-                ranks = group(f"to{m}from{n}", m, args.state_mib, seed=100 + m, nodes=nodes)
-                results = ray.get([r.restore.remote(f"saved{n}", str(folder / f"dcp{n}")) for r in ranks])
-                for r in ranks:
-                    ray.kill(r)
-                if {res["digest"] for res in results} != {digests[n]}:
-                    raise BenchError(f"{n} -> {m}: the restored state differs from the saved one")
-                worst = max(results, key=lambda res: res["fetched"] / max(1, res["needed"]))
+            for trial in range(args.repeats):
+                for n, m in PAIRS:
+                    ranks = group(f"to{m}from{n}t{trial}", m, args.state_mib, seed=100 + m, nodes=nodes)
+                    results = ray.get([r.restore.remote(f"saved{n}", str(folder / f"dcp{n}")) for r in ranks])
+                    for r in ranks:
+                        ray.kill(r)
+                    if {res["digest"] for res in results} != {digests[n]}:
+                        raise BenchError(f"{n} -> {m}: the restored state differs from the saved one")
+                    trials.setdefault((n, m), []).append(results)
+                print(f"  trial {trial + 1} of {args.repeats}: done", flush=True)
+            for (n, m), runs in trials.items():
+                every = [res for run in runs for res in run]
+                worst = max(every, key=lambda res: res["fetched"] / max(1, res["needed"]))
+                restore_s = [max(res["restore_s"] for res in run) for run in runs]
                 rows.append(
                     {
                         "from_ranks": n,
                         "to_ranks": m,
                         "size_bytes": sizes[n],
-                        "restore_s": max(res["restore_s"] for res in results),
-                        "dcp_load_s": max(res["dcp_load_s"] for res in results),
+                        "restore_s": statistics.median(restore_s),
+                        "dcp_load_s": statistics.median(max(res["dcp_load_s"] for res in run) for run in runs),
                         "bytes_fetched": worst["fetched"],
                         "bytes_needed": worst["needed"],
+                        "restore_s_trials": restore_s,
                     }
                 )
-                print(f"  {n} -> {m}: done", flush=True)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -157,7 +157,7 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
         ("bench_memory.py", ("--state-mib", "--quick", "--json", "--plots")),
         ("bench_goodput.py", ("--steps", "--mtbf-steps", "--seed", "--quick", "--json", "--plots")),
         ("scale_model.py", ("--calibration", "--nodes", "--quick", "--json", "--plots")),
-        ("bench_reshard.py", ("--state-mib", "--quick", "--json")),
+        ("bench_reshard.py", ("--state-mib", "--repeats", "--quick", "--json")),
     ],
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:

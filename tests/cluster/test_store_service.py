@@ -112,6 +112,49 @@ def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCl
     assert result["digest"] == digest(make_state(0, 0))
 
 
+@ray.remote(num_cpus=1, max_retries=0)
+def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int) -> dict:
+    """Restore one rank as a reader to which every store's socket is closed (a firewall that
+    lets only Ray's ports through): each store's endpoint points at a port nobody listens on."""
+    import socket
+
+    from ray_ckpt.direct_reads import Endpoint
+
+    with socket.socket() as probe:  # a port that was free a moment ago, and is closed now
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    with Checkpointer(
+        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
+    ) as checkpointer:
+        directory = checkpointer._stores
+        for node_id in naming.store_node_ids(namespace):
+            directory._endpoints[node_id] = Endpoint("127.0.0.1", closed, "0" * 32)
+        restored = checkpointer.restore()
+    return {"step": restored.step, "digest": digest(restored.state)}
+
+
+def _direct_reads_served(namespace: str) -> int:
+    handles = naming.store_handles(namespace).values()
+    return sum(stats["direct_reads"] for stats in ray.get([h.stats.remote() for h in handles], timeout=30))
+
+
+def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is_closed(
+    sim_cluster: SimCluster,
+) -> None:
+    """A peers restore reads its k shards over the stores' direct-read sockets (the stores
+    count each read); a reader that cannot reach those sockets reads through Ray instead,
+    bit-exact, and no store serves it a direct read."""
+    save_all(sim_cluster, [0], world_size=2)
+    before = _direct_reads_served(sim_cluster.namespace)
+    results = restore_all(sim_cluster, world_size=2)
+    assert [r["digest"] for r in results] == [digest(make_state(r, 0)) for r in range(2)]
+    served = _direct_reads_served(sim_cluster.namespace)
+    assert served - before == 2 * CODE["data_shards"]
+    result = ray.get(_restore_with_unreachable_sockets.remote(sim_cluster.namespace, JOB, 1, 2))
+    assert result == {"step": 0, "digest": digest(make_state(1, 0))}
+    assert _direct_reads_served(sim_cluster.namespace) == served
+
+
 @pytest.mark.nodes(6)
 def test_killed_registry_restarts_with_the_same_view(sim_cluster: SimCluster) -> None:
     """The registry actor killed (and restarted by Ray) rebuilds its view from the stores:

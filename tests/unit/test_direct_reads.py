@@ -1,0 +1,128 @@
+"""Direct reads: a store's shards and byte ranges over its socket, bit-exact; bytes land in the
+caller's arrays only when the store vouches for them; a wrong token, a missing shard, a bad
+range, a corrupted shard, garbage on the wire and a closed server each give their answer."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ray_ckpt import direct_reads
+from ray_ckpt.checksum import checksum
+from ray_ckpt.direct_reads import DirectReadServer, Endpoint, Landing
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.store import ShardStore
+
+SIZE = 3 << 20  # over hostmem's threshold, so received bytes go to mapped memory
+
+
+def _meta(data: np.ndarray, index: int = 0) -> ShardMeta:
+    return ShardMeta(
+        job="j",
+        step=4,
+        rank=1,
+        index=index,
+        world_size=2,
+        data_shards=2,
+        parity_shards=1,
+        payload_size=2 * data.size,
+        shard_size=data.size,
+        checksum=checksum(data),
+    )
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[DirectReadServer, np.ndarray]]:
+    data = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8)
+    store = ShardStore(node_id="n", budget_bytes=1 << 30)
+    store.put(_meta(data), data)
+    store.put(_meta(data), data, local=True)
+    server = DirectReadServer(store, "127.0.0.1")
+    yield server, data
+    server.close()
+
+
+def _read(endpoint: Endpoint, **kwargs: object) -> object:
+    args: dict[str, object] = {"job": "j", "step": 4, "rank": 1, "index": 0, "local": False, "timeout_s": 5.0}
+    args.update(kwargs)
+    return direct_reads.read(endpoint, **args)  # type: ignore[arg-type]
+
+
+def test_ranges_and_whole_shards_come_back_bit_exact(served: tuple[DirectReadServer, np.ndarray]) -> None:
+    server, data = served
+    spans = [(0, 10), (100, 100), (SIZE - 4096, SIZE), (7, 1 << 20)]
+    meta, intact, pieces = _read(server.endpoint, ranges=spans)  # type: ignore[misc]
+    assert ShardMeta.from_dict(meta) == _meta(data)
+    assert intact is True
+    assert [p.tobytes() for p in pieces] == [data[a:b].tobytes() for a, b in spans]
+    meta, intact, (whole,) = _read(server.endpoint, ranges=None, local=True)  # type: ignore[misc]
+    assert intact is None  # the reader checks a whole shard itself
+    assert whole.flags.writeable and np.array_equal(whole, data)
+    assert server.reads == 2
+    assert server.bytes_sent == sum(b - a for a, b in spans) + SIZE
+
+
+def test_bytes_land_in_the_callers_arrays_only_when_the_store_vouches_for_them(
+    served: tuple[DirectReadServer, np.ndarray],
+) -> None:
+    server, data = served
+    spans = [(0, 1 << 20), (5, 9)]
+    target = np.zeros(1 << 20, dtype=np.uint8)
+    _, _, pieces = _read(server.endpoint, ranges=spans, into=Landing(checksum(data), [target, None]))  # type: ignore[misc]
+    assert pieces[0] is target and np.array_equal(target, data[: 1 << 20])
+    assert pieces[1].tobytes() == data[5:9].tobytes()
+
+    other = np.zeros(1 << 20, dtype=np.uint8)  # another checksum: not the shard the caller expects
+    _, _, pieces = _read(server.endpoint, ranges=spans, into=Landing(checksum(data) ^ 1, [other, None]))  # type: ignore[misc]
+    assert pieces[0] is not other and not other.any()
+    assert np.array_equal(pieces[0], data[: 1 << 20])
+
+    held = server.store.get("j", 4, 1, 0)  # corrupt the store's own copy of the shard
+    assert held is not None
+    held[1][SIZE - 1] ^= 0xFF
+    landed = np.zeros(1 << 20, dtype=np.uint8)
+    _, intact, pieces = _read(server.endpoint, ranges=spans, into=Landing(checksum(data), [landed, None]))  # type: ignore[misc]
+    assert intact is False
+    assert pieces[0] is not landed and not landed.any()
+
+
+def test_a_wrong_token_reads_nothing(served: tuple[DirectReadServer, np.ndarray]) -> None:
+    server, _ = served
+    forged = Endpoint(server.endpoint.host, server.endpoint.port, "0" * 32)
+    with pytest.raises(ValueError, match="token"):
+        _read(forged, ranges=[(0, 10)])
+    assert server.reads == 0 and server.bytes_sent == 0
+
+
+def test_a_missing_shard_is_none_and_a_bad_range_an_error(served: tuple[DirectReadServer, np.ndarray]) -> None:
+    server, _ = served
+    assert _read(server.endpoint, ranges=[(0, 10)], index=1) is None
+    assert _read(server.endpoint, ranges=None, step=5) is None
+    with pytest.raises(ValueError, match="outside the shard"):
+        _read(server.endpoint, ranges=[(0, SIZE + 1)])
+    assert server.reads == 0
+
+
+def test_garbage_on_the_wire_closes_that_connection_and_the_server_serves_on(
+    served: tuple[DirectReadServer, np.ndarray],
+) -> None:
+    server, data = served
+    with socket.create_connection((server.endpoint.host, server.endpoint.port), timeout=5) as sock:
+        sock.sendall(b"\xff\xff\xff\xff" + b"x" * 64)  # a frame over the size limit
+        assert sock.recv(16) == b""  # closed by the store
+    with socket.create_connection((server.endpoint.host, server.endpoint.port), timeout=5) as sock:
+        sock.sendall(b"\x00\x00\x00\x03abc")  # not msgpack of a request
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(1 << 16)  # an error answer or nothing, then the end
+    _, _, (piece,) = _read(server.endpoint, ranges=[(3, 30)])  # type: ignore[misc]
+    assert piece.tobytes() == data[3:30].tobytes()
+
+
+def test_a_closed_server_is_an_os_error(served: tuple[DirectReadServer, np.ndarray]) -> None:
+    server, _ = served
+    server.close()
+    with pytest.raises(OSError):
+        _read(server.endpoint, ranges=[(0, 10)])
