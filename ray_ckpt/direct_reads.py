@@ -1,15 +1,18 @@
-"""Direct reads: a store's shards served over one plain TCP connection per read.
+"""Direct reads: a store's shards served over a plain socket connection, one per read.
 
-Restores read through here instead of through Ray's object store. A Ray call that returns an
+Restores read shards through here, not through Ray's object store. A Ray call that returns an
 array copies it into the store node's object store, the reader's node pulls it over in chunks,
 and the reader copies it once more. Here the store's own memory goes onto the socket and
-arrives in the reader's buffer; on this machine a 64 MiB read took 0.24-0.69 s through Ray
-and 0.02-0.03 s here (docs/benchmarks.md, "Resharded restore").
+arrives in the reader's buffer (or straight in the caller's tensors); on this machine a 64 MiB
+read from another node took 0.24-0.69 s through Ray and 0.09-0.13 s here (docs/benchmarks.md,
+"Resharded restore").
 
 Each store runs one ``DirectReadServer`` bound to its node's address, on a port the system
-picks. A reader learns ``(host, port, token)`` from the store actor, so only those who can
-call the Ray actor can read. One request per round trip, all framed as a 4-byte big-endian
-length and a msgpack map:
+picks, and on Linux also on an abstract Unix socket, which readers on the same node use (twice
+the throughput of a loopback TCP connection here, and no room needed in Ray's object store,
+which a Ray get of a local copy needs for the whole copy). A reader learns the endpoint and a
+token from the store actor, so only those who can call the Ray actor can read. One request per
+round trip, all framed as a 4-byte big-endian length and a msgpack map:
 
   request   {"token", "job", "step", "rank", "index", "local", "ranges": [[start, stop], ...] | None}
   answer    {"found": False} | {"error": str} |
@@ -30,6 +33,7 @@ import secrets
 import socket
 import socketserver
 import struct
+import sys
 import threading
 from typing import Any
 
@@ -54,14 +58,15 @@ class Endpoint:
     host: str
     port: int
     token: str
+    unix: str | None = None  # the abstract Unix socket's name, for readers on the same node
 
     def to_wire(self) -> list[Any]:
-        return [self.host, self.port, self.token]
+        return [self.host, self.port, self.token, self.unix]
 
     @classmethod
     def from_wire(cls, values: list[Any]) -> Endpoint:
-        host, port, token = values
-        return cls(str(host), int(port), str(token))
+        host, port, token, unix = values
+        return cls(str(host), int(port), str(token), None if unix is None else str(unix))
 
 
 class DirectReadServer:
@@ -84,18 +89,28 @@ class DirectReadServer:
             daemon_threads = True
             allow_reuse_address = True
 
-        self._server = Server((host, port), Handler)
-        self.endpoint = Endpoint(host, int(self._server.server_address[1]), self.token)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="ray_ckpt-direct-reads", daemon=True)
-        self._thread.start()
+        self._servers: list[socketserver.BaseServer] = [Server((host, port), Handler)]
+        unix = None
+        if sys.platform.startswith("linux"):
+            unix = f"ray_ckpt-{secrets.token_hex(8)}"
+
+            class UnixServer(socketserver.ThreadingUnixStreamServer):
+                daemon_threads = True
+
+            self._servers.append(UnixServer("\0" + unix, Handler))
+        tcp_port = int(self._servers[0].server_address[1])  # type: ignore[index]
+        self.endpoint = Endpoint(host, tcp_port, self.token, unix)
+        for server in self._servers:
+            threading.Thread(target=server.serve_forever, name="ray_ckpt-direct-reads", daemon=True).start()
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
 
     def _serve(self, sock: socket.socket) -> None:
         sock.settimeout(_SERVER_IDLE_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _no_delay(sock)
         try:
             while True:
                 request = _recv_frame(sock)
@@ -162,14 +177,15 @@ def read(
     local: bool,
     timeout_s: float,
     into: Landing | None = None,
+    same_node: bool = False,
 ) -> tuple[dict[str, Any], bool | None, list[np.ndarray]] | None:
     """``(meta dict, intact, pieces)`` of one shard (or with ``local`` a rank's local copy)
     from the store at ``endpoint``, or None if it does not hold it. ``ranges`` None reads the
-    whole shard as one writable piece. A piece that landed ``into`` is that array. OSError
-    when the store cannot be reached or the connection breaks; ValueError for an answer that
-    is an error (a range out of bounds)."""
-    with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    whole shard as one writable piece. A piece that landed ``into`` is that array.
+    ``same_node``: the store runs on the caller's node (its Unix socket is used when it has
+    one). OSError when the store cannot be reached or the connection breaks; ValueError for an
+    answer that is an error (a range out of bounds)."""
+    with _connect(endpoint, same_node, timeout_s) as sock:
         _send_frame(
             sock,
             {
@@ -203,6 +219,27 @@ def read(
             _recv_into(sock, target.data)
             pieces.append(target)
         return answer["meta"], answer["intact"], pieces
+
+
+def _connect(endpoint: Endpoint, same_node: bool, timeout_s: float) -> socket.socket:
+    if same_node and endpoint.unix is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect("\0" + endpoint.unix)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
+    _no_delay(sock)
+    return sock
+
+
+def _no_delay(sock: socket.socket) -> None:
+    """Requests and answer headers are small: send them at once (TCP only)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _send_frame(sock: socket.socket, value: Any) -> None:

@@ -5,9 +5,10 @@ node of the cluster); ``live`` asks Ray afresh, so a restore never counts on a d
 Calls return ``concurrent.futures.Future``s, which is what the save and restore paths (and
 their fakes in unit tests) wait on.
 
-Reads (``get``, ``get_ranges``) go straight to the store's socket (``ray_ckpt.direct_reads``)
-when it serves one, from a small pool of reader threads; a store that cannot be reached that
-way is read through its Ray actor from then on.
+Reads (``get``, ``get_ranges``) go straight to the store's socket (``ray_ckpt.direct_reads``;
+its Unix socket for the store on this rank's own node) when it serves one, from a small pool
+of reader threads; a store that cannot be reached that way is read through its Ray actor
+from then on.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class StoreDirectory:
         self._endpoints: dict[str, Endpoint | None] = {}  # node id -> direct reads (None: through Ray)
         self._endpoints_lock = threading.Lock()
         self._readers: ThreadPoolExecutor | None = None
+        self._own_node: str | None = None
 
     def storage_nodes(self, failure_domain_label: str | None) -> list[Node]:
         """The alive nodes that run a store, with their failure domain from the node label (two
@@ -143,12 +145,18 @@ class StoreDirectory:
                 local=local,
                 timeout_s=settings.peer_timeout_s(),
                 into=into,
+                same_node=node_id == self._own_node_id(),
             )
         except OSError as error:
             logger.info("ray_ckpt: direct read from the store on %s failed (%s); reading through Ray", node_id, error)
             with self._endpoints_lock:
                 self._endpoints[node_id] = None
             return _THROUGH_RAY
+
+    def _own_node_id(self) -> str:
+        if self._own_node is None:
+            self._own_node = str(ray.get_runtime_context().get_node_id())
+        return self._own_node
 
     def _endpoint(self, node_id: str, handle: Any) -> Endpoint | None:
         with self._endpoints_lock:

@@ -141,12 +141,19 @@ def _direct_reads_served(namespace: str) -> int:
 def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is_closed(
     sim_cluster: SimCluster,
 ) -> None:
-    """A peers restore reads its k shards over the stores' direct-read sockets (the stores
-    count each read); a reader that cannot reach those sockets reads through Ray instead,
+    """A peers restore reads its k shards over the other nodes' stores' direct-read sockets
+    (the stores count each read); a reader that cannot reach those sockets reads through Ray instead,
     bit-exact, and no store serves it a direct read."""
     save_all(sim_cluster, [0], world_size=2)
     before = _direct_reads_served(sim_cluster.namespace)
-    results = restore_all(sim_cluster, world_size=2)
+    results = ray.get(  # each rank on its own node, which holds none of its shards (7 nodes >= k+m)
+        [
+            restore_rank.options(scheduling_strategy=on_node(sim_cluster.node_id(rank))).remote(
+                sim_cluster.namespace, JOB, rank, 2, CODE
+            )
+            for rank in range(2)
+        ]
+    )
     assert [r["digest"] for r in results] == [digest(make_state(r, 0)) for r in range(2)]
     served = _direct_reads_served(sim_cluster.namespace)
     assert served - before == 2 * CODE["data_shards"]

@@ -5,6 +5,7 @@ range, a corrupted shard, garbage on the wire and a closed server each give thei
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -126,3 +127,18 @@ def test_a_closed_server_is_an_os_error(served: tuple[DirectReadServer, np.ndarr
     server.close()
     with pytest.raises(OSError):
         _read(server.endpoint, ranges=[(0, 10)])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets are Linux's")
+def test_a_reader_on_the_same_node_reads_through_the_unix_socket(served: tuple[DirectReadServer, np.ndarray]) -> None:
+    server, data = served
+    assert server.endpoint.unix is not None
+    with socket.socket() as probe:  # a TCP port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    unix_only = Endpoint(server.endpoint.host, closed, server.endpoint.token, server.endpoint.unix)
+    _, _, (piece,) = _read(unix_only, ranges=[(10, 20)], same_node=True)  # type: ignore[misc]
+    assert piece.tobytes() == data[10:20].tobytes()
+    with pytest.raises(OSError):
+        _read(unix_only, ranges=[(10, 20)], same_node=False)
+    assert Endpoint.from_wire(server.endpoint.to_wire()) == server.endpoint
