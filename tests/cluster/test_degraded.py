@@ -89,12 +89,26 @@ def test_a_shrinking_cluster_keeps_saving_with_real_protection_and_recovers_full
     assert restored["digest"] == digest(expected[4])
 
 
+@ray.remote(num_cpus=1, max_retries=0)
+def _restore_into(namespace: str, job: str, rank: int, world_size: int, config: dict) -> Exception | None:
+    """``restore(into=...)`` of a plain state at ``world_size``; the error it raised, if any."""
+    with Checkpointer(
+        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**config), namespace=namespace
+    ) as checkpointer:
+        try:
+            checkpointer.restore(into=make_state(rank, 0, 1000))
+        except Exception as error:
+            return error
+    return None
+
+
 @pytest.mark.nodes(3)
 def test_a_world_size_change_fails_the_same_way_on_every_rank_and_drop_removes_one_job(
     sim_cluster: SimCluster,
 ) -> None:
     """A step saved by 2 ranks: restoring with 3 or 1 ranks raises the same ConfigError on every
-    rank, naming the saved size and the ways out, and loses nothing (2 ranks still restore it);
+    rank, naming the saved size and the ways out; with ``into=`` the plain per-rank state is
+    refused as not reshardable, naming its keys; nothing is lost (2 ranks still restore it);
     ``ray_ckpt.drop`` then removes that job from the registry and the stores, and only it."""
     namespace = sim_cluster.namespace
     code = {"data_shards": 2, "parity_shards": 1}
@@ -126,6 +140,11 @@ def test_a_world_size_change_fails_the_same_way_on_every_rank_and_drop_removes_o
         message = messages.pop()
         assert "saved by 2 rank(s)" in message and f"world size {world_size}" in message
         assert "ray-ckpt drop resized" in message and "new job name" in message
+    refused = ray.get([_restore_into.remote(namespace, "resized", r, 3, code) for r in range(3)])
+    for cause in refused:  # per-rank plain state, restored into another world size with into=
+        assert isinstance(cause, ConfigError) and "cannot be resharded" in str(cause)
+        assert "restore at world size 2" in str(cause) and "DTensors" in str(cause)
+        assert "state['model']['w']" in cause.keys
     kept = ray.get([restore_rank.remote(namespace, "resized", r, 2, code) for r in range(2)])
     assert [r["digest"] for r in kept] == [digest(make_state(r, 0, 1000)) for r in range(2)]
     ray_ckpt.service.drop("resized", namespace=namespace)
