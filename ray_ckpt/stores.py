@@ -41,7 +41,7 @@ class StoreDirectory:
         self.namespace = namespace
         self._handles: dict[str, Any] = {}
         self._endpoints: dict[str, Endpoint | None] = {}  # node id -> direct reads (None: through Ray)
-        self._endpoints_lock = threading.Lock()
+        self._endpoints_lock = threading.Lock()  # also guards the reader pool's creation
         self._readers: ThreadPoolExecutor | None = None
         self._own_node: str | None = None
 
@@ -169,9 +169,10 @@ class StoreDirectory:
         return endpoint
 
     def _reader_pool(self) -> ThreadPoolExecutor:
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ray_ckpt-reads")
-        return self._readers
+        with self._endpoints_lock:  # a resharded restore's readers ask from several threads
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ray_ckpt-reads")
+            return self._readers
 
     def stage(self, node_id: str, request: StageRequest) -> Future[dict[str, Any]]:
         """Stage through that node's store, which batches its ranks' stages into one registry
