@@ -120,7 +120,7 @@ class DirectReadServer:
                     _send_frame(sock, {"error": "wrong or missing token"})
                     return
                 self._answer(sock, request)
-        except (OSError, ValueError) as error:  # the reader went away or spoke nonsense
+        except (OSError, ValueError, TypeError) as error:  # the reader went away or spoke nonsense
             logger.debug("ray_ckpt direct read: connection closed (%s)", error)
 
     def _answer(self, sock: socket.socket, request: dict[str, Any]) -> None:
