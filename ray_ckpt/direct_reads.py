@@ -207,10 +207,8 @@ def read(
             return None
         sizes = [int(size) for size in answer["sizes"]]
         vouched = into is not None and answer["intact"] is True and answer["meta"].get("checksum") == into.checksum
-        targets = [
-            array if vouched and array is not None and array.size == size else None
-            for array, size in zip(into.arrays if into is not None else [None] * len(sizes), sizes, strict=True)
-        ]
+        arrays = into.arrays if vouched and into is not None else [None] * len(sizes)
+        targets = [a if a is not None and a.size == size else None for a, size in zip(arrays, sizes, strict=True)]
         scratch = hostmem.allocate(sum(size for size, target in zip(sizes, targets, strict=True) if target is None))
         pieces, cursor = [], 0
         for size, target in zip(sizes, targets, strict=True):

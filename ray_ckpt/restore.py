@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
@@ -30,9 +30,8 @@ from ray_ckpt import blob, dtensor, hostmem, reshard, snapshot
 from ray_ckpt.backup import Backup
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
-from ray_ckpt.direct_reads import Landing
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
-from ray_ckpt.ranges import RangeReader
+from ray_ckpt.ranges import RangeReader, RangeSource
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 
@@ -75,11 +74,9 @@ class RegistryView(Protocol):
     def rollback(self, job: str, step: int) -> list[int]: ...
 
 
-class ShardSource(Protocol):
-    """Where shards are read from (``StoreDirectory`` in production)."""
-
-    def live(self, node_ids: Iterable[str]) -> set[str]:
-        """Which of these nodes run a store that is alive now."""
+class ShardSource(RangeSource, Protocol):
+    """Where shards are read from (``StoreDirectory`` in production): ``live`` and
+    ``get_ranges`` as for ranged reads, and these."""
 
     def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[dict[str, Any]]:
         """The restore plan of ``attempt`` and ``rank``'s record of its step, through that node's
@@ -89,20 +86,6 @@ class ShardSource(Protocol):
     def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Found]:
         """The shard (or with ``local`` the rank's full copy) from that node's store; the
         future fails if the store does."""
-
-    def get_ranges(
-        self,
-        node_id: str,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: list[tuple[int, int]],
-        local: bool,
-        into: Landing | None = None,
-    ) -> Future[Any]:
-        """Byte ranges of that shard (or full copy): ``(meta dict, intact, pieces)`` or None
-        (``ranges.RangeSource``)."""
 
 
 def check_shard(found: Any, expected: ShardMeta) -> str | None:
