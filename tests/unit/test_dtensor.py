@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fsdp_model import fsdp_model
+from gloo_ranks import run_rank
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -179,37 +180,36 @@ def test_a_plain_state_still_writes_version_1_and_a_version_1_header_with_a_dten
         snap.restore(msgpack.packb(meta, use_bin_type=True), payload)
 
 
-def _four_ranks(rank: int, store_path: str, results: Any) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, 4), rank=rank, world_size=4)
-    try:
-        model, optim = fsdp_model(0)
-        state = dict(zip(("model", "optim"), get_state_dict(model, optim), strict=True))
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        torch.manual_seed(5)
-        state["tp"] = distribute_tensor(torch.randn(7, 5), mesh, [Shard(1), Shard(0)])
-        state["hsdp"] = distribute_tensor(torch.randn(9, 2), mesh, [Replicate(), Shard(0)])
-        full = {k: state[k].full_tensor() for k in ("tp", "hsdp")}
-        full["weight"] = state["model"]["2.weight"].full_tensor()
-        full["exp_avg"] = state["optim"]["state"]["2.weight"]["exp_avg"].full_tensor()
-        restored = roundtrip(state)
+def _four_ranks(rank: int, world: int, results: Any) -> None:
+    model, optim = fsdp_model(0)
+    state = dict(zip(("model", "optim"), get_state_dict(model, optim), strict=True))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(5)
+    state["tp"] = distribute_tensor(torch.randn(7, 5), mesh, [Shard(1), Shard(0)])
+    state["hsdp"] = distribute_tensor(torch.randn(9, 2), mesh, [Replicate(), Shard(0)])
+    full = {k: state[k].full_tensor() for k in ("tp", "hsdp")}
+    full["weight"] = state["model"]["2.weight"].full_tensor()
+    full["exp_avg"] = state["optim"]["state"]["2.weight"]["exp_avg"].full_tensor()
+    restored = roundtrip(state)
 
-        other, other_optim = fsdp_model(3)
-        target = dict(zip(("model", "optim"), get_state_dict(other, other_optim), strict=True))
-        target["tp"] = distribute_tensor(torch.zeros(7, 5), mesh, [Shard(1), Shard(0)])
-        target["hsdp"] = distribute_tensor(torch.zeros(9, 2), mesh, [Replicate(), Shard(0)])
-        merged = dtensor.load_into(restored, target)
-        again = {k: merged[k].full_tensor() for k in ("tp", "hsdp")}
-        again["weight"] = other.state_dict()["2.weight"].full_tensor()
-        again["exp_avg"] = merged["optim"]["state"]["2.weight"]["exp_avg"].full_tensor()
-        results.put((rank, all(torch.equal(full[k], again[k]) for k in full), restored["tp"].coordinate))
-    finally:
-        dist.destroy_process_group()
+    other, other_optim = fsdp_model(3)
+    target = dict(zip(("model", "optim"), get_state_dict(other, other_optim), strict=True))
+    target["tp"] = distribute_tensor(torch.zeros(7, 5), mesh, [Shard(1), Shard(0)])
+    target["hsdp"] = distribute_tensor(torch.zeros(9, 2), mesh, [Replicate(), Shard(0)])
+    merged = dtensor.load_into(restored, target)
+    again = {k: merged[k].full_tensor() for k in ("tp", "hsdp")}
+    again["weight"] = other.state_dict()["2.weight"].full_tensor()
+    again["exp_avg"] = merged["optim"]["state"]["2.weight"]["exp_avg"].full_tensor()
+    results.put((rank, all(torch.equal(full[k], again[k]) for k in full), restored["tp"].coordinate))
 
 
 def test_four_ranks_fsdp2_and_a_2d_mesh_restore_every_global_tensor_bit_exact(tmp_path: pathlib.Path) -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    procs = [context.Process(target=_four_ranks, args=(rank, str(tmp_path / "store"), results)) for rank in range(4)]
+    procs = [
+        context.Process(target=run_rank, args=(rank, 4, str(tmp_path / "store"), results, _four_ranks))
+        for rank in range(4)
+    ]
     for proc in procs:
         proc.start()
     outcome = sorted(results.get(timeout=240) for _ in procs)

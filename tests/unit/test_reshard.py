@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fsdp_model import fsdp_model
+from gloo_ranks import run_rank
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -128,15 +129,7 @@ class FileStores:
         ]
 
 
-def _in_group(rank: int, world: int, store: str, work: Any, *args: Any) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
-    try:
-        work(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def _save(rank: int, world: int, folder: pathlib.Path, results: Any) -> None:
+def _save(rank: int, world: int, results: Any, folder: pathlib.Path) -> None:
     state, _ = sharded_state(world, seed=0)
     write_blob(state, folder / f"old-{rank}.bin")
     full = full_tensors(state)
@@ -145,7 +138,7 @@ def _save(rank: int, world: int, folder: pathlib.Path, results: Any) -> None:
     results.put(rank)
 
 
-def _restore(rank: int, world: int, folder: pathlib.Path, results: Any, dead: set[str], corrupt: set[str]) -> None:
+def _restore(rank: int, world: int, results: Any, folder: pathlib.Path, dead: set[str], corrupt: set[str]) -> None:
     target, model = sharded_state(world, seed=7, zero=True)
     stores = FileStores(folder, dead, corrupt)
     readers = stores.readers()
@@ -159,7 +152,7 @@ def _restore(rank: int, world: int, folder: pathlib.Path, results: Any, dead: se
     results.put((rank, filled and same == sorted(expected), positions, torch.equal(weight, expected["model/2.weight"])))
 
 
-def _restore_other_mesh(rank: int, world: int, folder: pathlib.Path, results: Any) -> None:
+def _restore_other_mesh(rank: int, world: int, results: Any, folder: pathlib.Path) -> None:
     """As a Checkpointer restores at the saved world size: this rank's own state, as read back
     from peer memory, filled into a state on another mesh, which reshards instead."""
     target, _ = sharded_state(world, seed=7, zero=True, mesh_2d=True)
@@ -183,7 +176,7 @@ def spawn(world: int, folder: pathlib.Path, work: Any, *args: Any) -> list[Any]:
     results = context.Queue()
     store = str(folder / f"group-{world}-{work.__name__}")
     procs = [
-        context.Process(target=_in_group, args=(rank, world, store, work, folder, results, *args))
+        context.Process(target=run_rank, args=(rank, world, store, results, work, folder, *args))
         for rank in range(world)
     ]
     for proc in procs:
