@@ -73,7 +73,9 @@ def start(
         f"survives {protection} node loss(es), and the cluster can lose {spare} node(s) before that drops "
         f"(RS(k,m) keeps full protection with k+m store nodes; each node beyond absorbs one loss)"
     )
-    logger.log(logging.WARNING if spare == 0 else logging.INFO, "ray_ckpt: %s", margin)
+    # information only: a job may use another code; its rank 0 warns at its first save when
+    # its own code has no spare nodes (SavePipeline.check_placement)
+    logger.info("ray_ckpt: %s", margin)
     return {"namespace": namespace, "stores": nodes, "registry_node_id": head, "margin": margin}
 
 

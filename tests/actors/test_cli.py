@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -42,12 +43,18 @@ def service_actors(namespace: str) -> list[str]:
     ]
 
 
-def test_start_status_stop(local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_start_status_stop(
+    local_ray: str, namespace: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     common = ["--address", local_ray, "--namespace", namespace]
+    caplog.set_level(logging.INFO, logger="ray_ckpt.service")
     assert main(["start", *common, "--budget-bytes", str(BUDGET)]) == 0
     out = capsys.readouterr().out
     assert "1 store(s)" in out
     assert "64.0 MiB" in out
+    # the default code's margin on 1 node is information: a job warns at its first save, for its own code
+    margins = [r for r in caplog.records if r.name == "ray_ckpt.service" and "survives 0 node loss" in r.getMessage()]
+    assert [r.levelno for r in margins] == [logging.INFO]
 
     assert main(["status", "--json", *common]) == 0
     report = json.loads(capsys.readouterr().out)
