@@ -65,7 +65,9 @@ class ShardStoreActor:
         self._kept: dict[str, tuple[int, ...]] = {}  # job -> the kept steps this store last applied
         self._relayed = 0  # relay calls taken from stores below
         self._pushes: dict[str, Any] = {}  # child node id -> its last commit push (an ObjectRef)
-        self._direct = None if not settings.direct_reads() else DirectReadServer(self._store, _node_address())
+        self._direct = (
+            None if not settings.direct_reads() else DirectReadServer(self._store, str(ray.util.get_node_ip_address()))
+        )
 
     def ready(self) -> str:
         return self._store.node_id
@@ -262,10 +264,6 @@ def deploy(namespace: str, node_id: str, budget_bytes: int | None, budget_fracti
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote(node_id, budget_bytes, budget_fraction, namespace)
-
-
-def _node_address() -> str:
-    return str(ray.util.get_node_ip_address())
 
 
 def _node_memory() -> tuple[int, int]:

@@ -41,7 +41,7 @@ import msgpack
 import numpy as np
 
 from ray_ckpt import hostmem
-from ray_ckpt.checksum import checksum
+from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
 
 logger = logging.getLogger(__name__)
@@ -125,29 +125,22 @@ class DirectReadServer:
 
     def _answer(self, sock: socket.socket, request: dict[str, Any]) -> None:
         try:
-            found = self.store.get(
-                str(request["job"]),
-                int(request["step"]),
-                int(request["rank"]),
-                int(request["index"]),
-                local=bool(request["local"]),
-            )
-            ranges = request["ranges"]
-            if found is None:
-                _send_frame(sock, {"found": False})
-                return
-            meta, data = found
+            shard = (str(request["job"]), int(request["step"]), int(request["rank"]), int(request["index"]))
+            local, ranges = bool(request["local"]), request["ranges"]
+            found: tuple[ShardMeta, bool | None, list[np.ndarray]] | None
             if ranges is None:
-                pieces, intact = [data], None
+                whole = self.store.get(*shard, local=local)
+                found = None if whole is None else (whole[0], None, [whole[1]])
             else:
                 spans = [(int(start), int(stop)) for start, stop in ranges]
-                for start, stop in spans:
-                    if not 0 <= start <= stop <= data.size:
-                        raise ValueError(f"range [{start}, {stop}) is outside the shard's {data.size} bytes")
-                pieces, intact = [data[start:stop] for start, stop in spans], checksum(data) == meta.checksum
+                found = self.store.get_ranges(*shard, spans, local=local)
         except (KeyError, TypeError, ValueError) as error:
             _send_frame(sock, {"error": f"{type(error).__name__}: {error}"})
             return
+        if found is None:
+            _send_frame(sock, {"found": False})
+            return
+        meta, intact, pieces = found
         _send_frame(sock, {"found": True, "meta": meta.to_dict(), "intact": intact, "sizes": [p.size for p in pieces]})
         for piece in pieces:
             sock.sendall(piece.data)
