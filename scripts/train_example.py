@@ -36,6 +36,8 @@ import ray_ckpt
 from ray_ckpt import naming, quiet
 from ray_ckpt.testing import SimulatedCluster
 
+PAUSE_FILE = "pause"  # in the events folder: while it exists, ranks wait between steps
+
 
 def build_model() -> torch.nn.Module:
     torch.manual_seed(0)
@@ -127,6 +129,8 @@ def train_loop(config: dict[str, Any]) -> None:
                 }
                 (events / f"step-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
         time.sleep(config["step_sleep_s"])
+        while (events / PAUSE_FILE).exists():  # a test holds the run between steps
+            time.sleep(0.1)
     ckpt.wait()
     ckpt.close()
     final = {"rank": rank, "params_digest": params_digest(model), "time": time.time()}
@@ -149,7 +153,8 @@ def run(
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
     ``fsdp2``: shard the model with FSDP2 ``fully_shard`` instead of DDP (a DTensor state);
-    then every step's full-parameter digest is also written (``read_step_digests``)."""
+    then every step's full-parameter digest is also written (``read_step_digests``).
+    While ``events_dir/PAUSE_FILE`` exists, every rank waits after its step."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
         train_loop if recovery is None else recovery.wrap(train_loop),

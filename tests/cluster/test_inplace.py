@@ -178,8 +178,9 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
     starts in one of them, a process that had warmed up before the kill; the survivor keeps its
     process; the final weights are bit-identical. First in this module: each test is a job of
     its own, and idle workers of earlier jobs on a one-CPU node keep Ray from starting a spare
-    there until it reaps them. Steps are slow (2 s): the spares of 8 nodes warm up one after
-    another on this machine's few cores, while the run trains."""
+    there until it reaps them. The spares of 8 nodes warm up one after another on this
+    machine's few cores: the ranks wait between steps (the example's pause file) until they are
+    up and the kill is done."""
     sim, example, _ = cluster
     sim.add_workers(1)
     killed: list[float] = []
@@ -187,16 +188,22 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
 
     def faults(events: str) -> None:
         example.wait_committed("warm", 2)
-        busy = {example.rank_node("warm", rank) for rank in (0, 1)}
-        spare = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1} - busy
-        deadline = time.monotonic() + 35
-        while not spare <= nodes_with_a_warm_spare(started):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not all {len(spare)} spare nodes had a warm spare within 35 s")
-        killed.append(time.time())
-        example.remove_node(sim, example.rank_node("warm", 1))
+        pause = pathlib.Path(events) / example.PAUSE_FILE
+        pause.touch()
+        try:
+            busy = {example.rank_node("warm", rank) for rank in (0, 1)}
+            alive = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1]
+            spare = {str(n["NodeID"]) for n in alive} - busy
+            deadline = time.monotonic() + 180
+            while not spare <= nodes_with_a_warm_spare(started):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not all {len(spare)} spare nodes had a warm spare within 180 s")
+            killed.append(time.time())
+            example.remove_node(sim, example.rank_node("warm", 1))
+        finally:
+            pause.unlink()
 
-    report = run_with(cluster, "warm", 2, faults, {"warm_spares": 16}, step_sleep_s=2.0)  # every spare node
+    report = run_with(cluster, "warm", 2, faults, {"warm_spares": 16}, step_sleep_s=0.5)  # every spare node
     assert killed, "the run ended before every spare node had a warm spare"
     first, second = by_attempt(report["restores"])[:2]
     assert second[0]["pid"] == first[0]["pid"], (report, recovery_log())
