@@ -435,7 +435,10 @@ class _Worker:
                     return train_loop(*args)
                 except Exception as error:
                     if not is_peer_failure(error):
-                        raise
+                        sendable = _transportable(error)
+                        if sendable is error:
+                            raise
+                        raise sendable from None
                     detected_at = time.time()
                     logger.warning(
                         "rank %d: a peer is gone (%s: %s); recovering in place",
@@ -554,6 +557,21 @@ class _Worker:
             timeout=datetime.timedelta(seconds=self.settings.collective_timeout_s),
         )
         self.backend = backend
+
+
+def _transportable(error: BaseException) -> BaseException:
+    """``error`` itself when it survives the trip to the driver (Ray Train pickles a worker's
+    error into the run's result); else an InPlaceRecoveryError carrying its type and text, so
+    the user reads the failure instead of a deserialization error from ``trainer.fit()``."""
+    try:
+        ray.cloudpickle.loads(ray.cloudpickle.dumps(error))
+        return error
+    except Exception as pickling:
+        return InPlaceRecoveryError(
+            f"the training function raised {type(error).__name__}: {error} (it cannot be sent to the "
+            f"driver as it is: {type(pickling).__name__}: {pickling})",
+            error_type=type(error).__name__,
+        )
 
 
 def _cuda_workers() -> bool:

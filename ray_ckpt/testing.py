@@ -30,6 +30,7 @@ FAST_FAILURE_DETECTION = {
     "health_check_failure_threshold": 3,
 }
 DEAD_TIMEOUT_S = 60.0  # how long kill() waits for Ray to declare the nodes dead
+JOIN_TIMEOUT_S = 120.0  # how long add_workers() waits for new nodes to join (a loaded machine is slow)
 
 _Cluster = TypeVar("_Cluster", bound="SimulatedCluster")
 
@@ -129,9 +130,27 @@ class SimulatedCluster:
         sizes = self.worker_object_store_bytes
         size = (sizes[-1] if sizes else None) if isinstance(sizes, Sequence) else sizes
         added = [self.cluster.add_node(**self._worker_args(size)) for _ in range(count)]
-        self.cluster.wait_for_nodes()
         self.workers.extend(added)
+        self.wait_alive(added)
         return added
+
+    def wait_alive(self, nodes: Iterable[Any], timeout_s: float = JOIN_TIMEOUT_S) -> None:
+        """Wait until Ray lists every one of these node handles alive (other nodes may be dead
+        or still dying meanwhile); TimeoutError naming the missing ones past ``timeout_s``."""
+        import ray
+
+        if not ray.is_initialized():  # not connected: Ray's own wait (every node must be alive)
+            self.cluster.wait_for_nodes(timeout_s)
+            return
+        wanted = {str(n.node_id) for n in nodes}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = wanted - {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes {sorted(missing)} did not join the cluster within {timeout_s:.0f} s")
+            time.sleep(0.2)
 
     def kill(self, node_ids: Iterable[str], timeout_s: float = DEAD_TIMEOUT_S) -> float:
         """Hard-kill the given worker nodes at once (the ``ClusterNodeRemoval`` fault through

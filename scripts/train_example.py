@@ -117,8 +117,9 @@ def train_loop(config: dict[str, Any]) -> None:
         torch.nn.functional.mse_loss(model(x), y).backward()
         optim.step()
         state = fsdp2_state(model, optim) if fsdp2 else {"model": model.state_dict(), "optim": optim.state_dict()}
-        ckpt.save(step, state)
-        if fsdp2:  # what this step saved, to compare a later (resharded) restore with
+        if fsdp2:  # what this step saves, to compare a later (resharded) restore with
+            # written before the save: a step can commit only after rank 0 staged it, so every
+            # committed step has its record even when the group is stopped right after the commit
             digest = params_digest(model)
             if rank == 0:
                 record = {
@@ -128,6 +129,7 @@ def train_loop(config: dict[str, Any]) -> None:
                     "world_size": context.get_world_size(),
                 }
                 (events / f"step-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
+        ckpt.save(step, state)
         time.sleep(config["step_sleep_s"])
         while (events / PAUSE_FILE).exists():  # a test holds the run between steps
             time.sleep(0.1)
@@ -330,9 +332,20 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
             raise TimeoutError("the elastic run did not finish within 600 s")
     if failures:
         raise failures[0]
-    saved = read_step_digests(events)
+    attempts, reshards = reshard_report(read_restores(events), read_step_digests(events))
+    return {"sizes": [len(r) for r in attempts], "reshards": reshards, "completed": True}
+
+
+def reshard_report(
+    restores: list[dict[str, Any]], saved: list[dict[str, Any]]
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The restore records grouped per attempt (in order), and per attempt that resharded:
+    ``{"from", "to", "step", "bit_exact", "saved_digests", "restored_digests"}``. ``bit_exact``
+    compares every new rank's restored full parameters with the digest the saving group
+    recorded for that step; a saving group that recorded none is an error of the run's
+    records (RuntimeError), never reported as a mismatch."""
     attempts: dict[str, list[dict[str, Any]]] = {}
-    for record in read_restores(events):
+    for record in restores:
         attempts.setdefault(record["attempt"], []).append(record)
     reshards = []
     for records in attempts.values():
@@ -340,10 +353,21 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
         if old in (None, len(records)):
             continue
         step = records[0]["restored_step"]
-        by_saver = [s["digest"] for s in saved if s["step"] == step and s["world_size"] == old]
-        same = bool(by_saver) and {r["restored_digest"] for r in records} == {by_saver[-1]}
-        reshards.append({"from": old, "to": len(records), "step": step, "bit_exact": same})
-    return {"sizes": [len(r) for r in attempts.values()], "reshards": reshards, "completed": True}
+        by_saver = sorted({s["digest"] for s in saved if s["step"] == step and s["world_size"] == old})
+        if not by_saver:
+            raise RuntimeError(f"no record of what {old} workers saved at step {step}, which {len(records)} restored")
+        restored = sorted({r["restored_digest"] for r in records})
+        reshards.append(
+            {
+                "from": old,
+                "to": len(records),
+                "step": step,
+                "bit_exact": restored == by_saver,
+                "saved_digests": by_saver,
+                "restored_digests": restored,
+            }
+        )
+    return list(attempts.values()), reshards
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,43 +29,91 @@ CHECKPOINT = {"data_shards": 2, "parity_shards": 2}  # survives the two nodes lo
 HANG_TIMEOUT_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def cluster(train_example: Any) -> Iterator[tuple[SimulatedCluster, Any, dict[Any, str]]]:
-    """A cluster of 9 one-CPU nodes, the example module, and uninterrupted runs' digests (by
-    worker count for DDP, "fsdp2" for the 2-rank FSDP2 job)."""
-    previous = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rckinplace")
-    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"
-    example = train_example
-    with SimulatedCluster(9, store_budget_bytes=256 << 20) as sim:
-        references = {
-            workers: example.run(
-                name=f"reference{workers}",
+class InPlaceClusters:
+    """The module's cluster of 9 one-CPU nodes and the uninterrupted runs' digests (by worker
+    count for DDP, "fsdp2" for the 2-rank FSDP2 job), handed to the tests in turn. A test that
+    failed, or a cluster that lost a node nobody removed, is replaced by a fresh cluster before
+    the next test, so one failure reports one failure. ``start_s``: how long the reference run
+    took to start its workers on this machine, the unit of the bounds that depend on its speed."""
+
+    def __init__(self, example: Any) -> None:
+        self.example = example
+        self.sim: SimulatedCluster | None = None
+        self.references: dict[Any, str] = {}
+        self.start_s = 0.0
+        self.broken = False
+
+    def take(self) -> tuple[SimulatedCluster, Any, dict[Any, str]]:
+        if self.sim is not None and (self.broken or not self._healthy(self.sim)):
+            self.close()
+        if self.sim is None:
+            os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rckinplace")
+            self.sim = SimulatedCluster(9, store_budget_bytes=256 << 20)
+            self.broken = False
+        if not self.references:
+            self._run_references()
+        return self.sim, self.example, self.references
+
+    @staticmethod
+    def _healthy(sim: SimulatedCluster) -> bool:
+        try:
+            alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+        except Exception:
+            return False
+        return {str(n.node_id) for n in sim.workers} <= alive
+
+    def _run_references(self) -> None:
+        def reference(workers: int, fsdp2: bool = False) -> str:
+            events = tempfile.mkdtemp()
+            started = time.time()
+            final = self.example.run(
+                name=f"reference{workers}{'_fsdp2' if fsdp2 else ''}",
                 storage_path=tempfile.mkdtemp(),
-                events_dir=tempfile.mkdtemp(),
+                events_dir=events,
                 steps=STEPS,
                 workers=workers,
                 checkpoint=CHECKPOINT,
                 step_sleep_s=0.0,
-            )["params_digest"]
-            for workers in (2, 3)
-        }
-        references["fsdp2"] = example.run(
-            name="reference_fsdp2",
-            storage_path=tempfile.mkdtemp(),
-            events_dir=tempfile.mkdtemp(),
-            steps=STEPS,
-            workers=2,
-            checkpoint=CHECKPOINT,
-            step_sleep_s=0.0,
-            fsdp2=True,
-        )["params_digest"]
-        yield sim, example, references
-    for key, value in previous.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+                fsdp2=fsdp2,
+            )
+            first = min(r["time"] for r in self.example.read_restores(events))
+            self.start_s = max(self.start_s, first - started)
+            return str(final["params_digest"])
+
+        self.references = {workers: reference(workers) for workers in (2, 3)}
+        self.references["fsdp2"] = reference(2, fsdp2=True)
+
+    def close(self) -> None:
+        if self.sim is not None:
+            self.sim.shutdown()
+            self.sim = None
+
+
+@pytest.fixture(scope="module")
+def clusters(train_example: Any) -> Iterator[InPlaceClusters]:
+    previous = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}
+    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"
+    pool = InPlaceClusters(train_example)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def cluster(
+    clusters: InPlaceClusters, request: pytest.FixtureRequest
+) -> Iterator[tuple[SimulatedCluster, Any, dict[Any, str]]]:
+    """The module's cluster, the example module and the reference digests (see
+    ``InPlaceClusters``); a failed test marks the cluster for replacement."""
+    yield clusters.take()
+    if any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False) for when in ("setup", "call")):
+        clusters.broken = True
 
 
 def run_with(
@@ -172,7 +220,7 @@ def nodes_with_a_warm_spare(since: float) -> set[str]:
     return nodes
 
 
-def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: Any) -> None:
+def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: Any, clusters: InPlaceClusters) -> None:
     """2 ranks; the node of rank 1 is killed once every node with room for a worker and none of
     the run's has a warm spare sitting idle (torch and Ray Train imported). The replacement
     starts in one of them, a process that had warmed up before the kill; the survivor keeps its
@@ -180,7 +228,8 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
     its own, and idle workers of earlier jobs on a one-CPU node keep Ray from starting a spare
     there until it reaps them. The spares of 8 nodes warm up one after another on this
     machine's few cores: the ranks wait between steps (the example's pause file) until they are
-    up and the kill is done."""
+    up and the kill is done. Each spare costs about one worker start (``clusters.start_s``,
+    measured on this machine), so the wait for them is bounded by a multiple of it."""
     sim, example, _ = cluster
     sim.add_workers(1)
     killed: list[float] = []
@@ -194,10 +243,11 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
             busy = {example.rank_node("warm", rank) for rank in (0, 1)}
             alive = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1]
             spare = {str(n["NodeID"]) for n in alive} - busy
-            deadline = time.monotonic() + 180
+            bound_s = max(180.0, 4 * len(spare) * clusters.start_s)
+            deadline = time.monotonic() + bound_s
             while not spare <= nodes_with_a_warm_spare(started):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"not all {len(spare)} spare nodes had a warm spare within 180 s")
+                    raise TimeoutError(f"not all {len(spare)} spare nodes had a warm spare within {bound_s:.0f} s")
             killed.append(time.time())
             example.remove_node(sim, example.rank_node("warm", 1))
         finally:

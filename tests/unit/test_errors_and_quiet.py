@@ -92,3 +92,57 @@ def test_quiet_driver_replaces_the_hook_once(monkeypatch: pytest.MonkeyPatch) ->
     assert quiet.quiet_driver()
     assert worker.print_to_stdstream is diverted
     assert logging.getLogger("ray").level == logging.ERROR
+
+
+def _every_error_kind() -> list[type[RayCkptError]]:
+    kinds = [RayCkptError]
+    while True:
+        subclasses = (k for base in kinds for k in base.__subclasses__())
+        more = [k for k in subclasses if k not in kinds and k.__module__ == errors.__name__]
+        if not more:
+            return kinds
+        kinds.extend(more)
+
+
+@pytest.mark.parametrize("kind", _every_error_kind(), ids=lambda kind: kind.__name__)
+def test_every_error_survives_rays_wrapping_with_its_details(kind: type[RayCkptError]) -> None:
+    """What a worker's error goes through on its way to ``trainer.fit()``: Ray's RayTaskError
+    and its dual class (``as_instanceof_cause``), Ray Train's WorkerGroupError and
+    ControllerError, each pickled with Ray's cloudpickle; the error comes out as its own kind,
+    with its message and details."""
+    from ray.train import ControllerError, WorkerGroupError
+
+    cause = kind("what went wrong", job="j", step=3, ranks=[0, 2])
+    traceback = f"Traceback (most recent call last): ...\n{kind.__name__}: what went wrong"
+    dual = ray.exceptions.RayTaskError("fn", traceback, cause).as_instanceof_cause()
+    for wrapped in (cause, dual, WorkerGroupError("worker 0 failed", {0: dual}), ControllerError(dual)):
+        back = ray.cloudpickle.loads(ray.cloudpickle.dumps(wrapped))
+        inner = (
+            back.worker_failures[0]
+            if isinstance(back, WorkerGroupError)
+            else back.controller_failure
+            if isinstance(back, ControllerError)
+            else back
+        )
+        own = unwrap_remote(inner)
+        assert type(own) is kind, (wrapped, own)
+        assert own.message == "what went wrong" and own.details == {"job": "j", "step": 3, "ranks": [0, 2]}
+        assert "what went wrong" in str(own) and "what went wrong" in str(inner)
+
+
+def test_an_error_that_cannot_travel_reaches_the_driver_as_a_readable_in_place_error() -> None:
+    from ray_ckpt import inplace
+
+    class Local(Exception):  # an error holding something that cannot be pickled
+        def __init__(self) -> None:
+            super().__init__("the dataset shard is gone")
+            self.handle = lambda: None
+
+        def __reduce__(self) -> Any:
+            raise TypeError("cannot pickle a lambda")
+
+    sent = inplace._transportable(Local())
+    assert type(sent) is errors.InPlaceRecoveryError
+    assert "Local: the dataset shard is gone" in str(sent) and sent.error_type == "Local"  # type: ignore[attr-defined]
+    plain = ValueError("fine")
+    assert inplace._transportable(plain) is plain
