@@ -32,6 +32,8 @@ _HANDLES_TTL_S = 1.0  # how stale the commit fan-out's list of stores may be
 # Stages serialize on the registry's lock anyway: a few threads take them, so that hundreds of
 # concurrent batches do not convoy on the GIL; blocking calls (wait_committed) use the others.
 _STAGE_THREADS = 4
+PLAN_MARK_WAIT_S = 2.0  # how long a plan call waits for the stores to keep its plan
+REBUILD_ROUNDS = 3  # times a store that does not answer the rebuild in time is asked
 
 
 @ray.remote(  # type: ignore[call-overload]
@@ -81,16 +83,29 @@ class RegistryActor:
             except Exception as error:  # the watch must outlive GCS hiccups
                 logger.debug("store watch: %s", error)
 
-    def _rebuild(self, timeout_s: float) -> None:
-        stores = naming.store_handles(self._namespace)
-        refs = {node_id: handle.holdings.remote() for node_id, handle in stores.items()}
-        holdings = []
-        for node_id, ref in refs.items():
-            try:
-                holdings.append(StoreHoldings.from_wire(ray.get(ref, timeout=timeout_s)))
-            except Exception as error:  # a dead store is simply absent from the rebuilt view
-                logger.warning("registry rebuild: store on node %s did not answer: %s", node_id, error)
-        self._registry.rebuild(holdings)
+    def _rebuild(self, timeout_s: float, rounds: int = REBUILD_ROUNDS) -> None:
+        """Rebuild the view from every live store's holdings. A store that does not answer
+        within ``timeout_s`` is asked again, up to ``rounds`` times, while Ray still lists it
+        (calls to this actor wait meanwhile): a slow store left out could make a committed step
+        look torn, and the next attempt would discard it. A dead store is simply absent."""
+        holdings: dict[str, StoreHoldings] = {}
+        for attempt in range(rounds):
+            stores = {n: h for n, h in naming.store_handles(self._namespace).items() if n not in holdings}
+            refs = {node_id: handle.holdings.remote() for node_id, handle in stores.items()}
+            for node_id, ref in refs.items():
+                try:
+                    holdings[node_id] = StoreHoldings.from_wire(ray.get(ref, timeout=timeout_s))
+                except Exception as error:
+                    logger.warning(
+                        "registry rebuild: store on node %s did not answer (try %d of %d): %s",
+                        node_id,
+                        attempt + 1,
+                        rounds,
+                        error,
+                    )
+            if set(refs) <= set(holdings):  # every store Ray lists answered
+                break
+        self._registry.rebuild(list(holdings.values()))
         self._observe_jobs()
 
     def ready(self) -> bool:
@@ -196,10 +211,9 @@ class RegistryActor:
 
     def _stage_groups(self, groups: list[StageGroup]) -> list[GroupResult]:
         outcomes = self._registry.stage_groups(groups)
+        self._drop_discarded()
         commits: dict[str, tuple[int, ...]] = {}
         for group, outcome in zip(groups, outcomes):
-            if outcome.torn:
-                self._drop(group.job, outcome.torn)
             decision = outcome.decision
             newest = commits.get(group.job, (-1,))[-1]
             if decision is not None and decision.committed and decision.keep_steps[-1] >= newest:
@@ -270,17 +284,29 @@ class RegistryActor:
                 self._handles_at = now
             return self._handles
 
-    def _drop(self, job: str, steps: tuple[int, ...]) -> None:
-        if steps:
-            for handle in naming.store_handles(self._namespace).values():
-                handle.drop.remote(job, list(steps))
+    def _drop_discarded(self) -> None:
+        """Have every store drop the shards of the steps the registry discarded (torn steps a
+        join discarded, steps a rollback forgot), but the discarding attempt's own; and keep
+        the jobs' new restore plans, waiting (a little) until they have them: a registry that
+        restarts takes them back from there."""
+        discarded = self._registry.take_discarded()
+        plans = self._registry.take_plan_marks()
+        if not discarded and not plans:
+            return
+        handles = list(naming.store_handles(self._namespace).values())
+        for gone in discarded:
+            for handle in handles:
+                handle.drop.remote(gone.job, list(gone.steps), gone.keep_attempt, gone.writer)
+        noted = [handle.note_plan.remote(job, mark.to_wire()) for job, mark in plans.items() for handle in handles]
+        if noted:
+            ray.wait(noted, num_returns=len(noted), timeout=PLAN_MARK_WAIT_S)
 
     def plan_restore(self, job: str, attempt: str | None) -> dict[str, Any]:
         """The step all ranks of ``attempt`` restore: a ``RestorePlan`` on the wire."""
-        if attempt is not None:
-            self._drop(job, self._registry.join(job, attempt))
         live = naming.store_node_ids(self._namespace)  # one GCS call, whatever the cluster's size
-        return self._registry.plan_restore(job, attempt, live).to_wire()
+        plan = self._registry.plan_restore(job, attempt, live).to_wire()
+        self._drop_discarded()
+        return plan
 
     def plan_ranks(self, queries: list[list[Any]]) -> list[dict[str, Any]]:
         """Restore plans for ranks, as the stores pass them up the relay tree (``PlanQuery``s on
@@ -290,11 +316,10 @@ class RegistryActor:
         answers = []
         for query in (PlanQuery.from_wire(q) for q in queries):
             try:
-                if query.attempt is not None:
-                    self._drop(query.job, self._registry.join(query.job, query.attempt))
                 answers.append(self._registry.plan_ranks(query, live).to_wire())
             except RayCkptError as error:  # this query's alone (a zombie of a replaced attempt)
                 answers.append(PlanAnswer(RestorePlan(), error=error).to_wire())
+        self._drop_discarded()
         return answers
 
     def settle_backup_step(self, job: str, attempt: str | None, step: int | None) -> int | None:
@@ -305,7 +330,7 @@ class RegistryActor:
 
     def rollback(self, job: str, step: int) -> list[int]:
         dropped = self._registry.rollback(job, step)
-        self._drop(job, dropped)
+        self._drop_discarded()
         return list(dropped)
 
     def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:

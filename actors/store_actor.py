@@ -79,9 +79,9 @@ class ShardStoreActor:
         metrics.observe_store(self._store.stats())
 
     def get(
-        self, job: str, step: int, rank: int, index: int, local: bool = False
+        self, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
     ) -> tuple[dict[str, Any], np.ndarray] | None:
-        found = self._store.get(job, step, rank, index, local=local)
+        found = self._store.get(job, step, rank, index, local=local, writer=writer)
         return None if found is None else (found[0].to_dict(), found[1])
 
     def direct_endpoint(self) -> list[Any] | None:
@@ -89,9 +89,16 @@ class ShardStoreActor:
         return None if self._direct is None else self._direct.endpoint.to_wire()
 
     def get_ranges(
-        self, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], local: bool = False
+        self,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: list[tuple[int, int]],
+        local: bool = False,
+        writer: str = "",
     ) -> tuple[dict[str, Any], bool, list[np.ndarray]] | None:
-        found = self._store.get_ranges(job, step, rank, index, ranges, local=local)
+        found = self._store.get_ranges(job, step, rank, index, ranges, local=local, writer=writer)
         return None if found is None else (found[0].to_dict(), found[1], found[2])
 
     @ray.method(concurrency_group="stage")
@@ -219,18 +226,28 @@ class ShardStoreActor:
                     )
         return freed
 
-    def drop(self, job: str, steps: list[int] | None = None) -> int:
+    def drop(
+        self, job: str, steps: list[int] | None = None, keep_attempt: str | None = None, writer: str | None = None
+    ) -> int:
+        """``ShardStore.drop``."""
         if steps is None:
             self._kept.pop(job, None)
-        freed = self._store.drop(job, steps)
+        freed = self._store.drop(job, steps, keep_attempt, writer)
         metrics.observe_store(self._store.stats())
         return freed
 
     def holdings(self) -> dict[str, Any]:
         """What this store holds, a ``StoreHoldings`` on the wire (for rebuilding the registry)."""
-        return StoreHoldings(
-            self._store.node_id, tuple(self._store.inventory()), self._store.committed_marks()
-        ).to_wire()
+        return {
+            **StoreHoldings(
+                self._store.node_id, tuple(self._store.inventory()), self._store.committed_marks()
+            ).to_wire(),
+            "plans": self._store.plan_marks(),
+        }
+
+    def note_plan(self, job: str, mark: list[Any]) -> None:
+        """``ShardStore.note_plan``."""
+        self._store.note_plan(job, mark)
 
     def stats(self) -> dict[str, Any]:
         """The store's usage (``ShardStore.stats``) and its place in the relay tree: ``parent``

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -17,6 +18,7 @@ from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableErr
 from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.restore import Restored, Restorer
 from ray_ckpt.save import SaveHandle, SavePipeline
+from ray_ckpt.shard import SAVE_ID_MAX
 from ray_ckpt.stores import StoreDirectory
 
 __all__ = ["Checkpointer", "Restored", "SaveHandle"]
@@ -37,7 +39,9 @@ class Checkpointer:
     ``attempt`` names the incarnation of the job (one worker group): all ranks of one
     incarnation must pass the same value, and a new incarnation must pass a new one
     (``ray_ckpt.train.Checkpointer`` does this). Steps staged but not committed by an earlier
-    incarnation are then discarded instead of being completed by the new one.
+    incarnation are then discarded instead of being completed by the new one. Without one,
+    ``restore`` gets the registry's (``attempt`` is then set): every rank must restore before
+    it trains (docs/commit-protocol.md). ``writer``: this object's id, in its shards' keys.
     Not thread-safe: one caller.
     """
 
@@ -57,6 +61,11 @@ class Checkpointer:
             raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
             raise ConfigError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+        if attempt is not None and (not isinstance(attempt, str) or not attempt or len(attempt) > SAVE_ID_MAX):
+            raise ConfigError(
+                f"attempt must be None or a non-empty str of at most {SAVE_ID_MAX} characters, the same on every "
+                f"rank of one worker group, got {attempt!r}"
+            )
         if config is not None and not isinstance(config, CheckpointConfig):
             raise ConfigError(f"config must be a ray_ckpt.CheckpointConfig, got {type(config).__name__}")
         if not ray.is_initialized():
@@ -78,8 +87,10 @@ class Checkpointer:
         backup = ArrowBackup(self.config.backup_uri) if self.config.backup_uri else None
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ray_ckpt-save-{rank}")
         identity: dict[str, Any] = {"job": job, "rank": rank, "world_size": world_size, "attempt": attempt}
+        self.writer = uuid.uuid4().hex  # this Checkpointer's saves: no other save shares their shards' keys
         self._saves = SavePipeline(
             **identity,
+            writer=self.writer,
             node_id=self.node_id,
             config=self.config,
             registry=self._registry,
@@ -228,6 +239,8 @@ class Checkpointer:
             )
             raise
         self.last_restore_bytes = self._restorer.restored_bytes
+        if self.attempt is None and self._restorer.attempt is not None:  # the registry gave this rank its attempt
+            self.attempt = self._saves.attempt = self._restorer.attempt
         self._saves.restart_counting()  # the next save is this incarnation's first step: always recorded
         newest = None if plan is None else plan.newest_staged
         self._record(

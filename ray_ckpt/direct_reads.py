@@ -14,7 +14,7 @@ which a Ray get of a local copy needs for the whole copy). A reader learns the e
 token from the store actor, so only those who can call the Ray actor can read. One request per
 round trip, all framed as a 4-byte big-endian length and a msgpack map:
 
-  request   {"token", "job", "step", "rank", "index", "local", "ranges": [[start, stop], ...] | None}
+  request   {"token", "job", "step", "rank", "index", "writer", "local", "ranges": [[start, stop], ...] | None}
   answer    {"found": False} | {"error": str} |
             {"found": True, "meta": ShardMeta dict, "intact": bool | None, "sizes": [int, ...]}
             then the bytes of each range (or of the whole shard for ``ranges`` None), back to back.
@@ -126,14 +126,15 @@ class DirectReadServer:
     def _answer(self, sock: socket.socket, request: dict[str, Any]) -> None:
         try:
             shard = (str(request["job"]), int(request["step"]), int(request["rank"]), int(request["index"]))
+            writer = str(request.get("writer", ""))
             local, ranges = bool(request["local"]), request["ranges"]
             found: tuple[ShardMeta, bool | None, list[np.ndarray]] | None
             if ranges is None:
-                whole = self.store.get(*shard, local=local)
+                whole = self.store.get(*shard, local=local, writer=writer)
                 found = None if whole is None else (whole[0], None, [whole[1]])
             else:
                 spans = [(int(start), int(stop)) for start, stop in ranges]
-                found = self.store.get_ranges(*shard, spans, local=local)
+                found = self.store.get_ranges(*shard, spans, local=local, writer=writer)
         except (KeyError, TypeError, ValueError) as error:
             _send_frame(sock, {"error": f"{type(error).__name__}: {error}"})
             return
@@ -169,11 +170,12 @@ def read(
     ranges: list[tuple[int, int]] | None,
     local: bool,
     timeout_s: float,
+    writer: str = "",
     into: Landing | None = None,
     same_node: bool = False,
 ) -> tuple[dict[str, Any], bool | None, list[np.ndarray]] | None:
     """``(meta dict, intact, pieces)`` of one shard (or with ``local`` a rank's local copy)
-    from the store at ``endpoint``, or None if it does not hold it. ``ranges`` None reads the
+    that ``writer`` saved, from the store at ``endpoint``, or None if it does not hold it. ``ranges`` None reads the
     whole shard as one writable piece. A piece that landed ``into`` is that array.
     ``same_node``: the store runs on the caller's node (its Unix socket is used when it has
     one). OSError when the store cannot be reached or the connection breaks; ValueError for an
@@ -187,6 +189,7 @@ def read(
                 "step": step,
                 "rank": rank,
                 "index": index,
+                "writer": writer,
                 "local": local,
                 "ranges": None if ranges is None else [list(span) for span in ranges],
             },

@@ -46,9 +46,11 @@ class RangeSource(Protocol):
         ranges: Ranges,
         local: bool,
         into: Landing | None = None,
+        writer: str = "",
     ) -> Future[Any]:
-        """``(meta dict, intact, pieces)`` or None; the future fails if the store does. A
-        source may put pieces ``into`` the landing's arrays (or ignore it)."""
+        """``(meta dict, intact, pieces)`` of the shard ``writer`` saved, or None; the future
+        fails if the store does. A source may put pieces ``into`` the landing's arrays (or
+        ignore it)."""
 
 
 class RangeReader:
@@ -190,7 +192,7 @@ class RangeReader:
             index = 0 if local else key
             try:
                 futures[key] = self.source.get_ranges(
-                    node_id, self.job, self.step, self.rank, index, ranges, local, into
+                    node_id, self.job, self.step, self.rank, index, ranges, local, into, self.record.first.writer
                 )
             except KeyError:  # no live store there any more
                 continue

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ray_ckpt.errors import ConfigError, NoCheckpointError, RayCkptError, StaleAttemptError
+from ray_ckpt.errors import ConfigError, InsufficientShardsError, NoCheckpointError, RayCkptError, StaleAttemptError
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.wire import (
     GroupResult,
     PlanAnswer,
+    PlanMark,
     PlanQuery,
     RankLocation,
     RankRecord,
@@ -93,6 +95,22 @@ class _Incarnations:
     backup_steps: dict[str, int | None] = dataclasses.field(default_factory=dict)
     unrestorable: set[int] = dataclasses.field(default_factory=set)
     newest_staged: int | None = None  # the newest step any rank ever staged
+    auto: str | None = None  # the attempt the registry opened for ranks restoring without one
+    auto_ranks: set[int] = dataclasses.field(default_factory=set)  # the ranks that restored under it
+    plan_seq: int = 0  # orders the job's plan marks (see PlanMark)
+
+
+@dataclasses.dataclass(frozen=True)
+class Discarded:
+    """Steps of ``job`` the registry forgot whose shards the stores drop, except those saved
+    by ``keep_attempt`` (the attempt that discarded them: its own shards of a torn step number,
+    put before or after, belong to its save of that step); with ``writer``, only that
+    writer's shards (a save whose stage was refused)."""
+
+    job: str
+    steps: tuple[int, ...]
+    keep_attempt: str | None = None
+    writer: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +168,30 @@ class Registry:
     staged it; the newest ``keep_committed`` committed steps are kept; a step that was staged
     but is older than the newest commit is torn and evicted. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_attempt_id: Callable[[], str] = lambda: f"auto-{uuid.uuid4().hex[:16]}") -> None:
+        """``new_attempt_id`` names the attempts the registry opens for ranks without one."""
+        self._new_attempt_id = new_attempt_id
         self._lock = threading.Condition()
         self._jobs: dict[str, dict[int, StepRecord]] = {}
         self._incarnations: dict[str, _Incarnations] = {}
+        self._discarded: list[Discarded] = []
+        self._plan_marks: dict[str, PlanMark] = {}
+
+    def take_plan_marks(self) -> dict[str, PlanMark]:
+        """Per job, its newest restore plan if it changed since the last call: the caller (the
+        registry actor) hands it to every store, so that a restarted registry gives the ranks
+        still to restore the plan the others restored (``rebuild``)."""
+        with self._lock:
+            taken, self._plan_marks = self._plan_marks, {}
+            return taken
+
+    def take_discarded(self) -> list[Discarded]:
+        """The steps whose shards the stores must drop since the last call (torn steps a join
+        discarded, committed steps a rollback forgot), each with the attempt whose own shards of
+        those steps stay. The caller (the registry actor) sends them to every store."""
+        with self._lock:
+            taken, self._discarded = self._discarded, []
+            return taken
 
     def stage(
         self,
@@ -187,6 +225,19 @@ class Registry:
         with self._lock:
             return [self._stage_request_locked(request, acknowledge_retries=True) for request in requests]
 
+    def _refused_locked(self, group: StageGroup, outcome: GroupOutcome) -> GroupOutcome:
+        """``outcome``, after queueing the refused saves' shards to be dropped (but those of a
+        save the step's record holds): nothing will ever read them, and a rebuild must not
+        take them for a save of the step."""
+        if outcome.refused:
+            record = self._jobs.get(group.job, {}).get(group.step)
+            held = {r.first.writer for r in record.ranks().values()} if record is not None else set()
+            for request in (r for part in group.parts for r in part.requests()):
+                writer = request.metas[0].writer
+                if request.metas[0].rank in outcome.refused and writer not in held:  # never a recorded save
+                    self._discarded.append(Discarded(group.job, (group.step,), writer=writer))
+        return outcome
+
     def _stage_request_locked(self, request: StageRequest, *, acknowledge_retries: bool) -> StageOutcome:
         try:
             request.check()
@@ -211,6 +262,9 @@ class Registry:
             ]
 
     def _stage_group_locked(self, group: StageGroup, acknowledge_retries: bool) -> GroupOutcome:
+        return self._refused_locked(group, self._staged_locked(group, acknowledge_retries))
+
+    def _staged_locked(self, group: StageGroup, acknowledge_retries: bool) -> GroupOutcome:
         job, step = group.job, group.step
         try:
             torn = () if group.attempt is None else self._join_locked(job, group.attempt)
@@ -307,22 +361,34 @@ class Registry:
         state.seen.add(attempt)
         state.current = attempt
         steps = self._jobs.get(job, {})
-        torn = tuple(sorted(s for s, r in steps.items() if not r.committed))
+        torn = tuple(sorted(s for s, r in steps.items() if not r.committed and r.attempt != attempt))
         for step in torn:
             del steps[step]
+        if torn:
+            self._discarded.append(Discarded(job, torn, attempt))
         return torn
 
-    def plan_restore(self, job: str, attempt: str | None, live_nodes: set[str]) -> RestorePlan:
+    def plan_restore(
+        self, job: str, attempt: str | None, live_nodes: set[str], ranks: Iterable[int] = ()
+    ) -> RestorePlan:
         """The step every rank of ``attempt`` restores, decided once per attempt so that all
         ranks agree (see RestorePlan). source "peers": the newest committed step whose every
         rank still has k shards (or its local copy) on live nodes and was not marked
         unrestorable; source "backup": none is, use the newest complete persistent backup;
-        source None: nothing was ever committed."""
+        source None: nothing was ever committed. ``ranks`` asking without an attempt get the
+        registry's (``RestorePlan.attempt``): the attempt it opened for the job, which every rank
+        restoring after it joins, until a rank restores a second time (it was restarted), which
+        opens the next one (docs/commit-protocol.md)."""
         with self._lock:
             state = self._incarnations.setdefault(job, _Incarnations())
+            auto = attempt is None and bool(ranks)
+            if auto:
+                attempt = self._auto_attempt_locked(state, ranks)
             if attempt is not None:
                 self._join_locked(job, attempt)
                 if attempt in state.plans:
+                    if auto:
+                        self._note_plan_locked(job, state, state.plans[attempt])
                     return state.plans[attempt]
             steps = self._jobs.get(job, {})
             committed = sorted((s for s, r in steps.items() if r.committed), reverse=True)
@@ -337,18 +403,48 @@ class Registry:
                 newest_committed=committed[0] if committed else None,
                 newest_staged=state.newest_staged,
                 world_size=None if chosen is None else steps[chosen].world_size,
+                attempt=attempt,
             )
             if attempt is not None:
                 state.plans[attempt] = plan
+                self._note_plan_locked(job, state, plan)
             return plan
 
+    def _note_plan_locked(self, job: str, state: _Incarnations, plan: RestorePlan) -> None:
+        state.plan_seq += 1
+        ranks = tuple(sorted(state.auto_ranks)) if plan.attempt == state.auto else ()
+        steps = self._jobs.get(job, {})
+        newest = max(steps, default=state.newest_staged)
+        self._plan_marks[job] = PlanMark(state.plan_seq, plan, ranks, newest)
+
+    def _auto_attempt_locked(self, state: _Incarnations, ranks: Iterable[int]) -> str:
+        """The attempt of ranks restoring without one: the open one, or a new one when the open
+        one was superseded or one of them restored under it already."""
+        for rank in ranks:
+            superseded = state.auto != state.current and state.auto in state.seen
+            if state.auto is None or superseded or rank in state.auto_ranks:
+                state.auto, state.auto_ranks = self._new_attempt_id(), set()
+            state.auto_ranks.add(rank)
+        assert state.auto is not None
+        return state.auto
+
     def plan_ranks(self, query: PlanQuery, live_nodes: set[str]) -> PlanAnswer:
-        """The plan of the query's attempt (``plan_restore``) and, when it restores a step from
-        memory, the asking ranks' records of it (``locate_rank``)."""
+        """The plan of the query's attempt (``plan_restore``, the ranks asking without one get
+        the registry's) and, when it restores a step from memory, the asking ranks' records of
+        it (``locate_rank``)."""
         with self._lock:
-            plan = self.plan_restore(query.job, query.attempt, live_nodes)
+            plan = self.plan_restore(query.job, query.attempt, live_nodes, query.ranks)
             if plan.source != "peers" or plan.step is None:
                 return PlanAnswer(plan)
+            record = self._jobs.get(query.job, {}).get(plan.step)
+            if record is None or not record.committed:
+                raise InsufficientShardsError(
+                    f"job {query.job!r}: step {plan.step}, which this attempt's other ranks restored, is no longer "
+                    "committed (a registry restart found too few of its shards); this attempt cannot go on: "
+                    "restart every rank, and they restore an older step",
+                    job=query.job,
+                    step=plan.step,
+                )
             return PlanAnswer(plan, {rank: self.locate_rank(query.job, plan.step, rank) for rank in query.ranks})
 
     @staticmethod
@@ -384,6 +480,8 @@ class Registry:
             )
             for s in doomed:
                 del steps[s]
+            if doomed:
+                self._discarded.append(Discarded(job, doomed, current))
             return doomed
 
     # ---- queries ------------------------------------------------------------------------
@@ -468,33 +566,108 @@ class Registry:
     def rebuild(self, holdings: Iterable[StoreHoldings]) -> None:
         """Replace the whole view with one rebuilt from the stores' self-describing shards.
 
-        ``holdings``: what every live store holds. A step counts as committed when some store
-        was told so, or when it is not newer than such a step (commits are ordered); steps
-        newer than every commit mark come back as staged by the ranks whose shards are present.
+        ``holdings``: what every live store holds. Per (step, rank) only the shards of one save
+        count (one writer, of the step's attempt), so two saves are never merged. A step is
+        committed when every rank has shards of its attempt and either some store was told it
+        committed (commits are ordered: a mark covers the older steps too) or every rank still
+        has k shards: either way every rank finished its puts. Other steps come back as staged
+        by the ranks whose shards are present. Every attempt a shard names is remembered as
+        superseded, but the attempt of the newest step, which stays current: a zombie of an
+        older one is refused as before the restart.
         """
-        found: dict[str, dict[int, dict[int, tuple[dict[int, ShardMeta], dict[int, str]]]]] = {}
+        found: dict[str, dict[int, dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]]]] = {}
         marks: dict[str, int] = {}
         for held in holdings:
             for job, step in held.committed.items():
                 marks[job] = max(step, marks.get(job, step))
             for meta in held.metas:
-                metas, nodes = found.setdefault(meta.job, {}).setdefault(meta.step, {}).setdefault(meta.rank, ({}, {}))
+                saves = found.setdefault(meta.job, {}).setdefault(meta.step, {})
+                metas, nodes = saves.setdefault((meta.rank, meta.writer), ({}, {}))
                 metas[meta.index] = meta
                 nodes[meta.index] = held.node_id
         rebuilt: dict[str, dict[int, StepRecord]] = {}
-        for job, staged in found.items():
-            for step, ranks in staged.items():
-                world_size = next(iter(next(iter(ranks.values()))[0].values())).world_size
-                records = {rank: RankRecord(metas, nodes) for rank, (metas, nodes) in ranks.items()}
-                rebuilt.setdefault(job, {})[step] = StepRecord(world_size=world_size, records=records)
-        for job, steps in rebuilt.items():
-            mark = marks.get(job)
-            for step, record in steps.items():
-                record.committed = mark is not None and step <= mark and len(record.staged) == record.world_size
+        incarnations: dict[str, _Incarnations] = {}
+        for job, steps in found.items():
+            newest_attempt = _attempt_of(steps[max(steps)])
+            for step, saves in sorted(steps.items()):
+                record = _rebuilt_step(saves, newest_attempt)
+                mark = marks.get(job)
+                complete = len(record.staged) == record.world_size
+                whole = all(len(r.metas) >= r.data_shards for r in record.ranks().values())
+                record.committed = complete and ((mark is not None and step <= mark) or whole)
+                rebuilt.setdefault(job, {})[step] = record
+            committed = [s for s, r in rebuilt[job].items() if r.committed]
+            current = rebuilt[job][max(committed) if committed else max(steps)].attempt
+            seen = {next(iter(metas.values())).attempt for saves in steps.values() for metas, _ in saves.values()}
+            seen.discard("")
+            incarnations[job] = _Incarnations(
+                current=current, seen=seen | ({current} if current else set()), newest_staged=max(steps)
+            )
+        plans: dict[str, PlanMark] = {}
+        for held in holdings:
+            for job, plan_mark in held.plans.items():
+                if job not in plans or plans[job].seq < plan_mark.seq:
+                    plans[job] = plan_mark
+        for job, plan_mark in plans.items():
+            _restore_plan(incarnations.setdefault(job, _Incarnations()), plan_mark, rebuilt.get(job, {}))
         with self._lock:
             self._jobs = rebuilt
+            self._incarnations = incarnations
             self._lock.notify_all()
 
     def _latest_locked(self, job: str) -> int | None:
         committed = [s for s, r in self._jobs.get(job, {}).items() if r.committed]
         return max(committed) if committed else None
+
+
+def _attempt_of(saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]]) -> str | None:
+    """The attempt with the most shards among one step's saves (None: saved without one)."""
+    counts: dict[str, int] = {}
+    for metas, _ in saves.values():
+        attempt = next(iter(metas.values())).attempt
+        counts[attempt] = counts.get(attempt, 0) + len(metas)
+    best = max(sorted(counts), key=lambda a: counts[a])
+    return best or None
+
+
+def _rebuilt_step(
+    saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]], newest_attempt: str | None
+) -> StepRecord:
+    """One step's record from the shards of its saves: the attempt of the job's newest step
+    when it saved every rank of this step, else the attempt with most shards; per rank the
+    save (writer) of that attempt with the most shards."""
+    by_attempt: dict[str | None, dict[int, tuple[dict[int, ShardMeta], dict[int, str]]]] = {}
+    world_sizes: dict[str | None, int] = {}
+    for (rank, _writer), (metas, nodes) in sorted(saves.items()):
+        first = next(iter(metas.values()))
+        world_sizes[first.attempt or None] = first.world_size
+        ranks = by_attempt.setdefault(first.attempt or None, {})
+        if rank not in ranks or len(metas) > len(ranks[rank][0]):
+            ranks[rank] = (metas, nodes)
+    complete = [a for a, ranks in by_attempt.items() if len(ranks) == world_sizes[a]]
+    if newest_attempt in complete:
+        attempt = newest_attempt
+    else:
+        pool = complete or list(by_attempt)
+        attempt = max(sorted(pool, key=str), key=lambda a: sum(len(m) for m, _ in by_attempt[a].values()))
+    records = {rank: RankRecord(metas, nodes) for rank, (metas, nodes) in by_attempt[attempt].items()}
+    record = StepRecord(world_size=world_sizes[attempt], records=records)
+    record.attempt = attempt
+    return record
+
+
+def _restore_plan(state: _Incarnations, mark: PlanMark, steps: dict[int, StepRecord]) -> None:
+    """Take the newest plan mark back into a rebuilt job: its attempt's plan (and, for the
+    registry's own attempt, the ranks that restored under it), and its attempt as the current
+    one unless another attempt saved a step newer than the plan (it came later)."""
+    attempt = mark.plan.attempt
+    state.plan_seq = mark.seq
+    if attempt is None:
+        return
+    state.plans[attempt] = mark.plan
+    state.seen.add(attempt)
+    later = [s for s, r in steps.items() if (mark.newest_step is None or s > mark.newest_step) and r.attempt != attempt]
+    if not later:
+        state.current = attempt
+    if mark.ranks:
+        state.auto, state.auto_ranks = attempt, set(mark.ranks)

@@ -83,9 +83,11 @@ class ShardSource(RangeSource, Protocol):
         store: a ``PlanAnswer`` on the wire (KeyError: no live store there)."""
         ...
 
-    def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Found]:
-        """The shard (or with ``local`` the rank's full copy) from that node's store; the
-        future fails if the store does."""
+    def get(
+        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
+    ) -> Future[Found]:
+        """The shard (or with ``local`` the rank's full copy) that ``writer`` saved, from that
+        node's store; the future fails if the store does."""
 
 
 def check_shard(found: Any, expected: ShardMeta) -> str | None:
@@ -144,7 +146,7 @@ def fetch_shards(
     def launch() -> None:
         while candidates and len(valid) + len(pending) < k:
             index = candidates.pop(0)
-            pending[source.get(record.nodes[index], job, step, rank, index)] = index
+            pending[source.get(record.nodes[index], job, step, rank, index, False, record.first.writer)] = index
 
     launch()
     while pending and len(valid) < k:
@@ -228,6 +230,8 @@ class Restorer:
             return self._from_memory(step, self._record(located, step), t0), None
         answer = self._plan()
         plan = answer.plan
+        if self.attempt is None:  # the registry's attempt for ranks that restore without one
+            self.attempt = plan.attempt
         if plan.source == "peers" and plan.step is not None:
             reshard_into = into is not None and int(plan.world_size or 0) != self.world_size
             if not reshard_into:
@@ -238,9 +242,12 @@ class Restorer:
                 else:
                     located = answer.records.get(self.rank) or self.registry.locate_rank(self.job, plan.step, self.rank)
                     restored = self._from_memory(plan.step, self._record(located, plan.step), t0)
-            except InsufficientShardsError:
-                # this rank cannot rebuild the step every rank agreed on: make sure no later
-                # plan picks it, then fail this attempt so all ranks restart and agree anew
+            except ConfigError:
+                raise  # the caller's state or world size, not the step: it stays restorable
+            except Exception:
+                # this rank cannot rebuild the step every rank agreed on (too few shards, bytes
+                # that do not decode or load): make sure no later plan picks it, then fail this
+                # attempt so all ranks restart and agree anew
                 self.registry.mark_unrestorable(self.job, plan.step)
                 raise
             if plan.newest_committed is not None and plan.step < plan.newest_committed:
@@ -376,7 +383,8 @@ class Restorer:
         if record.local is None or record.local_node != self.node_id or not self.stores.live([self.node_id]):
             return None
         try:
-            found = self.stores.get(self.node_id, self.job, step, self.rank, 0, True).result(timeout=self._timeout_s())
+            asked = self.stores.get(self.node_id, self.job, step, self.rank, 0, True, record.local.writer)
+            found = asked.result(timeout=self._timeout_s())
         except Exception:  # an unreachable or failing store: fetch from peers instead
             return None
         if check_shard(found, record.local) is not None:

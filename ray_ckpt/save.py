@@ -40,6 +40,58 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def shard_metas(
+    shards: list[np.ndarray],
+    payload_size: int,
+    *,
+    data_shards: int,
+    job: str,
+    step: int,
+    rank: int,
+    world_size: int,
+    attempt: str,
+    writer: str,
+) -> list[ShardMeta]:
+    """The metadata of one save's k+m shards (index order), with their checksums."""
+    return [
+        ShardMeta(
+            job=job,
+            step=step,
+            rank=rank,
+            index=i,
+            world_size=world_size,
+            data_shards=data_shards,
+            parity_shards=len(shards) - data_shards,
+            payload_size=payload_size,
+            shard_size=shard.size,
+            checksum=checksum(shard),
+            attempt=attempt,
+            writer=writer,
+        )
+        for i, shard in enumerate(shards)
+    ]
+
+
+def local_copy_meta(
+    body: np.ndarray, *, job: str, step: int, rank: int, world_size: int, attempt: str, writer: str
+) -> ShardMeta:
+    """The metadata of a rank's full local copy of a save: one "shard" of a k=1, m=0 code."""
+    return ShardMeta(
+        job=job,
+        step=step,
+        rank=rank,
+        index=0,
+        world_size=world_size,
+        data_shards=1,
+        parity_shards=0,
+        payload_size=body.size,
+        shard_size=body.size,
+        checksum=checksum(body),
+        attempt=attempt,
+        writer=writer,
+    )
+
+
 class SaveHandle:
     """The future of one ``save``: ``staged()`` once this rank's shards are stored and staged,
     ``wait()`` once every rank staged the step (it committed). ``skipped`` is True when the
@@ -87,6 +139,7 @@ class SavePipeline:
         rank: int,
         world_size: int,
         attempt: str | None,
+        writer: str,
         node_id: str,
         config: CheckpointConfig,
         registry: RegistryClient,
@@ -95,6 +148,7 @@ class SavePipeline:
         record: Callable[..., None],
     ) -> None:
         self.job, self.rank, self.world_size, self.attempt, self.node_id = job, rank, world_size, attempt, node_id
+        self.writer = writer
         self.config = config
         self.code = ReedSolomon(config.data_shards, config.parity_shards)
         self.registry, self.stores, self.backup, self._record = registry, stores, backup, record
@@ -168,19 +222,8 @@ class SavePipeline:
             self._parity = [np.empty(shard_size, dtype=np.uint8) for _ in range(m)]
         data = [buffer[i * shard_size : (i + 1) * shard_size] for i in range(k)]
         shards = data + self.code.encode_parity(data, self._parity)
-        common: dict[str, Any] = {"job": self.job, "step": step, "rank": self.rank, "world_size": self.world_size}
-        metas = [
-            ShardMeta(
-                **common,
-                index=i,
-                data_shards=k,
-                parity_shards=m,
-                payload_size=size,
-                shard_size=shard_size,
-                checksum=checksum(shard),
-            )
-            for i, shard in enumerate(shards)
-        ]
+        common = self._common(step)
+        metas = shard_metas(shards, size, data_shards=k, **common)
         t1 = time.perf_counter()
         targets, local = self._scatter(shards, metas, buffer[:size], common)
         t2 = time.perf_counter()
@@ -244,12 +287,7 @@ class SavePipeline:
             ]
             local = None
             if self.config.local_copy and self.node_id not in excluded:
-                local = ShardMeta(
-                    **{**common, "index": 0, "data_shards": 1, "parity_shards": 0},
-                    payload_size=body.size,
-                    shard_size=body.size,
-                    checksum=checksum(body),
-                )
+                local = local_copy_meta(body, **common)
                 puts.append((self.node_id, self._put(self.node_id, local, body, local=True)))
             failed = set()
             for node_id, future in puts:
@@ -284,6 +322,17 @@ class SavePipeline:
             return self.stores.put(node_id, meta, data, local)
         except KeyError:
             return None
+
+    def _common(self, step: int) -> dict[str, Any]:
+        """What every shard's metadata of ``step`` names: job, step, rank, world size, attempt, writer."""
+        return {
+            "job": self.job,
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "attempt": self.attempt or "",
+            "writer": self.writer,
+        }
 
     def _note_protection(self, targets: list[str], stores: int) -> None:
         """Keep the protection of the placement just chosen, warning once when it drops below

@@ -7,7 +7,8 @@ from typing import Any
 
 from ray_ckpt.errors import SnapshotFormatError
 
-ShardKey = tuple[str, int, int, int]  # (job, step, rank, index)
+ShardKey = tuple[str, int, int, int, str]  # (job, step, rank, index, writer)
+SAVE_ID_MAX = 128  # characters of an attempt or writer id
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -20,6 +21,9 @@ class ShardMeta:
     payload_size: bytes of the coded payload (the caller of the codec keeps it).
     shard_size: bytes of this shard (ceil(payload_size / k)).
     checksum: XXH3-64 of this shard's bytes.
+    attempt: the incarnation of the job that saved it ("" for none; docs/commit-protocol.md).
+    writer: the Checkpointer that saved it (a random id): two saves of one (step, rank) never
+    share a key, so neither can overwrite or be mistaken for the other.
     """
 
     job: str
@@ -32,23 +36,29 @@ class ShardMeta:
     payload_size: int
     shard_size: int
     checksum: int
+    attempt: str = ""
+    writer: str = ""
 
     @property
     def key(self) -> ShardKey:
-        return (self.job, self.step, self.rank, self.index)
+        return (self.job, self.step, self.rank, self.index, self.writer)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ShardMeta:
         """Parse and validate a record from an untrusted peer; SnapshotFormatError if malformed."""
         fields = {f.name for f in dataclasses.fields(cls)}
+        texts = {"job", "attempt", "writer"}
         if not isinstance(values, dict) or set(values) != fields:
             raise SnapshotFormatError(f"shard metadata must have exactly the fields {sorted(fields)}")
-        if not isinstance(values["job"], str):
-            raise SnapshotFormatError("shard metadata field job must be a str")
-        for name in fields - {"job"}:
+        for name in sorted(texts):
+            if not isinstance(values[name], str):
+                raise SnapshotFormatError(f"shard metadata field {name} must be a str")
+            if name != "job" and len(values[name]) > SAVE_ID_MAX:
+                raise SnapshotFormatError(f"shard metadata field {name} is over {SAVE_ID_MAX} characters")
+        for name in fields - texts:
             value = values[name]
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SnapshotFormatError(f"shard metadata field {name} must be an int >= 0, got {value!r}")
@@ -62,3 +72,6 @@ class ShardMeta:
                 f"{meta.payload_size} with k={k}"
             )
         return meta
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(ShardMeta))

@@ -28,7 +28,7 @@ class _Entry:
 
 
 class ShardStore:
-    """Holds shards in memory it owns, keyed by (job, step, rank, index).
+    """Holds shards in memory it owns, keyed by (job, step, rank, index, writer).
 
     Contracts:
       * ``put`` copies the bytes (never keeps a reference to a caller-owned buffer) and
@@ -38,7 +38,9 @@ class ShardStore:
         memory in use would pass ``memory_ceiling`` of its total raises StoreFullError too,
         so a store never pushes its node into Ray's memory monitor (which kills workers at
         95% by default). Reused arrays need no new memory, so steady-state saves go on.
-      * Putting an existing key replaces it (a retried save).
+      * Putting an existing key replaces it (a retried save). A save by another writer (another
+        Checkpointer, e.g. a zombie of a replaced worker group) has another key: it can never
+        replace this one's shards, and a read names the writer it wants.
       * Only ``mark_committed``/``drop`` evict, and only the named job's superseded steps.
       * All methods are safe to call from many threads at once; copies run outside the lock,
         so a large put does not block gets.
@@ -64,6 +66,7 @@ class ShardStore:
         self._entries: dict[ShardKey, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
+        self._plans: dict[str, Any] = {}  # job -> the newest plan mark it heard of (wire form)
         # arrays of evicted shards, reused by later puts of the same size (the next step's
         # shards usually are): no page faults, no allocation. Data + spare <= budget.
         self._spare: dict[int, list[np.ndarray]] = {}
@@ -72,7 +75,7 @@ class ShardStore:
 
     def put(self, meta: ShardMeta, data: Any, *, local: bool = False) -> None:
         """Store one shard, or with ``local`` a rank's full local copy (a k=1, m=0 "shard")."""
-        key = (meta.job, meta.step, meta.rank, LOCAL_INDEX) if local else meta.key
+        key = (meta.job, meta.step, meta.rank, LOCAL_INDEX, meta.writer) if local else meta.key
         view = as_bytes(data)
         if view.size != meta.shard_size:
             raise ValueError(f"shard {meta.key} has {view.size} bytes, its metadata says {meta.shard_size}")
@@ -123,34 +126,54 @@ class ShardStore:
             doomed = [k for k in self._entries if k[0] == job and k[1] < step and k[1] not in keep]
             return self._drop_locked(doomed)
 
-    def drop(self, job: str, steps: list[int] | None = None) -> int:
-        """Evict the job's shards of ``steps`` (all steps when None). Returns the bytes freed."""
+    def drop(
+        self, job: str, steps: list[int] | None = None, keep_attempt: str | None = None, writer: str | None = None
+    ) -> int:
+        """Evict the job's shards of ``steps`` (all steps when None), except those saved by
+        ``keep_attempt`` when given (a step a new attempt discards as torn may already hold that
+        attempt's own shards); with ``writer``, only that writer's. Returns the bytes freed."""
         wanted = None if steps is None else set(steps)
         with self._lock:
-            doomed = [k for k in self._entries if k[0] == job and (wanted is None or k[1] in wanted)]
+            doomed = [
+                k
+                for k, entry in self._entries.items()
+                if k[0] == job
+                and (wanted is None or k[1] in wanted)
+                and (keep_attempt is None or entry.meta.attempt != keep_attempt)
+                and (writer is None or k[4] == writer)
+            ]
             if steps is None:
                 self._committed.pop(job, None)
+                self._plans.pop(job, None)
             return self._drop_locked(doomed)
 
     # ---- reads --------------------------------------------------------------------------
 
     def get(
-        self, job: str, step: int, rank: int, index: int, *, local: bool = False
+        self, job: str, step: int, rank: int, index: int, *, local: bool = False, writer: str = ""
     ) -> tuple[ShardMeta, np.ndarray] | None:
-        """The shard (or with ``local`` the rank's local copy) and its metadata, or None if
-        this store does not hold it."""
+        """The shard (or with ``local`` the rank's local copy) that ``writer`` saved, and its
+        metadata, or None if this store does not hold it."""
         with self._lock:
-            entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index))
+            entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index, writer))
         return None if entry is None else (entry.meta, entry.data)
 
     def get_ranges(
-        self, job: str, step: int, rank: int, index: int, ranges: list[tuple[int, int]], *, local: bool = False
+        self,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: list[tuple[int, int]],
+        *,
+        local: bool = False,
+        writer: str = "",
     ) -> tuple[ShardMeta, bool, list[np.ndarray]] | None:
         """Byte ranges ``[start, stop)`` of a shard (or with ``local`` the rank's local copy):
         ``(meta, intact, pieces)``, ``intact`` saying whether the whole shard still matches its
         checksum (a reader of ranges cannot check that itself); None if this store does not
         hold it. ValueError for a range outside the shard."""
-        found = self.get(job, step, rank, index, local=local)
+        found = self.get(job, step, rank, index, local=local, writer=writer)
         if found is None:
             return None
         meta, data = found
@@ -164,6 +187,19 @@ class ShardStore:
         listed); for rebuilding the registry."""
         with self._lock:
             return [e.meta for k, e in self._entries.items() if (job is None or k[0] == job) and k[3] != LOCAL_INDEX]
+
+    def note_plan(self, job: str, mark: Any) -> None:
+        """Keep ``job``'s newest restore plan (a ``PlanMark`` on the wire; its first item, the
+        sequence number, orders them) for a registry that restarts."""
+        with self._lock:
+            held = self._plans.get(job)
+            if held is None or held[0] <= mark[0]:
+                self._plans[job] = mark
+
+    def plan_marks(self) -> dict[str, Any]:
+        """job -> the newest plan mark this store was told (wire form)."""
+        with self._lock:
+            return dict(self._plans)
 
     def committed_marks(self) -> dict[str, int]:
         """job -> the newest committed step this store was told about."""

@@ -25,7 +25,7 @@ import ray
 from ray_ckpt import direct_reads, naming, remote, settings
 from ray_ckpt.direct_reads import Endpoint, Landing
 from ray_ckpt.placement import Node
-from ray_ckpt.shard import ShardMeta
+from ray_ckpt.shard import ShardKey, ShardMeta
 from ray_ckpt.wire import StageRequest
 
 logger = logging.getLogger(__name__)
@@ -76,16 +76,20 @@ class StoreDirectory:
         """Copy ``data`` into that node's store (the store pulls it from this node's object store)."""
         return self._handle(node_id).put.remote(meta.to_dict(), ray.put(data), local).future()
 
-    def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
-        """A shard (or local copy): ``(meta dict, data)`` or None. Data read directly is writable."""
+    def get(
+        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
+    ) -> Future[Any]:
+        """The shard (or local copy) ``writer`` saved: ``(meta dict, data)`` or None. Data read
+        directly is writable."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
-            return handle.get.remote(job, step, rank, index, local).future()
+            return handle.get.remote(job, step, rank, index, local, writer).future()
 
         def whole() -> Any:
-            found = self._read(node_id, handle, job, step, rank, index, None, local, None)
+            found = self._read(node_id, handle, (job, step, rank, index, writer), None, local, None)
             if found is _THROUGH_RAY:
-                return remote.get(handle.get.remote(job, step, rank, index, local), timeout=settings.peer_timeout_s())
+                call = handle.get.remote(job, step, rank, index, local, writer)
+                return remote.get(call, timeout=settings.peer_timeout_s())
             return None if found is None else (found[0], found[2][0])
 
         return self._reader_pool().submit(whole)
@@ -100,18 +104,19 @@ class StoreDirectory:
         ranges: list[tuple[int, int]],
         local: bool,
         into: Landing | None = None,
+        writer: str = "",
     ) -> Future[Any]:
-        """Byte ranges of a shard (or local copy): ``(meta dict, intact, pieces)`` or None. A
-        direct read puts the pieces ``into`` its arrays when the store vouches for them
-        (``direct_reads.Landing``); the caller copies any other piece."""
+        """Byte ranges of the shard (or local copy) ``writer`` saved: ``(meta dict, intact,
+        pieces)`` or None. A direct read puts the pieces ``into`` its arrays when the store
+        vouches for them (``direct_reads.Landing``); the caller copies any other piece."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
-            return handle.get_ranges.remote(job, step, rank, index, ranges, local).future()
+            return handle.get_ranges.remote(job, step, rank, index, ranges, local, writer).future()
 
         def spans() -> Any:
-            found = self._read(node_id, handle, job, step, rank, index, ranges, local, into)
+            found = self._read(node_id, handle, (job, step, rank, index, writer), ranges, local, into)
             if found is _THROUGH_RAY:
-                call = handle.get_ranges.remote(job, step, rank, index, ranges, local)
+                call = handle.get_ranges.remote(job, step, rank, index, ranges, local, writer)
                 return remote.get(call, timeout=settings.peer_timeout_s())
             return found
 
@@ -121,10 +126,7 @@ class StoreDirectory:
         self,
         node_id: str,
         handle: Any,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
+        shard: ShardKey,
         ranges: list[tuple[int, int]] | None,
         local: bool,
         into: Landing | None,
@@ -134,6 +136,7 @@ class StoreDirectory:
         endpoint = self._endpoint(node_id, handle)
         if endpoint is None:
             return _THROUGH_RAY
+        job, step, rank, index, writer = shard
         try:
             return direct_reads.read(
                 endpoint,
@@ -141,6 +144,7 @@ class StoreDirectory:
                 step=step,
                 rank=rank,
                 index=index,
+                writer=writer,
                 ranges=ranges,
                 local=local,
                 timeout_s=settings.peer_timeout_s(),

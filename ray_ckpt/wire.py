@@ -28,7 +28,7 @@ import msgpack
 
 from ray_ckpt import errors
 from ray_ckpt.protection import rank_protection
-from ray_ckpt.shard import ShardMeta
+from ray_ckpt.shard import SAVE_ID_MAX, ShardMeta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +132,8 @@ class RestorePlan:
     and every rank can rebuild it from memory; ``world_size`` ranks saved it), "backup" (use
     the newest complete persistent backup) or None (nothing was ever committed).
     ``newest_committed`` and ``newest_staged`` (the newest step any rank staged) let a
-    restore forget unrebuildable newer steps and count the steps a failure lost."""
+    restore forget unrebuildable newer steps and count the steps a failure lost. ``attempt``:
+    the attempt the plan belongs to (for ranks that asked without one, the registry's)."""
 
     step: int | None = None
     source: str | None = None
@@ -140,6 +141,7 @@ class RestorePlan:
     newest_committed: int | None = None
     newest_staged: int | None = None
     world_size: int | None = None
+    attempt: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,20 +155,27 @@ class RestorePlan:
             newest_committed=values.get("newest_committed"),
             newest_staged=values.get("newest_staged"),
             world_size=values.get("world_size"),
+            attempt=values.get("attempt"),
         )
 
 
 @dataclasses.dataclass(frozen=True)
 class StoreHoldings:
-    """What one store holds: its node, the metadata of every shard, and per job the newest
-    step it was told committed."""
+    """What one store holds: its node, the metadata of every shard, per job the newest step it
+    was told committed, and per job the newest restore plan it was told (``PlanMark``)."""
 
     node_id: str
     metas: tuple[ShardMeta, ...]
     committed: Mapping[str, int]
+    plans: Mapping[str, PlanMark] = dataclasses.field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "metas": [m.to_dict() for m in self.metas], "committed": dict(self.committed)}
+        return {
+            "node_id": self.node_id,
+            "metas": [m.to_dict() for m in self.metas],
+            "committed": dict(self.committed),
+            "plans": {job: mark.to_wire() for job, mark in self.plans.items()},
+        }
 
     @classmethod
     def from_wire(cls, values: Mapping[str, Any]) -> StoreHoldings:
@@ -174,7 +183,30 @@ class StoreHoldings:
             node_id=str(values["node_id"]),
             metas=tuple(ShardMeta.from_dict(m) for m in values["metas"]),
             committed={str(j): int(s) for j, s in values["committed"].items()},
+            plans={str(j): PlanMark.from_wire(m) for j, m in (values.get("plans") or {}).items()},
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanMark:
+    """A job's newest restore plan, kept by every store so that a restarted registry gives the
+    ranks of that attempt still to restore the plan the others restored: ``seq`` orders the
+    marks of a job (the newest wins), ``ranks`` are the ranks that asked without an attempt
+    under it (the registry's attempt), ``newest_step`` the newest step the registry knew when
+    it made the plan (a step saved after it by another attempt supersedes the plan's)."""
+
+    seq: int
+    plan: RestorePlan
+    ranks: tuple[int, ...] = ()
+    newest_step: int | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.seq, self.plan.to_wire(), list(self.ranks), self.newest_step]
+
+    @classmethod
+    def from_wire(cls, values: Sequence[Any]) -> PlanMark:
+        seq, plan, ranks, newest = values
+        return cls(int(seq), RestorePlan.from_wire(plan), tuple(int(r) for r in ranks), newest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,18 +304,24 @@ def _shared(meta: ShardMeta) -> tuple[Any, ...]:
         meta.parity_shards,
         meta.payload_size,
         meta.shard_size,
+        meta.attempt,
+        meta.writer,
     )
 
 
 def _checked_shared(shared: Any) -> tuple[Any, ...]:
     """The fields a rank's shards share (``_shared``), validated as ``ShardMeta.from_dict``
     validates a record; SnapshotFormatError if malformed."""
-    if not isinstance(shared, (list, tuple)) or len(shared) != 8:
-        raise errors.SnapshotFormatError("shared shard metadata must list job, step, rank, world_size, k, m, sizes")
-    job, _step, rank, world_size, k, m, payload_size, shard_size = shared
-    if not isinstance(job, str):
-        raise errors.SnapshotFormatError("shard metadata field job must be a str")
-    if not all(type(n) is int and n >= 0 for n in shared[1:]):
+    if not isinstance(shared, (list, tuple)) or len(shared) != 10:
+        raise errors.SnapshotFormatError(
+            "shared shard metadata must list job, step, rank, world_size, k, m, sizes, attempt and writer"
+        )
+    job, _step, rank, world_size, k, m, payload_size, shard_size, attempt, writer = shared
+    if not all(isinstance(text, str) for text in (job, attempt, writer)):
+        raise errors.SnapshotFormatError("shard metadata fields job, attempt and writer must be str")
+    if max(len(attempt), len(writer)) > SAVE_ID_MAX:
+        raise errors.SnapshotFormatError(f"shard metadata fields attempt and writer are over {SAVE_ID_MAX} characters")
+    if not all(type(n) is int and n >= 0 for n in shared[1:8]):
         raise errors.SnapshotFormatError(f"shard metadata fields must be ints >= 0, got {shared}")
     if k < 1 or k + m > 256 or rank >= world_size or shard_size != -(-payload_size // k):
         raise errors.SnapshotFormatError(f"shard metadata is inconsistent: {shared}")
@@ -291,7 +329,7 @@ def _checked_shared(shared: Any) -> tuple[Any, ...]:
 
 
 def _meta(shared: tuple[Any, ...], index: int, digest: int) -> ShardMeta:
-    job, step, rank, world_size, k, m, payload_size, shard_size = shared
+    job, step, rank, world_size, k, m, payload_size, shard_size, attempt, writer = shared
     return ShardMeta(
         job=job,
         step=step,
@@ -303,6 +341,8 @@ def _meta(shared: tuple[Any, ...], index: int, digest: int) -> ShardMeta:
         payload_size=payload_size,
         shard_size=shard_size,
         checksum=digest,
+        attempt=attempt,
+        writer=writer,
     )
 
 

@@ -168,6 +168,7 @@ def test_plan_picks_newest_committed_step_with_k_live_shards_per_rank() -> None:
         newest_committed=2,
         newest_staged=2,
         world_size=2,
+        attempt="B",
     )
 
 
@@ -219,6 +220,7 @@ def test_plan_is_backup_when_nothing_is_rebuildable_but_something_committed() ->
         ever_committed=True,
         newest_committed=2,
         newest_staged=2,
+        attempt="B",
     )
 
 
@@ -231,6 +233,7 @@ def test_plan_is_none_when_nothing_was_ever_committed() -> None:
         ever_committed=False,
         newest_committed=None,
         newest_staged=None,
+        attempt="A",
     )
     stage(registry, 3, 0, "A")
     plan = registry.plan_restore(JOB, "B", all_nodes(3))
@@ -240,6 +243,7 @@ def test_plan_is_none_when_nothing_was_ever_committed() -> None:
         ever_committed=False,
         newest_committed=None,
         newest_staged=3,
+        attempt="B",
     )
 
 

@@ -107,7 +107,16 @@ class FileStores:
         return {n for n in node_ids if n not in self.dead}
 
     def get_ranges(
-        self, node_id: str, job: str, step: int, rank: int, index: int, ranges: Any, local: bool, into: Any = None
+        self,
+        node_id: str,
+        job: str,
+        step: int,
+        rank: int,
+        index: int,
+        ranges: Any,
+        local: bool,
+        into: Any = None,
+        writer: str = "",
     ) -> Future[Any]:
         """Like a direct read: pieces land ``into`` its arrays when the shard is intact."""
         future: Future[Any] = Future()

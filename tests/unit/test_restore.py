@@ -73,7 +73,9 @@ class FakeStores:
         future.set_result(PlanAnswer(plan, located).to_wire())
         return future
 
-    def get(self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False) -> Future[Any]:
+    def get(
+        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
+    ) -> Future[Any]:
         self.gets.append((node_id, index))
         future: Future[Any] = Future()
         if node_id in self.failing:

@@ -26,6 +26,8 @@ VALID: dict[str, Any] = {
     "payload_size": 1001,
     "shard_size": 251,
     "checksum": 2**64 - 1,
+    "attempt": "attempt-1",
+    "writer": "writer-1",
 }
 
 
@@ -42,7 +44,7 @@ def test_shard_meta_round_trips_through_dict() -> None:
     meta = ShardMeta.from_dict(dict(VALID))
     assert meta.to_dict() == VALID
     assert ShardMeta.from_dict(meta.to_dict()) == meta
-    assert meta.key == ("train-42", 100, 3, 5)
+    assert meta.key == ("train-42", 100, 3, 5, "writer-1")
 
 
 @pytest.mark.parametrize(
@@ -73,6 +75,9 @@ def test_shard_meta_round_trips_through_dict() -> None:
         with_(shard_size=250),
         with_(shard_size=252),
         with_(payload_size=1005),
+        without("writer"),
+        with_(attempt=None),
+        with_(writer="w" * 129),
     ],
     ids=[
         "missing checksum",
@@ -100,6 +105,9 @@ def test_shard_meta_round_trips_through_dict() -> None:
         "shard_size too small",
         "shard_size too large",
         "payload too large for shard_size",
+        "missing writer",
+        "attempt None",
+        "writer too long",
     ],
 )
 def test_shard_meta_from_dict_rejects_malformed_records(values: Any) -> None:

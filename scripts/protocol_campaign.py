@@ -1,0 +1,65 @@
+"""A long run of the commit protocol's model test (tests/unit/test_protocol_model.py): the same
+state machine over many more generated interleavings, with a seed, printing the first violating
+trace, shrunk, or the count of interleavings checked.
+
+    python scripts/protocol_campaign.py --examples 200000 --seed 1 [--steps 40] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "unit")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=200_000, help="interleavings to generate")
+    parser.add_argument("--steps", type=int, default=40, help="events per interleaving, at most")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=pathlib.Path, help="write the counts and the wall time here")
+    args = parser.parse_args(argv)
+    import logging
+
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    logging.disable(logging.WARNING)  # a rebuilt-without-a-shard warning per restore is expected
+    from test_protocol_model import CommitProtocol
+
+    started = time.monotonic()
+    config = settings(
+        max_examples=args.examples,
+        stateful_step_count=args.steps,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    import random
+
+    random.seed(args.seed)
+    from hypothesis import seed as hypothesis_seed
+
+    failure = None
+    try:
+        hypothesis_seed(args.seed)(lambda: run_state_machine_as_test(CommitProtocol, settings=config))()
+    except Exception as error:  # the shrunk trace was printed by hypothesis
+        failure = f"{type(error).__name__}: {error}"
+    wall = time.monotonic() - started
+    report = {"examples": args.examples, "steps": args.steps, "seed": args.seed, "wall_s": round(wall, 1)}
+    report["violation"] = failure
+    print(json.dumps(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 1 if failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

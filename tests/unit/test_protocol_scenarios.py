@@ -1,0 +1,170 @@
+"""The commit protocol's holes found without a node failing, each replayed as the interleaving
+that showed it, on the simulation the model test drives (``protocol_sim.World``: the real
+registry, stores and restore path); docs/commit-protocol.md says what each invariant means."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from protocol_sim import JOB, World
+from shard_metas import shard_metas
+
+from ray_ckpt.checksum import checksum
+from ray_ckpt.registry import Registry
+from ray_ckpt.shard import ShardMeta
+from ray_ckpt.store import ShardStore
+from ray_ckpt.wire import StoreHoldings
+
+
+def world(**options: object) -> World:
+    return World(nodes=5, world_size=2, k=2, m=1, seed=3, **options)  # type: ignore[arg-type]
+
+
+def test_a_new_incarnation_that_saves_before_restoring_keeps_its_step() -> None:
+    """Incarnation A's rank 0 stages step 0 and A dies; B's ranks save step 0 without calling
+    restore(). B's first stage joins its attempt, which discards A's torn step 0: the stores
+    drop A's shards of it, never B's own (put just before), and step 0 commits restorable."""
+    sim = world()
+    sim.start_incarnation(with_attempt=True, restores_first=False)
+    a0 = sim.live()[0]
+    sim.put(a0)
+    sim.stage(a0)
+    sim.start_incarnation(with_attempt=True, restores_first=False)
+    b0, b1 = sim.live()
+    sim.put(b0)
+    sim.put(b1)
+    sim.stage(b0)  # joins B: A's step 0 is torn
+    sim.stage(b1)
+    assert sim.registry.committed_steps(JOB) == [0]
+    sim.check()  # invariant 1: the committed step is in the stores
+    sim.start_incarnation(with_attempt=True)
+    for process in sim.live():
+        sim.restore(process)
+    assert {rank: step for rank, step in next(iter(sim.restores.values())).items()} == {0: 0, 1: 0}
+
+
+def test_two_incarnations_halves_never_commit_as_one_step() -> None:
+    """A's rank 0 staged step 5 (its rank 1 never did); B's ranks then save step 5: the step
+    commits with B's two records only, and A's late stage of its rank 1 is refused."""
+    sim = world()
+    sim.start_incarnation(with_attempt=True, restores_first=False)
+    a0, a1 = sim.live()
+    for step in range(6):
+        sim.put(a0)
+        sim.put(a1)
+        sim.stage(a0)
+        if step < 5:
+            sim.stage(a1)
+    sim.start_incarnation(with_attempt=True)
+    for process in sim.live():
+        sim.restore(process)
+    for process in sim.live():
+        sim.put(process)
+        sim.stage(process)
+    assert sim.commits[5] == {0: "w1-0", 1: "w1-1"}
+    if a1.alive:  # A's rank 1 lingered with its save of step 5 in flight
+        sim.stage(a1)
+        assert not a1.alive  # refused: StaleAttemptError
+    sim.check()
+
+
+def test_ranks_without_an_attempt_agree_on_one_step() -> None:
+    """attempt=None (the README's plain-Ray example): rank 0 restores step 2; then two of rank
+    1's step-2 holders die. Rank 1 gets the same plan (the registry's attempt for the ranks
+    restoring without one) and fails instead of silently restoring step 1; step 2, which
+    rank 0 loaded, is not rolled back."""
+    sim = world(local_copy=False)
+    sim.start_incarnation(with_attempt=False)
+    for process in sim.live():
+        sim.restore(process)
+    for _ in range(3):
+        for process in sim.live():
+            sim.put(process)
+            sim.stage(process)
+    assert sim.registry.committed_steps(JOB)[-1] == 2
+    sim.start_incarnation(with_attempt=False)
+    r0, r1 = sim.live()
+    sim.restore(r0)
+    assert r0.restored == 2
+    holders = sorted(set(sim.registry.locate(JOB, 2)[1].nodes.values()) - {r0.node, r1.node})[:2]
+    for node in holders:
+        sim.kill_node(node)
+    assert r1.alive
+    sim.restore(r1)  # the plan is step 2, which rank 1 cannot rebuild: it fails, marking step 2
+    assert r1.restored is None and not r1.alive and 2 in sim.unrestorable
+    assert 2 in sim.registry.committed_steps(JOB)  # nothing rolled back under rank 0
+    sim.check()
+
+
+def test_a_rebuild_never_merges_two_saves_of_one_rank() -> None:
+    """The stores hold shards of two saves of step 3 by rank 0 (an abandoned save and its
+    re-save, by two writers): the rebuilt registry takes one writer's shards for the rank,
+    never index 0 of one and index 1 of the other."""
+    metas = {
+        writer: [
+            ShardMeta(**{**m.to_dict(), "checksum": m.checksum + tag, "attempt": "B", "writer": writer})
+            for m in shard_metas(JOB, 3, 0, 1, data_shards=2, parity_shards=1)
+        ]
+        for tag, writer in ((0, "old"), (7, "new"))
+    }
+    # the new save lost its shard 2 with a node; the old one its shard 0
+    held = [
+        StoreHoldings("n0", (metas["new"][0],), {}),
+        StoreHoldings("n1", (metas["new"][1], metas["old"][1]), {}),
+        StoreHoldings("n2", (metas["old"][2],), {}),
+    ]
+    registry = Registry()
+    registry.rebuild(held)
+    (record,) = registry.locate(JOB, 3).values()
+    assert {m.writer for m in record.metas.values()} == {"new"}
+    assert sorted(record.metas) == [0, 1]
+
+
+def test_a_zombie_save_never_overwrites_the_next_generations_shards() -> None:
+    """The failed generation's abandoned save goes on and puts its shard of step 4 after the
+    next generation put its own (other bytes: a GPU job is not bit-deterministic): the store
+    keeps both under their writers, and a read names the writer the registry recorded."""
+    store = ShardStore(node_id="n0", budget_bytes=1 << 20)
+
+    def shard(writer: str, fill: int) -> tuple[ShardMeta, np.ndarray]:
+        data = np.full(32, fill, dtype=np.uint8)
+        (first,) = shard_metas(JOB, 4, 0, 1, data_shards=1, parity_shards=0, payload_size=32)
+        return ShardMeta(**{**first.to_dict(), "checksum": checksum(data), "writer": writer}), data
+
+    new_meta, new_data = shard("next-generation", 1)
+    old_meta, old_data = shard("abandoned", 2)
+    store.put(new_meta, new_data)
+    store.put(old_meta, old_data)  # the zombie's put lands last
+    found = store.get(JOB, 4, 0, 0, writer="next-generation")
+    assert found is not None and found[0] == new_meta and np.array_equal(found[1], new_data)
+    assert store.drop(JOB, [4], writer="abandoned") > old_data.size  # its bytes and metadata
+    assert store.get(JOB, 4, 0, 0, writer="abandoned") is None
+    assert store.get(JOB, 4, 0, 0, writer="next-generation") is not None
+
+
+def test_a_registry_restart_keeps_the_attempt_history_and_the_plan() -> None:
+    """Rank 0 of attempt a1 restores step 1; two of rank 1's step-1 holders die and the
+    registry restarts. Rank 1 still gets a1's plan (kept by the stores), so it fails on step 1
+    (InsufficientShardsError) instead of restoring step 0 and rolling back the step rank 0
+    loaded; a zombie of the superseded attempt a0 is still refused."""
+    sim = world(local_copy=False)
+    sim.start_incarnation(with_attempt=True)
+    for process in sim.live():
+        sim.restore(process)
+    for _ in range(2):
+        for process in sim.live():
+            sim.put(process)
+            sim.stage(process)
+    sim.start_incarnation(with_attempt=True)
+    r0, r1 = sim.live()
+    sim.restore(r0)
+    assert r0.restored == 1
+    for node in sorted(set(sim.registry.locate(JOB, 1)[1].nodes.values()) - {r0.node, r1.node})[:2]:
+        sim.kill_node(node)
+    sim.restart_registry()
+    assert r1.alive
+    sim.restore(r1)
+    assert r1.restored is None and not r1.alive  # refused, not step 0
+    with pytest.raises(Exception, match="superseded"):
+        sim.registry.join(JOB, "a0")
+    sim.check()
