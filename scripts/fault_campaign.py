@@ -227,7 +227,8 @@ class Trial:
         store = naming.store_handles(self.campaign.namespace).get(located[rank]["nodes"][index])
         if store is None:
             return
-        found = ray.get(store.get.remote(self.job, latest, rank, int(index)), timeout=PEER_TIMEOUT_S)
+        writer = located[rank]["metas"][index]["writer"]
+        found = ray.get(store.get.remote(self.job, latest, rank, int(index), False, writer), timeout=PEER_TIMEOUT_S)
         if found is None:
             return
         meta, data = found

@@ -85,6 +85,8 @@ def test_store_actor_survives_malformed_requests(sim_cluster: SimCluster) -> Non
         "payload_size": 4,
         "shard_size": 4,
         "checksum": 0,
+        "attempt": "a",
+        "writer": "w",
     }
     bad_requests = [
         ({**good, "index": 9}, np.zeros(4, np.uint8)),  # index beyond k+m

@@ -103,7 +103,8 @@ def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCl
     stores = naming.store_handles(sim_cluster.namespace)
     for index in (0, 1):  # corrupt two data shards in place
         store = stores[located["nodes"][index]]
-        meta, data = ray.get(store.get.remote(JOB, 0, 0, index))
+        writer = located["metas"][index]["writer"]
+        meta, data = ray.get(store.get.remote(JOB, 0, 0, index, False, writer))
         forged = np.array(data, copy=True)
         forged[::997] ^= 0x5A
         ray.get(store.put.remote(meta, forged))
