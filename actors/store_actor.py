@@ -84,9 +84,10 @@ class ShardStoreActor:
         found = self._store.get(job, step, rank, index, local=local, writer=writer)
         return None if found is None else (found[0].to_dict(), found[1])
 
-    def direct_endpoint(self) -> list[Any] | None:
-        """Where this store serves direct reads (``Endpoint`` on the wire); None when off."""
-        return None if self._direct is None else self._direct.endpoint.to_wire()
+    def direct_endpoint(self, job: str) -> list[Any] | None:
+        """Where this store serves direct reads of ``job`` and its token there (``Endpoint`` on
+        the wire); None when off."""
+        return None if self._direct is None else self._direct.endpoint(str(job)).to_wire()
 
     def get_ranges(
         self,

@@ -10,23 +10,37 @@ read from another node took 0.24-0.69 s through Ray and 0.09-0.13 s here (docs/b
 Each store runs one ``DirectReadServer`` bound to its node's address, on a port the system
 picks, and on Linux also on an abstract Unix socket, which readers on the same node use (twice
 the throughput of a loopback TCP connection here, and no room needed in Ray's object store,
-which a Ray get of a local copy needs for the whole copy). A reader learns the endpoint and a
-token from the store actor, so only those who can call the Ray actor can read. One request per
-round trip, all framed as a 4-byte big-endian length and a msgpack map:
+which a Ray get of a local copy needs for the whole copy).
 
-  request   {"token", "job", "step", "rank", "index", "writer", "local", "ranges": [[start, stop], ...] | None}
+A reader learns the endpoint and its job's token from the store actor (``direct_endpoint(job)``),
+so only those who can call the Ray actor can read, and a job's token reads that job only: it is
+an HMAC of the job with the store's secret, which never leaves the store. A connection starts
+with a fixed-size hello that the store checks before it allocates anything else:
+
+  hello     b"RCK2", the job's token (32 bytes), the job's length (2 bytes, big-endian), the job
+            (at most ``MAX_JOB_BYTES``, UTF-8); answered {"ok": True} or {"error": str} (closed)
+
+then one request per round trip, each framed as a 4-byte big-endian length (at most
+``MAX_REQUEST_BYTES``) and a msgpack map, parsed with limits sized to a request:
+
+  request   {"step", "rank", "index", "writer", "local", "ranges": [[start, stop], ...] | None}
   answer    {"found": False} | {"error": str} |
             {"found": True, "meta": ShardMeta dict, "intact": bool | None, "sizes": [int, ...]}
             then the bytes of each range (or of the whole shard for ``ranges`` None), back to back.
 
 ``intact`` says whether the whole shard still matches its checksum, which a reader of ranges
-cannot check; for a whole shard it is None, and the reader checks the bytes itself. A reader
-that cannot connect, or loses the connection, gets an OSError and goes through Ray instead.
+cannot check (the store hashes a shard at most once per ``INTACT_TTL_S`` for it, not once per
+request); for a whole shard it is None, and the reader checks the bytes itself. The store serves
+at most ``MAX_CONNECTIONS`` connections at once and refuses more; a hello must arrive within
+``HELLO_TIMEOUT_S``, a request within ``REQUEST_TIMEOUT_S`` of its first byte, the next request
+within ``IDLE_TIMEOUT_S``. A reader that cannot connect, or loses the connection, gets an
+OSError and goes through Ray instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import hmac
 import logging
 import secrets
@@ -35,6 +49,7 @@ import socketserver
 import struct
 import sys
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -47,8 +62,16 @@ from ray_ckpt.store import ShardStore
 logger = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
-_MAX_FRAME = 16 << 20  # a request or answer header; its ranges are far smaller
-_SERVER_IDLE_S = 300.0  # a connection silent this long is closed by the store
+_HELLO = struct.Struct(">4s32sH")  # magic, the job's token, the job's length
+MAGIC = b"RCK2"
+MAX_JOB_BYTES = 1024
+MAX_REQUEST_BYTES = 64 << 10  # a request: a few fields and its ranges
+MAX_RANGES = 4096  # byte ranges in one request
+MAX_ANSWER_BYTES = 16 << 20  # an answer's header (its sizes list), for the reader
+MAX_CONNECTIONS = 64  # served at once per server; more are refused
+HELLO_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,23 +94,34 @@ class Endpoint:
 
 class DirectReadServer:
     """Serves ``store``'s shards on ``host`` (port 0: one the system picks) from a daemon
-    thread per connection. ``reads`` and ``bytes_sent`` count what it served."""
+    thread per connection, at most ``MAX_CONNECTIONS`` at once. ``reads`` and ``bytes_sent``
+    count what it served, ``refused`` the connections turned away at the cap."""
 
     def __init__(self, store: ShardStore, host: str, port: int = 0) -> None:
         self.store = store
-        self.token = secrets.token_hex(16)
+        self._secret = secrets.token_bytes(32)  # never leaves this process: readers get job tokens
         self.reads = 0
         self.bytes_sent = 0
+        self.refused = 0
         self._count = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         outer = self
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                outer._serve(self.request)
+                if not outer._slots.acquire(blocking=False):
+                    with outer._count:
+                        outer.refused += 1
+                    return  # closed at once: the reader goes through Ray
+                try:
+                    outer._serve(self.request)
+                finally:
+                    outer._slots.release()
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = socket.SOMAXCONN  # a restore of many ranks connects at once
 
         self._servers: list[socketserver.BaseServer] = [Server((host, port), Handler)]
         unix = None
@@ -96,12 +130,23 @@ class DirectReadServer:
 
             class UnixServer(socketserver.ThreadingUnixStreamServer):
                 daemon_threads = True
+                request_queue_size = socket.SOMAXCONN
 
             self._servers.append(UnixServer("\0" + unix, Handler))
-        tcp_port = int(self._servers[0].server_address[1])  # type: ignore[index]
-        self.endpoint = Endpoint(host, tcp_port, self.token, unix)
+        self.host, self.port, self.unix = host, int(self._servers[0].server_address[1]), unix  # type: ignore[index]
         for server in self._servers:
             threading.Thread(target=server.serve_forever, name="ray_ckpt-direct-reads", daemon=True).start()
+
+    def token(self, job: str) -> str:
+        """The token that reads ``job``'s shards here (and nothing else): 64 hex digits."""
+        return self._mac(job).hex()
+
+    def _mac(self, job: str) -> bytes:
+        return hmac.new(self._secret, job.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+    def endpoint(self, job: str) -> Endpoint:
+        """Where and how a reader of ``job`` reads from this store."""
+        return Endpoint(self.host, self.port, self.token(job), self.unix)
 
     def close(self) -> None:
         for server in self._servers:
@@ -109,31 +154,54 @@ class DirectReadServer:
             server.server_close()
 
     def _serve(self, sock: socket.socket) -> None:
-        sock.settimeout(_SERVER_IDLE_S)
         _no_delay(sock)
         try:
+            job = self._hello(sock)
+            if job is None:
+                return
             while True:
-                request = _recv_frame(sock)
+                request = _recv_request(sock)
                 if request is None:
                     return
-                if not isinstance(request, dict) or not hmac.compare_digest(str(request.get("token", "")), self.token):
-                    _send_frame(sock, {"error": "wrong or missing token"})
-                    return
-                self._answer(sock, request)
-        except (OSError, ValueError, TypeError) as error:  # the reader went away or spoke nonsense
+                self._answer(sock, job, request)
+        except (OSError, ValueError, TypeError, msgpack.UnpackException) as error:  # gone, slow or nonsense
             logger.debug("ray_ckpt direct read: connection closed (%s)", error)
 
-    def _answer(self, sock: socket.socket, request: dict[str, Any]) -> None:
+    def _hello(self, sock: socket.socket) -> str | None:
+        """The job this connection reads, once its hello checked out; None (answered and to be
+        closed) otherwise. Nothing is allocated before the fixed-size part is read and checked."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        head = bytearray(_HELLO.size)
+        if not _recv_by(sock, memoryview(head), deadline, eof_ok=True):
+            return None
+        magic, token, length = _HELLO.unpack(head)
+        if magic != MAGIC or length > MAX_JOB_BYTES:
+            _send_frame(sock, {"error": "not a ray_ckpt direct-read hello (or a job name over the limit)"})
+            return None
+        raw = bytearray(length)
+        _recv_by(sock, memoryview(raw), deadline)
+        job = raw.decode("utf-8", "surrogatepass")
+        if not hmac.compare_digest(token, self._mac(job)):
+            _send_frame(sock, {"error": "wrong token for this job"})
+            return None
+        _send_frame(sock, {"ok": True})
+        return job
+
+    def _answer(self, sock: socket.socket, job: str, request: Any) -> None:
         try:
-            shard = (str(request["job"]), int(request["step"]), int(request["rank"]), int(request["index"]))
+            if not isinstance(request, dict):
+                raise TypeError("a request is a map")
+            shard = (job, _count_int(request["step"]), _count_int(request["rank"]), _count_int(request["index"]))
             writer = str(request.get("writer", ""))
             local, ranges = bool(request["local"]), request["ranges"]
+            if ranges is not None and (not isinstance(ranges, list) or len(ranges) > MAX_RANGES):
+                raise ValueError(f"ranges must be a list of at most {MAX_RANGES} [start, stop] pairs")
             found: tuple[ShardMeta, bool | None, list[np.ndarray]] | None
             if ranges is None:
                 whole = self.store.get(*shard, local=local, writer=writer)
                 found = None if whole is None else (whole[0], None, [whole[1]])
             else:
-                spans = [(int(start), int(stop)) for start, stop in ranges]
+                spans = [(_count_int(start), _count_int(stop)) for start, stop in ranges]
                 found = self.store.get_ranges(*shard, spans, local=local, writer=writer)
         except (KeyError, TypeError, ValueError) as error:
             _send_frame(sock, {"error": f"{type(error).__name__}: {error}"})
@@ -175,17 +243,24 @@ def read(
     same_node: bool = False,
 ) -> tuple[dict[str, Any], bool | None, list[np.ndarray]] | None:
     """``(meta dict, intact, pieces)`` of one shard (or with ``local`` a rank's local copy)
-    that ``writer`` saved, from the store at ``endpoint``, or None if it does not hold it. ``ranges`` None reads the
-    whole shard as one writable piece. A piece that landed ``into`` is that array.
+    that ``writer`` saved, from the store at ``endpoint``, or None if it does not hold it.
+    ``ranges`` None reads the whole shard as one writable piece. A piece that landed ``into``
+    is that array.
     ``same_node``: the store runs on the caller's node (its Unix socket is used when it has
     one). OSError when the store cannot be reached or the connection breaks; ValueError for an
     answer that is an error (a range out of bounds)."""
     with _connect(endpoint, same_node, timeout_s) as sock:
+        name = job.encode("utf-8", "surrogatepass")
+        token = _token_bytes(endpoint.token)
+        sock.sendall(_HELLO.pack(MAGIC, token, len(name)) + name)
+        hello = _recv_frame(sock, MAX_ANSWER_BYTES)
+        if not isinstance(hello, dict):  # refused at the cap, or gone: the reader goes through Ray
+            raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
+        if not hello.get("ok"):
+            raise ValueError(f"store at {endpoint.host}:{endpoint.port}: {hello.get('error')}")
         _send_frame(
             sock,
             {
-                "token": endpoint.token,
-                "job": job,
                 "step": step,
                 "rank": rank,
                 "index": index,
@@ -194,7 +269,7 @@ def read(
                 "ranges": None if ranges is None else [list(span) for span in ranges],
             },
         )
-        answer = _recv_frame(sock)
+        answer = _recv_frame(sock, MAX_ANSWER_BYTES)
         if not isinstance(answer, dict):
             raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
         if "error" in answer:
@@ -241,17 +316,77 @@ def _send_frame(sock: socket.socket, value: Any) -> None:
     sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
-def _recv_frame(sock: socket.socket) -> Any:
-    """The next frame's value, or None at a clean end of the connection."""
+def _recv_frame(sock: socket.socket, limit: int) -> Any:
+    """The next frame's value (a reader's: the store's answers), or None at a clean end of the
+    connection; ValueError for a frame over ``limit`` bytes."""
     head = bytearray(_LENGTH.size)
     if not _recv_into(sock, memoryview(head), eof_ok=True):
         return None
     (length,) = _LENGTH.unpack(head)
-    if length > _MAX_FRAME:
-        raise ValueError(f"frame of {length} bytes is over the {_MAX_FRAME}-byte limit")
+    if length > limit:
+        raise ValueError(f"frame of {length} bytes is over the {limit}-byte limit")
     body = bytearray(length)
     _recv_into(sock, memoryview(body))
-    return msgpack.unpackb(bytes(body))
+    return msgpack.unpackb(body)
+
+
+def _recv_request(sock: socket.socket) -> Any:
+    """The store's side: the next request, parsed with limits sized to a request, within
+    ``IDLE_TIMEOUT_S`` of the last one and ``REQUEST_TIMEOUT_S`` of its first byte; None at a
+    clean end of the connection."""
+    head = bytearray(_LENGTH.size)
+    first = bytearray(1)
+    if not _recv_by(sock, memoryview(first), time.monotonic() + IDLE_TIMEOUT_S, eof_ok=True):
+        return None
+    head[0] = first[0]
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    _recv_by(sock, memoryview(head)[1:], deadline)
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_REQUEST_BYTES:
+        raise ValueError(f"request of {length} bytes is over the {MAX_REQUEST_BYTES}-byte limit")
+    body = bytearray(length)
+    _recv_by(sock, memoryview(body), deadline)
+    return msgpack.unpackb(
+        body,
+        max_str_len=4096,
+        max_bin_len=0,
+        max_ext_len=0,
+        max_array_len=2 * MAX_RANGES,
+        max_map_len=16,
+    )
+
+
+def _token_bytes(token: str) -> bytes:
+    """A token's 32 bytes (a malformed one: 32 zero bytes, which no job's token is)."""
+    try:
+        raw = bytes.fromhex(token)
+    except ValueError:
+        raw = b""
+    return raw if len(raw) == 32 else bytes(32)
+
+
+def _count_int(value: Any) -> int:
+    """An int >= 0 from a request (never a bool or float: 1.9 is no index); ValueError."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"expected an int >= 0, got {value!r}")
+    return value
+
+
+def _recv_by(sock: socket.socket, view: memoryview, deadline: float, *, eof_ok: bool = False) -> bool:
+    """``_recv_into`` that gives up (TimeoutError) at ``deadline``, however the bytes trickle."""
+    got = 0
+    while got < len(view):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{got} of {len(view)} bytes arrived in time")
+        sock.settimeout(left)
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            if got == 0 and eof_ok:
+                return False
+            raise ConnectionError(f"connection ended after {got} of {len(view)} bytes")
+        got += n
+    return True
 
 
 def _recv_into(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -> bool:

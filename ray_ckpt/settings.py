@@ -107,8 +107,11 @@ def relay_timeout_s() -> float:
 def direct_reads() -> bool:
     """RAY_CKPT_DIRECT_READS: restores read shards and byte ranges from each store over a
     plain TCP connection (``ray_ckpt.direct_reads``) rather than through Ray's object store;
-    0 turns it off (for networks that allow only Ray's own ports). Read by stores as they
-    start and by readers as they read."""
+    0 turns it off (for networks that allow only Ray's own ports). Off whatever it says when
+    Ray runs with TLS (RAY_USE_TLS): the port is not encrypted, so reads go through Ray's. Read
+    by stores as they start and by readers as they read."""
+    if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
     return _read("RAY_CKPT_DIRECT_READS", True, lambda raw: raw.strip().lower() not in ("0", "false", "no", "off"))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from ray_ckpt.errors import StoreFullError
 from ray_ckpt.shard import ShardKey, ShardMeta
 
 LOCAL_INDEX = -1  # key index of a rank's full local copy (kept apart from its coded shards)
+INTACT_TTL_S = 5.0  # a ranged read trusts a shard's checksum verdict this long (a restore reads many ranges)
 
 
 @dataclass
@@ -25,6 +27,7 @@ class _Entry:
     meta: ShardMeta
     data: np.ndarray
     metadata_bytes: int
+    verified_at: float | None = None  # when its bytes last matched its checksum (ranged reads)
 
 
 class ShardStore:
@@ -171,16 +174,23 @@ class ShardStore:
     ) -> tuple[ShardMeta, bool, list[np.ndarray]] | None:
         """Byte ranges ``[start, stop)`` of a shard (or with ``local`` the rank's local copy):
         ``(meta, intact, pieces)``, ``intact`` saying whether the whole shard still matches its
-        checksum (a reader of ranges cannot check that itself); None if this store does not
-        hold it. ValueError for a range outside the shard."""
-        found = self.get(job, step, rank, index, local=local, writer=writer)
-        if found is None:
+        checksum (a reader of ranges cannot check that itself; the verdict is reused for
+        ``INTACT_TTL_S``, so the many ranged reads of one restore hash the shard once); None if
+        this store does not hold it. ValueError for a range outside the shard."""
+        with self._lock:
+            entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index, writer))
+        if entry is None:
             return None
-        meta, data = found
+        meta, data = entry.meta, entry.data
         for start, stop in ranges:
             if not 0 <= start <= stop <= data.size:
                 raise ValueError(f"range [{start}, {stop}) is outside the shard's {data.size} bytes")
-        return meta, checksum(data) == meta.checksum, [data[start:stop] for start, stop in ranges]
+        now = time.monotonic()
+        intact = entry.verified_at is not None and now - entry.verified_at < INTACT_TTL_S
+        if not intact:
+            intact = checksum(data) == meta.checksum
+            entry.verified_at = now if intact else None
+        return meta, intact, [data[start:stop] for start, stop in ranges]
 
     def inventory(self, job: str | None = None) -> list[ShardMeta]:
         """Metadata of every coded shard held (of one job when given; local copies are not

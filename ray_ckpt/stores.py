@@ -40,7 +40,8 @@ class StoreDirectory:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self._handles: dict[str, Any] = {}
-        self._endpoints: dict[str, Endpoint | None] = {}  # node id -> direct reads (None: through Ray)
+        # node id -> (job, its endpoint there; None: through Ray)
+        self._endpoints: dict[str, tuple[str, Endpoint | None]] = {}
         self._endpoints_lock = threading.Lock()  # also guards the reader pool's creation
         self._readers: ThreadPoolExecutor | None = None
         self._own_node: str | None = None
@@ -133,10 +134,10 @@ class StoreDirectory:
     ) -> Any:
         """A direct read from that store, or ``_THROUGH_RAY`` when it serves none or cannot be
         reached (then it is read through Ray from now on)."""
-        endpoint = self._endpoint(node_id, handle)
+        job, step, rank, index, writer = shard
+        endpoint = self._endpoint(node_id, handle, job)
         if endpoint is None:
             return _THROUGH_RAY
-        job, step, rank, index, writer = shard
         try:
             return direct_reads.read(
                 endpoint,
@@ -154,7 +155,7 @@ class StoreDirectory:
         except OSError as error:
             logger.info("ray_ckpt: direct read from the store on %s failed (%s); reading through Ray", node_id, error)
             with self._endpoints_lock:
-                self._endpoints[node_id] = None
+                self._endpoints[node_id] = (job, None)
             return _THROUGH_RAY
 
     def _own_node_id(self) -> str:
@@ -162,14 +163,16 @@ class StoreDirectory:
             self._own_node = str(ray.get_runtime_context().get_node_id())
         return self._own_node
 
-    def _endpoint(self, node_id: str, handle: Any) -> Endpoint | None:
+    def _endpoint(self, node_id: str, handle: Any, job: str) -> Endpoint | None:
+        """That store's endpoint with ``job``'s token (asked once per store and job)."""
         with self._endpoints_lock:
-            if node_id in self._endpoints:
-                return self._endpoints[node_id]
-        wire = remote.get(handle.direct_endpoint.remote(), timeout=settings.peer_timeout_s())
+            known = self._endpoints.get(node_id)
+            if known is not None and known[0] == job:
+                return known[1]
+        wire = remote.get(handle.direct_endpoint.remote(job), timeout=settings.peer_timeout_s())
         endpoint = None if wire is None else Endpoint.from_wire(wire)
         with self._endpoints_lock:
-            self._endpoints[node_id] = endpoint
+            self._endpoints[node_id] = (job, endpoint)
         return endpoint
 
     def _reader_pool(self) -> ThreadPoolExecutor:

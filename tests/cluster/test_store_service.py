@@ -129,7 +129,7 @@ def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world
     ) as checkpointer:
         directory = checkpointer._stores
         for node_id in naming.store_node_ids(namespace):
-            directory._endpoints[node_id] = Endpoint("127.0.0.1", closed, "0" * 32)
+            directory._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))
         restored = checkpointer.restore()
     return {"step": restored.step, "digest": digest(restored.state)}
 

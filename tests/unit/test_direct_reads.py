@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ray_ckpt import direct_reads
+from ray_ckpt import store as store_module
 from ray_ckpt.checksum import checksum
 from ray_ckpt.direct_reads import DirectReadServer, Endpoint, Landing
 from ray_ckpt.shard import ShardMeta
@@ -55,11 +56,11 @@ def _read(endpoint: Endpoint, **kwargs: object) -> object:
 def test_ranges_and_whole_shards_come_back_bit_exact(served: tuple[DirectReadServer, np.ndarray]) -> None:
     server, data = served
     spans = [(0, 10), (100, 100), (SIZE - 4096, SIZE), (7, 1 << 20)]
-    meta, intact, pieces = _read(server.endpoint, ranges=spans)  # type: ignore[misc]
+    meta, intact, pieces = _read(server.endpoint("j"), ranges=spans)  # type: ignore[misc]
     assert ShardMeta.from_dict(meta) == _meta(data)
     assert intact is True
     assert [p.tobytes() for p in pieces] == [data[a:b].tobytes() for a, b in spans]
-    meta, intact, (whole,) = _read(server.endpoint, ranges=None, local=True)  # type: ignore[misc]
+    meta, intact, (whole,) = _read(server.endpoint("j"), ranges=None, local=True)  # type: ignore[misc]
     assert intact is None  # the reader checks a whole shard itself
     assert whole.flags.writeable and np.array_equal(whole, data)
     assert server.reads == 2
@@ -67,43 +68,52 @@ def test_ranges_and_whole_shards_come_back_bit_exact(served: tuple[DirectReadSer
 
 
 def test_bytes_land_in_the_callers_arrays_only_when_the_store_vouches_for_them(
-    served: tuple[DirectReadServer, np.ndarray],
+    served: tuple[DirectReadServer, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, data = served
+    monkeypatch.setattr(store_module, "INTACT_TTL_S", 0.0)  # every read hashes the shard again
     spans = [(0, 1 << 20), (5, 9)]
     target = np.zeros(1 << 20, dtype=np.uint8)
-    _, _, pieces = _read(server.endpoint, ranges=spans, into=Landing(checksum(data), [target, None]))  # type: ignore[misc]
+    _, _, pieces = _read(server.endpoint("j"), ranges=spans, into=Landing(checksum(data), [target, None]))  # type: ignore[misc]
     assert pieces[0] is target and np.array_equal(target, data[: 1 << 20])
     assert pieces[1].tobytes() == data[5:9].tobytes()
 
     other = np.zeros(1 << 20, dtype=np.uint8)  # another checksum: not the shard the caller expects
-    _, _, pieces = _read(server.endpoint, ranges=spans, into=Landing(checksum(data) ^ 1, [other, None]))  # type: ignore[misc]
+    _, _, pieces = _read(server.endpoint("j"), ranges=spans, into=Landing(checksum(data) ^ 1, [other, None]))  # type: ignore[misc]
     assert pieces[0] is not other and not other.any()
     assert np.array_equal(pieces[0], data[: 1 << 20])
 
-    held = server.store.get("j", 4, 1, 0)  # corrupt the store's own copy of the shard
+    held = server.store.get("j", 4, 1, 0)  # corrupt the store's own copy of the shard (once the verdict is old)
     assert held is not None
     held[1][SIZE - 1] ^= 0xFF
     landed = np.zeros(1 << 20, dtype=np.uint8)
-    _, intact, pieces = _read(server.endpoint, ranges=spans, into=Landing(checksum(data), [landed, None]))  # type: ignore[misc]
+    _, intact, pieces = _read(server.endpoint("j"), ranges=spans, into=Landing(checksum(data), [landed, None]))  # type: ignore[misc]
     assert intact is False
     assert pieces[0] is not landed and not landed.any()
 
 
-def test_a_wrong_token_reads_nothing(served: tuple[DirectReadServer, np.ndarray]) -> None:
-    server, _ = served
-    forged = Endpoint(server.endpoint.host, server.endpoint.port, "0" * 32)
+def test_a_wrong_token_reads_nothing_and_a_jobs_token_reads_that_job_only(
+    served: tuple[DirectReadServer, np.ndarray],
+) -> None:
+    server, data = served
+    forged = Endpoint(server.host, server.port, "0" * 64)
     with pytest.raises(ValueError, match="token"):
         _read(forged, ranges=[(0, 10)])
+    other = ShardMeta(**{**_meta(data).to_dict(), "job": "k"})
+    server.store.put(other, data)
+    with pytest.raises(ValueError, match="token"):  # job j's token does not read job k
+        _read(server.endpoint("j"), job="k", ranges=[(0, 10)])
     assert server.reads == 0 and server.bytes_sent == 0
+    assert server.token("j") != server.token("k") and len(server.token("j")) == 64
+    assert _read(server.endpoint("k"), job="k", ranges=[(0, 10)]) is not None
 
 
 def test_a_missing_shard_is_none_and_a_bad_range_an_error(served: tuple[DirectReadServer, np.ndarray]) -> None:
     server, _ = served
-    assert _read(server.endpoint, ranges=[(0, 10)], index=1) is None
-    assert _read(server.endpoint, ranges=None, step=5) is None
+    assert _read(server.endpoint("j"), ranges=[(0, 10)], index=1) is None
+    assert _read(server.endpoint("j"), ranges=None, step=5) is None
     with pytest.raises(ValueError, match="outside the shard"):
-        _read(server.endpoint, ranges=[(0, SIZE + 1)])
+        _read(server.endpoint("j"), ranges=[(0, SIZE + 1)])
     assert server.reads == 0
 
 
@@ -111,34 +121,54 @@ def test_garbage_on_the_wire_closes_that_connection_and_the_server_serves_on(
     served: tuple[DirectReadServer, np.ndarray],
 ) -> None:
     server, data = served
-    with socket.create_connection((server.endpoint.host, server.endpoint.port), timeout=5) as sock:
-        sock.sendall(b"\xff\xff\xff\xff" + b"x" * 64)  # a frame over the size limit
-        assert sock.recv(16) == b""  # closed by the store
-    with socket.create_connection((server.endpoint.host, server.endpoint.port), timeout=5) as sock:
+    with socket.create_connection((server.host, server.port), timeout=5) as sock:
+        sock.sendall(b"\xff\xff\xff\xff" + b"x" * 64)  # not a hello
+        assert b"not a ray_ckpt direct-read hello" in _drain(sock)  # answered, then closed
+    with _authenticated(server) as sock:
+        sock.sendall(b"\xff\xff\xff\xff" + b"x" * 64)  # a request over the size limit
+        assert _drain(sock) == b""
+    with _authenticated(server) as sock:
         sock.sendall(b"\x00\x00\x00\x03abc")  # not msgpack of a request
         sock.shutdown(socket.SHUT_WR)
-        sock.recv(1 << 16)  # an error answer or nothing, then the end
-    _, _, (piece,) = _read(server.endpoint, ranges=[(3, 30)])  # type: ignore[misc]
+        _drain(sock)  # an error answer or nothing, then the end
+    _, _, (piece,) = _read(server.endpoint("j"), ranges=[(3, 30)])  # type: ignore[misc]
     assert piece.tobytes() == data[3:30].tobytes()
+
+
+def _authenticated(server: DirectReadServer, job: str = "j") -> socket.socket:
+    """A connection past its hello (the hello's answer read)."""
+    sock = socket.create_connection((server.host, server.port), timeout=5)
+    name = job.encode()
+    sock.sendall(direct_reads._HELLO.pack(direct_reads.MAGIC, bytes.fromhex(server.token(job)), len(name)) + name)
+    assert direct_reads._recv_frame(sock, 1 << 10) == {"ok": True}
+    return sock
+
+
+def _drain(sock: socket.socket) -> bytes:
+    """Everything until the store closes the connection."""
+    chunks = []
+    while chunk := sock.recv(1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def test_a_closed_server_is_an_os_error(served: tuple[DirectReadServer, np.ndarray]) -> None:
     server, _ = served
     server.close()
     with pytest.raises(OSError):
-        _read(server.endpoint, ranges=[(0, 10)])
+        _read(server.endpoint("j"), ranges=[(0, 10)])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets are Linux's")
 def test_a_reader_on_the_same_node_reads_through_the_unix_socket(served: tuple[DirectReadServer, np.ndarray]) -> None:
     server, data = served
-    assert server.endpoint.unix is not None
+    assert server.unix is not None
     with socket.socket() as probe:  # a TCP port nobody listens on
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
-    unix_only = Endpoint(server.endpoint.host, closed, server.endpoint.token, server.endpoint.unix)
+    unix_only = Endpoint(server.host, closed, server.token("j"), server.unix)
     _, _, (piece,) = _read(unix_only, ranges=[(10, 20)], same_node=True)  # type: ignore[misc]
     assert piece.tobytes() == data[10:20].tobytes()
     with pytest.raises(OSError):
         _read(unix_only, ranges=[(10, 20)], same_node=False)
-    assert Endpoint.from_wire(server.endpoint.to_wire()) == server.endpoint
+    assert Endpoint.from_wire(server.endpoint("j").to_wire()) == server.endpoint("j")

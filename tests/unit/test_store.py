@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from ray_ckpt import store as store_module
 from ray_ckpt.checksum import checksum
 from ray_ckpt.errors import StoreFullError
 from ray_ckpt.shard import ShardMeta
@@ -332,7 +333,11 @@ def test_reusing_an_evicted_array_needs_no_new_memory_so_saves_go_on_at_the_ceil
     assert found is not None and (found[1] == 3).all()
 
 
-def test_get_ranges_returns_the_pieces_and_whether_the_whole_shard_still_matches_its_checksum() -> None:
+def test_get_ranges_returns_the_pieces_and_whether_the_whole_shard_still_matches_its_checksum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranged reads say whether the whole shard still matches its checksum, hashing it at most
+    once per INTACT_TTL_S (a restore's many ranged reads of one shard hash it once)."""
     store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
     shard = np.arange(64, dtype=np.uint8)
     good = dataclasses.replace(meta(), checksum=checksum(shard))
@@ -343,6 +348,8 @@ def test_get_ranges_returns_the_pieces_and_whether_the_whole_shard_still_matches
     assert held == good and intact
     assert [p.tolist() for p in pieces] == [[2, 3, 4], [60, 61, 62, 63], []]
     store.get("job", 1, 0, 0)[1][40] ^= 1  # type: ignore[index]  # the bytes rot in memory
+    assert store.get_ranges("job", 1, 0, 0, [(0, 1)])[1] is True  # type: ignore[index]  # verdict reused
+    monkeypatch.setattr(store_module, "INTACT_TTL_S", 0.0)
     assert store.get_ranges("job", 1, 0, 0, [(0, 1)])[1] is False  # type: ignore[index]
     assert store.get_ranges("job", 1, 0, 1, [(0, 1)]) is None
     with pytest.raises(ValueError, match="outside"):
