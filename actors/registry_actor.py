@@ -229,7 +229,10 @@ class RegistryActor:
         handles = self._store_handles()
         members = sorted(handles)
         if members:
-            handles[members[0]].mark_committed.remote(job, keep[-1], list(keep), members, None, settings.relay_fanin())
+            attempt = self._registry.committed_by(job, keep[-1])
+            handles[members[0]].mark_committed.remote(
+                job, keep[-1], list(keep), members, None, settings.relay_fanin(), attempt
+            )
 
     def _record_status(self, job: str) -> None:
         """Record a ``status`` event of ``job``'s newest committed step (``events.status_event``):

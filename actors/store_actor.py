@@ -118,7 +118,7 @@ class ShardStoreActor:
             return StageResult(error=malformed).to_wire()
         (group,) = StageGroup.of([parsed])
         (result,) = self._relay.submit([group], self._linger_s())
-        self._apply_kept(group.job, result.keep_steps)
+        self._apply_kept(group, result)
         return result.result(parsed.metas[0].rank).to_wire()
 
     @ray.method(concurrency_group="relay")
@@ -129,7 +129,7 @@ class ShardStoreActor:
         parsed = [StageGroup.from_wire(group) for group in groups]
         results = self._relay.submit(parsed, self._linger_s())
         for group, result in zip(parsed, results):
-            self._apply_kept(group.job, result.keep_steps)
+            self._apply_kept(group, result)
         return [result.to_wire() for result in results]
 
     @ray.method(concurrency_group="stage")
@@ -178,10 +178,14 @@ class ShardStoreActor:
             self._registry = RegistryClient(self._namespace)
         return list(self._registry.call(registry, wire))
 
-    def _apply_kept(self, job: str, keep_steps: tuple[int, ...]) -> None:
-        """Evict what a commit learned from a stage result supersedes (once per new commit)."""
-        if keep_steps and self._kept.get(job) != keep_steps:
-            self.mark_committed(job, keep_steps[-1], list(keep_steps))
+    def _apply_kept(self, group: StageGroup, result: GroupResult) -> None:
+        """Evict what a commit learned from a stage result supersedes (once per new commit), and
+        keep the mark, with the committing attempt when it is this group's step: a store on
+        the committing ranks' path holds it before they hear of the commit."""
+        keep_steps = result.keep_steps
+        if keep_steps and self._kept.get(group.job) != keep_steps:
+            attempt = group.attempt if result.committed and keep_steps[-1] == group.step else None
+            self.mark_committed(group.job, keep_steps[-1], list(keep_steps), attempt=attempt)
 
     def _forget_if_dead(self, node_id: str) -> None:
         """Drop the cached handle of a store whose last commit push failed (it died; a new store
@@ -207,13 +211,14 @@ class ShardStoreActor:
         members: list[str] | None = None,
         parent: str | None = None,
         fanin: int = 1,
+        attempt: str | None = None,
     ) -> int:
         """Record that ``step`` of ``job`` committed and evict the job's steps it supersedes
         (older, not in ``keep_steps``). ``members``: this store's part of the relay tree (itself
         first), handed down by ``parent`` (None: the registry); the commit goes on to at most
         ``fanin`` children (``relay.subtrees``), which learn their parts with it. Returns the
         bytes freed."""
-        freed = self._store.mark_committed(job, step, keep_steps)
+        freed = self._store.mark_committed(job, step, keep_steps, attempt)
         self._kept[job] = tuple(keep_steps)
         metrics.observe_store(self._store.stats())
         if members and members[0] == self._store.node_id:
@@ -223,7 +228,7 @@ class ShardStoreActor:
                 child = self._store_handle(run[0])
                 if child is not None:
                     self._pushes[run[0]] = child.mark_committed.remote(
-                        job, step, keep_steps, run, self._store.node_id, fanin
+                        job, step, keep_steps, run, self._store.node_id, fanin, attempt
                     )
         return freed
 
@@ -244,6 +249,7 @@ class ShardStoreActor:
                 self._store.node_id, tuple(self._store.inventory()), self._store.committed_marks()
             ).to_wire(),
             "plans": self._store.plan_marks(),
+            "committed_by": self._store.committed_attempts(),
         }
 
     def note_plan(self, job: str, mark: list[Any]) -> None:

@@ -490,6 +490,12 @@ class Registry:
         with self._lock:
             return self._latest_locked(job)
 
+    def committed_by(self, job: str, step: int) -> str | None:
+        """The attempt that committed ``step`` (None: none, or the step is not committed)."""
+        with self._lock:
+            record = self._jobs.get(job, {}).get(step)
+            return record.attempt if record is not None and record.committed else None
+
     def committed_steps(self, job: str) -> list[int]:
         with self._lock:
             return sorted(s for s, r in self._jobs.get(job, {}).items() if r.committed)
@@ -577,8 +583,11 @@ class Registry:
         """
         found: dict[str, dict[int, dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]]]] = {}
         marks: dict[str, int] = {}
+        marked_by: dict[str, str] = {}  # job -> the attempt that committed its newest marked step
         for held in holdings:
             for job, step in held.committed.items():
+                if job in held.committed_by and step >= marks.get(job, step):
+                    marked_by[job] = held.committed_by[job]
                 marks[job] = max(step, marks.get(job, step))
             for meta in held.metas:
                 saves = found.setdefault(meta.job, {}).setdefault(meta.step, {})
@@ -590,8 +599,9 @@ class Registry:
         for job, steps in found.items():
             newest_attempt = _attempt_of(steps[max(steps)])
             for step, saves in sorted(steps.items()):
-                record = _rebuilt_step(saves, newest_attempt)
                 mark = marks.get(job)
+                marked = marked_by.get(job) if mark is not None and step <= mark else None
+                record = _rebuilt_step(saves, marked or newest_attempt)
                 complete = len(record.staged) == record.world_size
                 whole = all(len(r.metas) >= r.data_shards for r in record.ranks().values())
                 record.committed = complete and ((mark is not None and step <= mark) or whole)
@@ -631,11 +641,12 @@ def _attempt_of(saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[in
 
 
 def _rebuilt_step(
-    saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]], newest_attempt: str | None
+    saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]], preferred: str | None
 ) -> StepRecord:
-    """One step's record from the shards of its saves: the attempt of the job's newest step
-    when it saved every rank of this step, else the attempt with most shards; per rank the
-    save (writer) of that attempt with the most shards."""
+    """One step's record from the shards of its saves: the ``preferred`` attempt (the one a
+    commit mark names, else the one with most shards in the job's newest step) when it saved
+    every rank of this step, else the attempt with most shards; per rank the save (writer) of
+    that attempt with the most shards."""
     by_attempt: dict[str | None, dict[int, tuple[dict[int, ShardMeta], dict[int, str]]]] = {}
     world_sizes: dict[str | None, int] = {}
     for (rank, _writer), (metas, nodes) in sorted(saves.items()):
@@ -645,8 +656,8 @@ def _rebuilt_step(
         if rank not in ranks or len(metas) > len(ranks[rank][0]):
             ranks[rank] = (metas, nodes)
     complete = [a for a, ranks in by_attempt.items() if len(ranks) == world_sizes[a]]
-    if newest_attempt in complete:
-        attempt = newest_attempt
+    if preferred in complete:
+        attempt = preferred
     else:
         pool = complete or list(by_attempt)
         attempt = max(sorted(pool, key=str), key=lambda a: sum(len(m) for m, _ in by_attempt[a].values()))

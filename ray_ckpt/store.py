@@ -69,6 +69,7 @@ class ShardStore:
         self._entries: dict[ShardKey, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
+        self._committed_by: dict[str, str] = {}  # job -> the attempt that committed that step, if told
         self._plans: dict[str, Any] = {}  # job -> the newest plan mark it heard of (wire form)
         # arrays of evicted shards, reused by later puts of the same size (the next step's
         # shards usually are): no page faults, no allocation. Data + spare <= budget.
@@ -120,11 +121,17 @@ class ShardStore:
                 self._spare.setdefault(replaced.data.size, []).append(replaced.data)
             self._trim_spare_locked()
 
-    def mark_committed(self, job: str, step: int, keep_steps: list[int]) -> int:
-        """Record that ``step`` of ``job`` committed and evict the job's shards of steps older
-        than it that are not in ``keep_steps``. Returns the bytes freed."""
+    def mark_committed(self, job: str, step: int, keep_steps: list[int], attempt: str | None = None) -> int:
+        """Record that ``step`` of ``job`` committed (by ``attempt``, when told) and evict the
+        job's shards of steps older than it that are not in ``keep_steps``. Returns the bytes
+        freed."""
         keep = set(keep_steps) | {step}
         with self._lock:
+            if step >= self._committed.get(job, step):
+                if attempt is not None:
+                    self._committed_by[job] = attempt
+                elif step > self._committed.get(job, step):
+                    self._committed_by.pop(job, None)
             self._committed[job] = max(step, self._committed.get(job, step))
             doomed = [k for k in self._entries if k[0] == job and k[1] < step and k[1] not in keep]
             return self._drop_locked(doomed)
@@ -147,6 +154,7 @@ class ShardStore:
             ]
             if steps is None:
                 self._committed.pop(job, None)
+                self._committed_by.pop(job, None)
                 self._plans.pop(job, None)
             return self._drop_locked(doomed)
 
@@ -210,6 +218,11 @@ class ShardStore:
         """job -> the newest plan mark this store was told (wire form)."""
         with self._lock:
             return dict(self._plans)
+
+    def committed_attempts(self) -> dict[str, str]:
+        """job -> the attempt that committed its newest marked step (when the mark said)."""
+        with self._lock:
+            return dict(self._committed_by)
 
     def committed_marks(self) -> dict[str, int]:
         """job -> the newest committed step this store was told about."""

@@ -168,6 +168,7 @@ class StoreHoldings:
     metas: tuple[ShardMeta, ...]
     committed: Mapping[str, int]
     plans: Mapping[str, PlanMark] = dataclasses.field(default_factory=dict)
+    committed_by: Mapping[str, str] = dataclasses.field(default_factory=dict)  # job -> attempt of its mark
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -175,6 +176,7 @@ class StoreHoldings:
             "metas": [m.to_dict() for m in self.metas],
             "committed": dict(self.committed),
             "plans": {job: mark.to_wire() for job, mark in self.plans.items()},
+            "committed_by": dict(self.committed_by),
         }
 
     @classmethod
@@ -184,6 +186,7 @@ class StoreHoldings:
             metas=tuple(ShardMeta.from_dict(m) for m in values["metas"]),
             committed={str(j): int(s) for j, s in values["committed"].items()},
             plans={str(j): PlanMark.from_wire(m) for j, m in (values.get("plans") or {}).items()},
+            committed_by={str(j): str(a) for j, a in (values.get("committed_by") or {}).items()},
         )
 
 

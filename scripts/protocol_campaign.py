@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     try:
         hypothesis_seed(args.seed)(lambda: run_state_machine_as_test(CommitProtocol, settings=config))()
-    except Exception as error:  # the shrunk trace was printed by hypothesis
+    except Exception as error:  # hypothesis attaches the shrunk trace as the error's notes
         failure = f"{type(error).__name__}: {error}"
+        print("\n".join(getattr(error, "__notes__", [])), file=sys.stderr)
     wall = time.monotonic() - started
     report = {"examples": args.examples, "steps": args.steps, "seed": args.seed, "wall_s": round(wall, 1)}
     report["violation"] = failure

@@ -282,6 +282,12 @@ class World:
         decision = outcome.decision
         if decision is not None and decision.committed and self.registry.is_committed(JOB, step):
             self._saw_commit(step, decision.keep_steps)
+        if decision is not None and decision.keep_steps and process.node in self.alive:
+            # the store actor's glue: the rank's own store, which relayed the stage, keeps the
+            # mark (with the committing attempt when it is this step) before the rank hears back
+            keep = decision.keep_steps
+            by = group.attempt if decision.committed and keep[-1] == step else None
+            self.stores[process.node].mark_committed(JOB, keep[-1], list(keep), by)
 
     def _saw_commit(self, step: int, keep: tuple[int, ...]) -> None:
         records = self.registry.locate(JOB, step)
@@ -315,7 +321,7 @@ class World:
         """The commit marks travel down the relay tree to every live store."""
         for step, keep in self.marks:
             for node in self.alive:
-                self.stores[node].mark_committed(JOB, step, list(keep))
+                self.stores[node].mark_committed(JOB, step, list(keep), self.registry.committed_by(JOB, step))
         self.marks.clear()
 
     def kill_node(self, node: str) -> None:
@@ -355,6 +361,7 @@ class World:
                     "metas": [m.to_dict() for m in self.stores[n].inventory()],
                     "committed": self.stores[n].committed_marks(),
                     "plans": self.stores[n].plan_marks(),
+                    "committed_by": self.stores[n].committed_attempts(),
                 }
             )
             for n in nodes
