@@ -172,14 +172,14 @@ class DirectReadServer:
         closed) otherwise. Nothing is allocated before the fixed-size part is read and checked."""
         deadline = time.monotonic() + HELLO_TIMEOUT_S
         head = bytearray(_HELLO.size)
-        if not _recv_by(sock, memoryview(head), deadline, eof_ok=True):
+        if not _recv_into(sock, memoryview(head), eof_ok=True, deadline=deadline):
             return None
         magic, token, length = _HELLO.unpack(head)
         if magic != MAGIC or length > MAX_JOB_BYTES:
             _send_frame(sock, {"error": "not a ray_ckpt direct-read hello (or a job name over the limit)"})
             return None
         raw = bytearray(length)
-        _recv_by(sock, memoryview(raw), deadline)
+        _recv_into(sock, memoryview(raw), deadline=deadline)
         job = raw.decode("utf-8", "surrogatepass")
         if not hmac.compare_digest(token, self._mac(job)):
             _send_frame(sock, {"error": "wrong token for this job"})
@@ -336,16 +336,16 @@ def _recv_request(sock: socket.socket) -> Any:
     clean end of the connection."""
     head = bytearray(_LENGTH.size)
     first = bytearray(1)
-    if not _recv_by(sock, memoryview(first), time.monotonic() + IDLE_TIMEOUT_S, eof_ok=True):
+    if not _recv_into(sock, memoryview(first), eof_ok=True, deadline=time.monotonic() + IDLE_TIMEOUT_S):
         return None
     head[0] = first[0]
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
-    _recv_by(sock, memoryview(head)[1:], deadline)
+    _recv_into(sock, memoryview(head)[1:], deadline=deadline)
     (length,) = _LENGTH.unpack(head)
     if length > MAX_REQUEST_BYTES:
         raise ValueError(f"request of {length} bytes is over the {MAX_REQUEST_BYTES}-byte limit")
     body = bytearray(length)
-    _recv_by(sock, memoryview(body), deadline)
+    _recv_into(sock, memoryview(body), deadline=deadline)
     return msgpack.unpackb(
         body,
         max_str_len=4096,
@@ -372,28 +372,17 @@ def _count_int(value: Any) -> int:
     return value
 
 
-def _recv_by(sock: socket.socket, view: memoryview, deadline: float, *, eof_ok: bool = False) -> bool:
-    """``_recv_into`` that gives up (TimeoutError) at ``deadline``, however the bytes trickle."""
-    got = 0
-    while got < len(view):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{got} of {len(view)} bytes arrived in time")
-        sock.settimeout(left)
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            if got == 0 and eof_ok:
-                return False
-            raise ConnectionError(f"connection ended after {got} of {len(view)} bytes")
-        got += n
-    return True
-
-
-def _recv_into(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -> bool:
+def _recv_into(sock: socket.socket, view: memoryview, *, eof_ok: bool = False, deadline: float | None = None) -> bool:
     """Fill ``view`` from ``sock``; False if the connection ended before its first byte and
-    ``eof_ok``, ConnectionError if it ended anywhere else."""
+    ``eof_ok``, ConnectionError if it ended anywhere else. With a ``deadline`` (monotonic
+    time) it gives up (TimeoutError) then, however the bytes trickle."""
     got = 0
     while got < len(view):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{got} of {len(view)} bytes arrived in time")
+            sock.settimeout(left)
         n = sock.recv_into(view[got:])
         if n == 0:
             if got == 0 and eof_ok:
