@@ -366,6 +366,7 @@ class Registry:
             del steps[step]
         if torn:
             self._discarded.append(Discarded(job, torn, attempt))
+        self._note_plan_locked(job, state, None)  # the stores keep the new history
         return torn
 
     def plan_restore(
@@ -410,12 +411,15 @@ class Registry:
                 self._note_plan_locked(job, state, plan)
             return plan
 
-    def _note_plan_locked(self, job: str, state: _Incarnations, plan: RestorePlan) -> None:
+    def _note_plan_locked(self, job: str, state: _Incarnations, plan: RestorePlan | None) -> None:
+        """A new plan mark of ``job`` for the stores: its current attempt and ``plan``, and every
+        attempt it superseded."""
         state.plan_seq += 1
-        ranks = tuple(sorted(state.auto_ranks)) if plan.attempt == state.auto else ()
+        ranks = tuple(sorted(state.auto_ranks)) if state.current is not None and state.current == state.auto else ()
         steps = self._jobs.get(job, {})
         newest = max(steps, default=state.newest_staged)
-        self._plan_marks[job] = PlanMark(state.plan_seq, plan, ranks, newest)
+        superseded = tuple(sorted(state.seen - {state.current}))
+        self._plan_marks[job] = PlanMark(state.plan_seq, plan, ranks, newest, state.current, superseded)
 
     def _auto_attempt_locked(self, state: _Incarnations, ranks: Iterable[int]) -> str:
         """The attempt of ranks restoring without one: the open one, or a new one when the open
@@ -668,17 +672,25 @@ def _rebuilt_step(
 
 
 def _restore_plan(state: _Incarnations, mark: PlanMark, steps: dict[int, StepRecord]) -> None:
-    """Take the newest plan mark back into a rebuilt job: its attempt's plan (and, for the
-    registry's own attempt, the ranks that restored under it), and its attempt as the current
-    one unless another attempt saved a step newer than the plan (it came later)."""
-    attempt = mark.plan.attempt
+    """Take the newest plan mark back into a rebuilt job: the attempts it superseded (so
+    their zombies stay refused), its attempt's plan (and, for the registry's own attempt, the
+    ranks that restored under it), and its attempt as the current one unless another attempt,
+    not one it superseded, saved a step newer than the mark (it came later)."""
     state.plan_seq = mark.seq
+    superseded = set(mark.superseded)
+    state.seen |= superseded
+    attempt = mark.current if mark.current is not None else mark.plan.attempt if mark.plan is not None else None
     if attempt is None:
         return
-    state.plans[attempt] = mark.plan
+    if mark.plan is not None:
+        state.plans[attempt] = mark.plan
     state.seen.add(attempt)
-    later = [s for s, r in steps.items() if (mark.newest_step is None or s > mark.newest_step) and r.attempt != attempt]
-    if not later:
+    later = [
+        s
+        for s, r in steps.items()
+        if (mark.newest_step is None or s > mark.newest_step) and r.attempt != attempt and r.attempt not in superseded
+    ]
+    if not later or state.current in superseded:
         state.current = attempt
     if mark.ranks:
         state.auto, state.auto_ranks = attempt, set(mark.ranks)

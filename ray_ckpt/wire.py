@@ -192,24 +192,38 @@ class StoreHoldings:
 
 @dataclasses.dataclass(frozen=True)
 class PlanMark:
-    """A job's newest restore plan, kept by every store so that a restarted registry gives the
-    ranks of that attempt still to restore the plan the others restored: ``seq`` orders the
-    marks of a job (the newest wins), ``ranks`` are the ranks that asked without an attempt
-    under it (the registry's attempt), ``newest_step`` the newest step the registry knew when
-    it made the plan (a step saved after it by another attempt supersedes the plan's)."""
+    """A job's attempt history and newest restore plan, kept by every store so that a restarted
+    registry refuses the zombies the old one refused and gives the ranks of the current attempt
+    still to restore the plan the others restored. ``seq`` orders the marks of a job (the newest
+    wins); ``current`` is the attempt current when the mark was made and ``superseded`` every
+    attempt it had superseded (a zombie of one stays refused after a restart, even when none of
+    its shards is left to name it); ``plan`` is the current attempt's plan (None: it joined
+    without one, at a stage); ``ranks`` are the ranks that asked without an attempt under it
+    (the registry's attempt); ``newest_step`` the newest step the registry knew when it made
+    the mark (a step saved after it by another attempt shows that attempt came later)."""
 
     seq: int
-    plan: RestorePlan
+    plan: RestorePlan | None
     ranks: tuple[int, ...] = ()
     newest_step: int | None = None
+    current: str | None = None
+    superseded: tuple[str, ...] = ()
 
     def to_wire(self) -> list[Any]:
-        return [self.seq, self.plan.to_wire(), list(self.ranks), self.newest_step]
+        plan = None if self.plan is None else self.plan.to_wire()
+        return [self.seq, plan, list(self.ranks), self.newest_step, self.current, list(self.superseded)]
 
     @classmethod
     def from_wire(cls, values: Sequence[Any]) -> PlanMark:
-        seq, plan, ranks, newest = values
-        return cls(int(seq), RestorePlan.from_wire(plan), tuple(int(r) for r in ranks), newest)
+        seq, plan, ranks, newest, current, superseded = values
+        return cls(
+            int(seq),
+            None if plan is None else RestorePlan.from_wire(plan),
+            tuple(int(r) for r in ranks),
+            newest,
+            None if current is None else str(current),
+            tuple(str(a) for a in superseded),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

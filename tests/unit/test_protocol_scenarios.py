@@ -168,3 +168,33 @@ def test_a_registry_restart_keeps_the_attempt_history_and_the_plan() -> None:
     with pytest.raises(Exception, match="superseded"):
         sim.registry.join(JOB, "a0")
     sim.check()
+
+
+def test_a_zombie_whose_shards_were_all_discarded_stays_refused_after_a_registry_restart() -> None:
+    """Attempt a0's rank 0 stages step 0 and its rank 1 puts it; a group without an attempt
+    restores, which supersedes a0 and drops a0's shards of the torn step 0 (so none is left to
+    name a0), and the registry restarts. a0's rank 1 is a zombie whose stage then arrives: it is
+    refused (the stores kept the superseded attempts with the plan mark), and the new group
+    stays current and commits step 0."""
+    sim = world()
+    sim.start_incarnation(with_attempt=True, restores_first=False)
+    a0, a1 = sim.live()
+    sim.put(a0)
+    sim.stage(a0)
+    sim.put(a1)  # its stage is still in flight
+    sim.start_incarnation(with_attempt=False)
+    a1.alive = True  # a zombie with a save in flight
+    for process in sim.live():
+        sim.restore(process)
+    assert not any(m.attempt == "a0" for store in sim.stores.values() for m in store.inventory())
+    sim.restart_registry()
+    sim.stage(a1)
+    assert not a1.alive  # refused: StaleAttemptError
+    with pytest.raises(Exception, match="superseded"):
+        sim.registry.join(JOB, "a0")
+    for process in sim.live():
+        sim.put(process)
+        sim.stage(process)
+    assert sim.registry.committed_steps(JOB) == [0]
+    assert {w[:2] for w in sim.commits[0].values()} == {"w1"}
+    sim.check()
