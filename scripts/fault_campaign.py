@@ -6,13 +6,19 @@ full saves, torn saves (some ranks never stage), hard kills of up to m nodes, ha
 more than m nodes, store-actor kills, registry kills, shard corruption (bit flips written into a
 store), the cluster shrinking below k+m stores (saves must go on with the protection their real
 placement gives; rejoining nodes must get stores by themselves and bring full protection back),
-and restores by a fresh incarnation of every rank. Killed nodes are replaced.
+restores by a fresh incarnation of every rank, a torn step re-saved by the next group (without
+restoring, when it names an attempt: it must commit and restore), and a group replaced while
+its save of a step runs (the abandoned save goes on while the next group restores, or saves
+that step itself). A third of the trials pass no ``attempt`` (every rank of a group restores
+before it saves). Killed nodes are replaced.
 
-After every restore the invariant is checked: every rank restored the same step, that step was
-committed (or is a complete backup, all ranks alike), and every rank's state is bit-exact
-the state it saved at that step; or the restore raised a specific ray_ckpt error. Anything else
-is a violation: a partial or mixed state, another exception, or a call that outlived its
-timeout.
+The invariants of docs/commit-protocol.md, checked at cluster level: after every restore, every
+rank restored the same step, that step was committed (or is a complete backup, all ranks alike)
+and every rank's state is bit-exact the state its group saved at that step (never a mix, never
+a torn step); after every commit, the registry's records of the step are all of the group that
+staged it, and no step is committed by two groups while the first commit stands; or the call
+raised a specific ray_ckpt error. Anything else is a violation: a partial or mixed state,
+another exception, or a call that outlived its timeout.
 
     python scripts/fault_campaign.py --trials 20 --seed 1 [--ops 10] [--always shrink] [--json PATH]
     python scripts/fault_campaign.py --in-place --trials 20 --seed 1   # see InPlaceCampaign
@@ -34,7 +40,20 @@ from typing import Any
 
 PEER_TIMEOUT_S = 15.0
 STORE_BUDGET_BYTES = 256 << 20
-OPERATIONS = ["save", "torn", "kill_le_m", "kill_gt_m", "kill_store", "kill_registry", "corrupt", "shrink", "restore"]
+OPERATIONS = [
+    "save",
+    "torn",
+    "kill_le_m",
+    "kill_gt_m",
+    "kill_store",
+    "kill_registry",
+    "corrupt",
+    "shrink",
+    "restore",
+    "resave_torn",
+    "zombie",
+]
+WEIGHTS = [6, 1, 2, 1, 1, 1, 1, 1, 3, 1, 2]
 SLACK_S = 30.0
 
 
@@ -58,7 +77,9 @@ def close_quietly(checkpointer: Any) -> None:
 
 
 class Trial:
-    """One job under faults, with an oracle of what was committed."""
+    """One job under faults, with an oracle of what was committed. A third of the trials pass
+    no ``attempt`` (the plain-Ray contract: every rank of a new group restores before it saves);
+    the others name one attempt per group, and a new group may save before it restores."""
 
     def __init__(self, campaign: Campaign, index: int, rng: random.Random) -> None:
         import ray_ckpt
@@ -77,23 +98,38 @@ class Trial:
             commit_timeout_s=PEER_TIMEOUT_S,
         )
         self.ranks = campaign.ranks
+        self.plain = rng.random() < 1 / 3  # no attempt: each group restores on every rank first
         self.next_step = 0
         self.generation = -1
         self.committed: dict[int, int] = {}  # the oracle: step every rank saved -> its generation
+        self.writers: dict[int, set[str]] = {}  # generation -> its ranks' writer ids
+        self.zombies: list[Any] = []  # checkpointers of earlier groups whose save is still running
         self.checkpointers = self._incarnation()
 
-    def _incarnation(self) -> list[Any]:
-        """A new incarnation of every rank (what Ray Train does after any failure)."""
+    def _incarnation(self, keep_old: bool = False) -> list[Any]:
+        """A new incarnation of every rank (what Ray Train does after any failure); with
+        ``keep_old`` the old group's checkpointers stay open (their save goes on: zombies)."""
         import ray_ckpt
 
         for checkpointer in getattr(self, "checkpointers", []):
-            close_quietly(checkpointer)
+            if keep_old:
+                self.zombies.append(checkpointer)
+            else:
+                close_quietly(checkpointer)
         self.generation += 1
-        attempt = uuid.uuid4().hex
-        return [
+        self.must_restore = self.plain
+        attempt = None if self.plain else uuid.uuid4().hex
+        group = [
             ray_ckpt.Checkpointer(job=self.job, rank=r, world_size=self.ranks, config=self.config, attempt=attempt)
             for r in range(self.ranks)
         ]
+        self.writers[self.generation] = {c.writer for c in group}
+        return group
+
+    def bury_zombies(self) -> None:
+        for checkpointer in self.zombies:
+            close_quietly(checkpointer)
+        self.zombies.clear()
 
     # ---- operations ---------------------------------------------------------------------
 
@@ -102,6 +138,11 @@ class Trial:
         a violation (a save on a cluster below k+m stores must go on)."""
         import ray_ckpt
 
+        for _ in range(3):  # a group without an attempt restores before it trains
+            if self.must_restore:
+                self.restore(new_group=False)
+        if self.must_restore:
+            return
         step = self.next_step
         writers = range(self.ranks) if not torn else range(self.rng.randrange(self.ranks))
         handles = []
@@ -118,14 +159,101 @@ class Trial:
             return
         self.next_step += 1
         if not torn:
-            self.committed[step] = self.generation
+            self._committed(step, self.generation)
         else:  # the ranks that did not stage "crashed": the job restarts
             self.checkpointers = self._incarnation()
 
-    def restore(self) -> None:
+    def _committed(self, step: int, generation: int) -> None:
+        """Every rank of ``generation`` staged ``step``: the oracle takes it as committed, and
+        the registry's commit must hold that group's records only (never another group's)."""
+        import ray
+
+        from ray_ckpt import naming
+
+        if step in self.committed and self.committed[step] != generation:
+            self.campaign.violation(
+                self, f"step {step} committed by group {generation} while group {self.committed[step]}'s commit stood"
+            )
+        self.committed[step] = generation
+        registry = naming.registry_handle(self.campaign.namespace)
+        try:
+            located = ray.get(registry.locate.remote(self.job, step), timeout=PEER_TIMEOUT_S)
+        except Exception as error:  # a registry killed meanwhile answers after its rebuild
+            self.campaign.count_error("locate", error)
+            return
+        writers = {m["writer"] for record in located.values() for m in record["metas"].values()}
+        if not writers <= self.writers[generation]:
+            self.campaign.violation(self, f"step {step}'s commit holds records of another group: {sorted(writers)}")
+
+    def resave_torn(self) -> None:
+        """Some ranks stage step s and the group dies; the next group saves step s again
+        (without restoring, when it has an attempt): its save commits, bit-exact its own."""
+        self.save(torn=True)
+        if self.must_restore:
+            self.restore(new_group=False)
+        step = self.next_step
+        if not self.plain and step > 0:
+            step = self.next_step = step - 1  # the torn step's number
+        self.save()
+        if self.committed.get(step) != self.generation:
+            return
+        self.restore()  # nothing failed since the commit: the step must come back
+        if self.last_restored != step:
+            self.campaign.violation(
+                self, f"step {step}, re-saved after a torn save, did not restore ({self.last_restored})"
+            )
+
+    def zombie(self) -> None:
+        """Every rank of the group starts a save of step s and the group is replaced while the
+        save runs (an abandoned save goes on); the new group restores first, or (with an
+        attempt) saves step s itself without restoring. A step both groups' ranks all staged
+        is a violation; the oracle takes the one that did."""
         import ray_ckpt
 
-        self.checkpointers = self._incarnation()
+        step, old = self.next_step, self.generation
+        started: list[Any] = []
+        try:
+            for r, checkpointer in enumerate(self.checkpointers):
+                started.append(checkpointer.save(step, make_state(self.index, r, step, old)))
+        except ray_ckpt.RayCkptError as error:
+            self.campaign.count_error("save", error)
+        self.checkpointers = self._incarnation(keep_old=True)
+        if self.plain or self.rng.random() < 0.5:
+            self.restore(new_group=False, settle=(started, step, old))
+        else:
+            self.save()
+            self._settle(started, step, old)
+        self.bury_zombies()
+        self.campaign.faults["zombie"] += 1
+
+    def _settle(self, handles: list[Any], step: int, generation: int) -> None:
+        """Wait for an abandoned save: when every rank of its group staged it, it committed
+        (before the new group fenced it off)."""
+        import ray_ckpt
+
+        if len(handles) < self.ranks:
+            return
+        try:
+            for handle in handles:
+                handle.staged(timeout_s=PEER_TIMEOUT_S + SLACK_S)
+        except ray_ckpt.RayCkptError as error:  # refused: the new group came first
+            self.campaign.count_error("zombie", error)
+            return
+        except TimeoutError:
+            self.campaign.violation(self, f"an abandoned save of step {step} neither staged nor failed")
+            return
+        self._committed(step, generation)
+        self.next_step = max(self.next_step, step + 1)
+
+    def restore(self, new_group: bool = True, settle: tuple[list[Any], int, int] | None = None) -> None:
+        """Every rank of a new group (``new_group``: else of the current one) restores; with
+        ``settle``, an abandoned save's outcome is taken into the oracle before the check."""
+        import ray_ckpt
+
+        if new_group:
+            self.checkpointers = self._incarnation()
+        self.must_restore = False
+        self.last_restored = None
         results: list[Any] = []
         started = time.monotonic()
         try:
@@ -143,6 +271,8 @@ class Trial:
             elapsed = time.monotonic() - started
             if elapsed > self.ranks * (PEER_TIMEOUT_S + SLACK_S):
                 self.campaign.violation(self, f"restore took {elapsed:.1f} s, past its timeouts")
+            if settle is not None:
+                self._settle(*settle)
         self.campaign.restores += 1
         self._check(results)
 
@@ -179,6 +309,7 @@ class Trial:
         # training resumes after the restored step; newer commits are gone
         self.committed = {s: g for s, g in self.committed.items() if s <= step}
         self.next_step = step + 1
+        self.last_restored = step
 
     def shrink_and_regrow(self) -> None:
         """Kill worker nodes one at a time (at most m at once) until fewer than k+m stores are
@@ -247,7 +378,9 @@ class Campaign:
         self.fallbacks = 0
         self.violations: list[str] = []
         self.errors_by_kind: dict[str, int] = {}
-        self.faults = {"kill_le_m": 0, "kill_gt_m": 0, "kill_store": 0, "kill_registry": 0, "corrupt": 0, "shrink": 0}
+        self.faults = dict.fromkeys(
+            ["kill_le_m", "kill_gt_m", "kill_store", "kill_registry", "corrupt", "shrink", "resave_torn", "zombie"], 0
+        )
 
     def count_error(self, where: str, error: BaseException) -> None:
         key = f"{where}:{type(error).__name__}"
@@ -337,6 +470,7 @@ class Campaign:
                 for _ in range(ops):
                     self.step(trial)
                 trial.restore()
+                trial.bury_zombies()
                 for checkpointer in trial.checkpointers:
                     close_quietly(checkpointer)
                 print(
@@ -359,7 +493,7 @@ class Campaign:
     def step(self, trial: Trial, choice: str | None = None) -> None:
         """One operation on ``trial``: ``choice``, or one drawn at random."""
         if choice is None:
-            choice = self.rng.choices(OPERATIONS, weights=[6, 1, 2, 1, 1, 1, 1, 1, 3])[0]
+            choice = self.rng.choices(OPERATIONS, weights=WEIGHTS)[0]
         if choice == "save":
             trial.save()
         elif choice == "torn":
@@ -379,6 +513,11 @@ class Campaign:
             trial.corrupt()
         elif choice == "shrink":
             trial.shrink_and_regrow()
+        elif choice == "resave_torn":
+            trial.resave_torn()
+            self.faults["resave_torn"] += 1
+        elif choice == "zombie":
+            trial.zombie()
         else:
             trial.restore()
 

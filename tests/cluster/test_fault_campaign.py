@@ -17,8 +17,10 @@ SCRIPT = pathlib.Path(__file__).parents[2] / "scripts" / "fault_campaign.py"
 @pytest.mark.timeout(600)
 def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathlib.Path) -> None:
     """Two random trials of saves, torn saves, node/store/registry kills, bit flips, the cluster
-    shrinking below k+m stores and regrowing, and restores: every restore is bit-exact the
-    committed (or backup) step, or a ray_ckpt error; saves on the shrunken cluster never fail."""
+    shrinking below k+m stores and regrowing, torn steps re-saved by the next group, saves
+    abandoned by a replaced group while the next one restores or saves, and restores: every
+    restore is bit-exact the committed (or backup) step, or a ray_ckpt error; every commit holds
+    one group's records; saves on the shrunken cluster never fail."""
     out = tmp_path / "campaign.json"
     done = subprocess.run(
         [
@@ -32,6 +34,10 @@ def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathl
             "7",
             "--always",
             "shrink",
+            "--always",
+            "zombie",
+            "--always",
+            "resave_torn",
             "--json",
             str(out),
         ],
@@ -44,4 +50,5 @@ def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathl
     assert report["violations"] == 0, report["violation_details"]
     assert report["restores"] >= 2
     assert report["faults"]["shrink"] >= 2
+    assert report["faults"]["zombie"] >= 2 and report["faults"]["resave_torn"] >= 2
     assert set(report) >= {"trials", "restores", "violations", "fallbacks", "errors_by_kind"}
