@@ -132,8 +132,12 @@ class Generations:
         return self.world_size > 0 and len(self.pending) == self.world_size
 
     def form(self, now: float) -> Formed:
-        """The next generation, of the members that joined."""
+        """The next generation, of the members that joined. Its history entry names the ranks
+        whose process is not the one the generation before had (``replaced``: a peer was lost
+        there; empty when the same processes go on)."""
         number = (self.current.number if self.current else 0) + 1
+        before = self.current.members if self.current else {}
+        replaced = sorted(rank for rank, member in self.pending.items() if before.get(rank) != member)
         self.current = Formed(number, dict(self.pending), now)
         self.history.append(
             {
@@ -142,6 +146,7 @@ class Generations:
                 "round_started": self.round_started,
                 "formed_at": now,
                 "pids": {rank: m.pid for rank, m in sorted(self.pending.items())},
+                "replaced": replaced,
             }
         )
         self.pending.clear()
@@ -219,7 +224,8 @@ class GenerationCoordinator:
 
     async def join(self, member: Member, timeout_s: float) -> dict[str, Any]:
         """Wait until a generation with ``member`` forms: ``{"status": "formed", "generation",
-        "attempt", "formed_at", "round_started"}``; or ``{"status": "timeout", "missing"}``
+        "attempt", "formed_at", "round_started", "replaced"}`` (the ranks whose process the
+        generation before did not have); or ``{"status": "timeout", "missing"}``
         after ``timeout_s``; or ``{"status": "superseded"}`` when a full start overtook it."""
         self._ensure_watcher()
         deadline = time.monotonic() + timeout_s
@@ -237,6 +243,7 @@ class GenerationCoordinator:
                         "attempt": self._gens.attempt(current.number),
                         "formed_at": current.formed_at,
                         "round_started": self._gens.history[-1]["round_started"],
+                        "replaced": self._gens.history[-1]["replaced"],
                     }
                 if member.epoch != self._gens.epoch:
                     return {"status": "superseded"}

@@ -19,7 +19,11 @@ restore), which is what a function written for Ray Train's restarts already does
 When in-place recovery cannot go on (no replacement within ``timeout_s``, a full restart of the
 worker group overtook it, or this Ray lacks the path), the function raises
 ``InPlaceRecoveryError`` or runs as without ray_ckpt, and Ray Train restarts the worker group,
-which restores from peers as before.
+which restores from peers as before. A worker also stops recovering in place, and raises the
+error for Ray Train to count, after ``RAY_CKPT_INPLACE_MAX_RECOVERIES`` recoveries or when the
+error recurs at the same step after a recovery that lost no peer
+(``recovery_budget.RecoveryBudget``): a deterministic error that reads like a collective's is
+the job's own.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ import ray.train
 import torch.distributed as dist
 from ray.train.torch import TorchConfig
 
-from ray_ckpt import _ray_compat
+from ray_ckpt import _ray_compat, settings
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
 from ray_ckpt.generations import BEATS_PER_S, GenerationCoordinator, Member, hang_bound_s
+from ray_ckpt.recovery_budget import RecoveryBudget
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +58,9 @@ _PEER_LOST_MARKERS = ("gloo", "nccl", "connection closed", "connection reset", "
 
 
 def is_peer_failure(error: BaseException) -> bool:
-    """Whether ``error`` says a collective (or a commit) failed because a peer is gone."""
+    """Whether ``error`` says a collective (or a commit) failed because a peer is gone. By its
+    type or its text only: the wrapper's ``RecoveryBudget`` stops a job's own error that reads
+    like one from being recovered from again and again."""
     if isinstance(error, (dist.DistError, CommitTimeoutError)):
         return True
     if isinstance(error, RuntimeError):
@@ -166,6 +173,13 @@ def take_rejoin() -> dict[str, Any] | None:
 def track(checkpointer: Any) -> None:
     """Abandon ``checkpointer`` if this generation fails (its in-flight save is left to finish)."""
     _open.add(checkpointer)
+
+
+def _newest_saved_step() -> int | None:
+    """The newest step this generation's checkpointers saved (None: none saved one), which
+    says how far the failed generation got."""
+    steps = [c._last_step for c in list(_open) if getattr(c, "_last_step", None) is not None]
+    return max(steps, default=None)
 
 
 class InPlaceRecovery(TorchConfig):
@@ -427,6 +441,7 @@ class _Worker:
                 raise InPlaceRecoveryError("this worker group was superseded by a full restart before it started")
             _attempt = self.role.attempt
         self._start_heartbeat()
+        budget = RecoveryBudget(settings.inplace_max_recoveries())
         try:
             if self.role.generation is None:
                 self._rejoin(role="replacement", detected_at=None)
@@ -434,23 +449,27 @@ class _Worker:
                 try:
                     return train_loop(*args)
                 except Exception as error:
-                    if not is_peer_failure(error):
+                    peer = is_peer_failure(error)
+                    reached = _newest_saved_step()
+                    refused = budget.give_up(reached) if peer else None
+                    if refused is not None:
+                        logger.warning(
+                            "rank %d: not recovering in place from %s: %s", self.rank, _first_line(error), refused
+                        )
+                        error.add_note(f"ray_ckpt: not recovered in place: {refused}")
+                    if not peer or refused is not None:  # the job's error: Ray Train counts it
                         sendable = _transportable(error)
                         if sendable is error:
                             raise
                         raise sendable from None
                     detected_at = time.time()
-                    logger.warning(
-                        "rank %d: a peer is gone (%s: %s); recovering in place",
-                        self.rank,
-                        type(error).__name__,
-                        str(error).splitlines()[0][:200] if str(error) else "",
-                    )
+                    logger.warning("rank %d: a peer is gone (%s); recovering in place", self.rank, _first_line(error))
                 # Out of the except block: the failed generation's frames (its model, its DDP and
                 # so its process group) are released only now, and the teardown must close the
                 # group's connections, which fails the collectives peers are still blocked in.
                 self._teardown()
-                self._rejoin(role="survivor", detected_at=detected_at, torn_down_at=time.time())
+                replaced = self._rejoin(role="survivor", detected_at=detected_at, torn_down_at=time.time())
+                budget.recovered(reached, replaced)
         finally:
             self._beating.set()
 
@@ -489,12 +508,14 @@ class _Worker:
                 logger.debug("destroying the failed process group: %s", error)
         gc.collect()  # drops the failed group's connections, so peers blocked on us fail fast
 
-    def _rejoin(self, *, role: str, detected_at: float | None, torn_down_at: float | None = None) -> None:
+    def _rejoin(self, *, role: str, detected_at: float | None, torn_down_at: float | None = None) -> list[int]:
         """Join the next generation and set up its process group (retried if a member dies
-        during the rendezvous); raises InPlaceRecoveryError when it cannot form in time."""
+        during the rendezvous); raises InPlaceRecoveryError when it cannot form in time.
+        Returns the ranks whose process was replaced on the way (empty: no peer was lost)."""
         global _attempt, _rejoin
         coordinator = self.role.coordinator
         deadline = time.monotonic() + self.settings.timeout_s
+        replaced: set[int] = set()
         while True:
             joined_at = time.time()
             left = max(0.0, deadline - time.monotonic())
@@ -510,6 +531,7 @@ class _Worker:
                     "from peers (raise InPlaceRecovery(timeout_s=...) if replacements start slowly)",
                     missing_ranks=reply["missing"],
                 )
+            replaced.update(reply["replaced"])
             try:
                 self._init_process_group(reply["generation"], min(left, self.settings.collective_timeout_s))
             except (dist.DistError, RuntimeError, TimeoutError) as error:
@@ -533,7 +555,7 @@ class _Worker:
                 "formed": reply["formed_at"],
                 "ready": time.time(),
             }
-            return
+            return sorted(replaced)
 
     def _init_process_group(self, generation: int, timeout_s: float) -> None:
         coordinator = self.role.coordinator
@@ -557,6 +579,11 @@ class _Worker:
             timeout=datetime.timedelta(seconds=self.settings.collective_timeout_s),
         )
         self.backend = backend
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def _transportable(error: BaseException) -> BaseException:

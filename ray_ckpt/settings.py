@@ -104,6 +104,13 @@ def relay_timeout_s() -> float:
     return _read("RAY_CKPT_RELAY_TIMEOUT_S", 5.0, float)
 
 
+def inplace_max_recoveries() -> int:
+    """RAY_CKPT_INPLACE_MAX_RECOVERIES: in-place recoveries one worker process of an
+    ``InPlaceRecovery`` run makes; its next lost-peer error goes to Ray Train (a failure that
+    counts in ``max_failures``) instead. 0: every failure goes to Ray Train."""
+    return max(0, _read("RAY_CKPT_INPLACE_MAX_RECOVERIES", 100, int))
+
+
 def direct_reads() -> bool:
     """RAY_CKPT_DIRECT_READS: restores read shards and byte ranges from each store over a
     plain TCP connection (``ray_ckpt.direct_reads``) rather than through Ray's object store;

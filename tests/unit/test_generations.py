@@ -34,6 +34,21 @@ def test_the_next_generation_forms_only_when_every_rank_joined() -> None:
     assert gens.pending == {}
 
 
+def test_a_formed_generation_names_the_ranks_whose_process_was_replaced() -> None:
+    """The wrapper tells a lost peer from the job's own error by this: the same processes
+    rejoining replace no rank; a replacement of rank 2 is named."""
+    gens = started()
+    for rank in range(3):
+        gens.join(member(rank), now=1.0)
+    gens.form(now=1.0)
+    assert gens.history[-1]["replaced"] == []
+    gens.join(member(0), now=2.0)
+    gens.join(member(1), now=2.0)
+    gens.join(member(2, "b"), now=3.0)
+    gens.form(now=3.0)
+    assert gens.history[-1]["replaced"] == [2]
+
+
 def test_a_newer_process_of_a_rank_replaces_the_older_one_in_the_round() -> None:
     gens = started()
     gens.join(member(0), now=1.0)

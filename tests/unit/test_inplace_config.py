@@ -1,12 +1,17 @@
 """InPlaceRecovery without a cluster: its arguments, which errors count as a lost peer, the
-fallback when Ray lacks the replica-group path, and the wrapper used without its config."""
+fallback when Ray lacks the replica-group path, the wrapper used without its config, and the
+wrapper giving a recurring or too frequent error to Ray Train instead of re-running forever."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 
-from ray_ckpt import _ray_compat, inplace
+from ray_ckpt import _ray_compat, inplace, settings
 from ray_ckpt.errors import CommitTimeoutError, ConfigError
 from ray_ckpt.inplace import InPlaceRecovery, is_peer_failure
 
@@ -74,3 +79,95 @@ def test_the_wrapped_function_without_its_config_says_what_to_pass(monkeypatch: 
     wrapped = InPlaceRecovery().wrap(lambda config: None)
     with pytest.raises(ConfigError, match="torch_config=recovery"):
         wrapped({})
+
+
+# ---- the wrapper's re-runs -----------------------------------------------------------------
+
+GLOO_LIKE = "gloo: connection timed out while reading the dataset shard (Broken pipe)"
+
+
+class FakeCheckpointer:
+    """What the wrapper reads of a tracked Checkpointer: the newest step saved, and abandon."""
+
+    def __init__(self) -> None:
+        self._last_step: int | None = None
+
+    def abandon(self) -> None:
+        pass
+
+
+class Job:
+    """A training function that restores the newest committed step, saves every step, and
+    raises ``error`` at step ``failing``; it stops the test after ``limit`` runs."""
+
+    def __init__(self, failing: int, error: Exception, limit: int = 30) -> None:
+        self.failing, self.error, self.limit = failing, error, limit
+        self.committed: int | None = None
+        self.runs = 0
+
+    def __call__(self) -> None:
+        self.runs += 1
+        if self.runs > self.limit:
+            raise AssertionError(f"the wrapper ran the training function {self.runs} times")
+        ckpt = FakeCheckpointer()
+        inplace.track(ckpt)
+        start = 0 if self.committed is None else self.committed + 1
+        for step in range(start, self.failing + 1):
+            if step == self.failing:
+                raise self.error
+            ckpt._last_step = self.committed = step
+
+
+def worker(replaced: Callable[[], list[int]]) -> inplace._Worker:
+    """A _Worker without Ray: its rendezvous answers with ``replaced()`` ranks."""
+    w = inplace._Worker.__new__(inplace._Worker)
+    role_settings = inplace._Settings(120.0, 10.0, 300.0, "gloo")
+    w.role = inplace._Role(coordinator=None, epoch=1, generation=None, attempt=None, settings=role_settings)
+    w.settings, w.rank, w._beating = role_settings, 0, threading.Event()
+    w._start_heartbeat = lambda: None  # type: ignore[method-assign]
+
+    def rejoin(*, role: str, detected_at: float | None, torn_down_at: float | None = None) -> list[int]:
+        return replaced()
+
+    w._rejoin = rejoin  # type: ignore[assignment, method-assign]
+    return w
+
+
+def test_a_deterministic_error_that_reads_like_gloo_goes_to_ray_train_at_its_second_occurrence() -> None:
+    """Rank 0 raises a gloo-like RuntimeError at step 3 every time; every process is still there
+    after the recovery: the second run fails at step 3 again and its error is raised, noted."""
+    job = Job(failing=3, error=RuntimeError(GLOO_LIKE))
+    assert is_peer_failure(job.error)
+    with pytest.raises(RuntimeError, match="gloo: connection timed out") as raised:
+        worker(lambda: []).run(job, ())
+    assert job.runs == 2
+    assert any("not recovered in place" in note for note in getattr(raised.value, "__notes__", []))
+
+
+def test_a_peer_lost_every_time_is_recovered_from_up_to_the_bound() -> None:
+    """Each recovery replaced rank 1 (a real loss): the wrapper re-runs, but only
+    RAY_CKPT_INPLACE_MAX_RECOVERIES times; the next failure goes to Ray Train."""
+    job = Job(failing=3, error=RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
+    with settings.override(RAY_CKPT_INPLACE_MAX_RECOVERIES=4), pytest.raises(RuntimeError, match="Connection closed"):
+        worker(lambda: [1]).run(job, ())
+    assert job.runs == 5
+
+
+def test_an_error_that_is_not_a_lost_peer_is_raised_at_once() -> None:
+    job = Job(failing=3, error=ValueError("bad batch"))
+    with pytest.raises(ValueError, match="bad batch"):
+        worker(lambda: []).run(job, ())
+    assert job.runs == 1
+
+
+def test_a_recovered_run_returns_the_functions_result() -> None:
+    """One real loss at step 3, then the re-run passes it: the wrapper returns the result."""
+    runs: list[int] = []
+
+    def train() -> Any:
+        runs.append(1)
+        if len(runs) == 1:
+            raise dist.DistBackendError("peer gone")
+        return "done"
+
+    assert worker(lambda: [1]).run(train, ()) == "done" and len(runs) == 2
