@@ -127,7 +127,14 @@ class Checkpointer:
         copied; see SaveHandle for completion. Raises the previous save's background error, and
         on this Checkpointer's first save PlacementError when no node runs a store (nothing is
         saved then). Fewer stores than ``data_shards + parity_shards`` is no error: shards then
-        share nodes and ``last_protection`` says what the step survives."""
+        share nodes and ``last_protection`` says what the step survives.
+
+        A GPU tensor's copy to the host is queued on its device's current stream, and the
+        background waits for an event on each such stream: work queued on those streams after
+        ``save`` returns runs after the copies. Writes on any other stream are the caller's to
+        order against the copies: one queued before ``save`` with
+        ``torch.cuda.current_stream().wait_stream(side)`` first, one after it with
+        ``side.wait_stream(torch.cuda.current_stream())``."""
         self._check_open()
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"step must be an int >= 0, got {step!r}")

@@ -1,9 +1,9 @@
 """The save pipeline of one rank: snapshot -> encode -> place -> scatter -> stage (-> backup).
 
 ``SavePipeline.snapshot`` is the only part the training loop waits for: the state is copied
-into a reused host buffer (pinned, with non-blocking device->host copies and an event, when
-tensors live on a GPU). ``SavePipeline.complete`` runs on the checkpointer's background
-thread: it waits for that event, computes the m parity shards on the CPU into reused buffers
+into a reused host buffer (pinned, with non-blocking device->host copies and an event per
+device, when tensors live on a GPU). ``SavePipeline.complete`` runs on the checkpointer's
+background thread: it waits for those events, computes the m parity shards on the CPU into reused buffers
 (data shards are slices of the buffer), checksums every shard, places the k+m shards on live
 stores (doubling up when fewer than k+m are alive, see ray_ckpt.placement), puts them (and the
 optional local copy), stages the step with the registry (through its node's store, which
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,22 @@ def local_copy_meta(
         attempt=attempt,
         writer=writer,
     )
+
+
+def record_copies(tensors: Iterable[torch.Tensor], cuda: Any = torch.cuda) -> list[Any]:
+    """One CUDA event per device that holds one of ``tensors``, recorded on that device's
+    current stream: ``snapshot.write_payload`` queues a device tensor's copy to the host there,
+    so once every event completed every copy landed (an event on the current device's stream
+    alone says nothing of the copies queued on another device's stream). Empty when no tensor
+    is on a GPU. Later work on those streams runs after the copies; work the caller queues on
+    other streams is the caller's to order (``cuda``: the ``torch.cuda`` module, or a fake)."""
+    devices = sorted({tensor.device.index or 0 for tensor in tensors if tensor.is_cuda})
+    events = []
+    for device in devices:
+        event = cuda.Event()
+        event.record(cuda.current_stream(device))
+        events.append(event)
+    return events
 
 
 class SaveHandle:
@@ -183,9 +199,10 @@ class SavePipeline:
                 "" if spare else f" (add nodes beyond {k + m} for spares)",
             )
 
-    def snapshot(self, layout: snapshot.SnapshotLayout) -> tuple[np.ndarray, int, Any]:
+    def snapshot(self, layout: snapshot.SnapshotLayout) -> tuple[np.ndarray, int, list[Any]]:
         """Copy the state into the reused host buffer: (buffer of k * shard_size bytes, blob
-        size, the CUDA event the copies are done at or None). Blocks the caller."""
+        size, the CUDA events the copies are done at: ``record_copies``, empty for a state on
+        the CPU). Blocks the caller."""
         size = blob.blob_size(len(layout.header), layout.payload_size)
         padded = self.code.shard_size(size) * self.code.data_shards
         on_gpu = any(t.is_cuda for t in layout.tensors)
@@ -198,10 +215,7 @@ class SavePipeline:
         array = buffer.numpy()
         offset = blob.write_prefix(array, layout.header)
         snapshot.write_payload(layout, buffer[offset:])  # non_blocking device->host when on a GPU
-        copied = None
-        if on_gpu:
-            copied = torch.cuda.Event()
-            copied.record()  # later kernels on this stream run after the copies: no race
+        copied = record_copies(layout.tensors)
         array[size:] = 0
         return array, size, copied
 
@@ -210,11 +224,12 @@ class SavePipeline:
         self._completed = 0
 
     def complete(
-        self, step: int, buffer: np.ndarray, size: int, copied: Any, phases: dict[str, float], returned: float
+        self, step: int, buffer: np.ndarray, size: int, copied: list[Any], phases: dict[str, float], returned: float
     ) -> bool:
-        """Encode, place, scatter, stage and back up one snapshot; True if the step committed."""
-        if copied is not None:
-            copied.synchronize()
+        """Encode, place, scatter, stage and back up one snapshot (once every event in
+        ``copied`` completed); True if the step committed."""
+        for event in copied:
+            event.synchronize()
         t0 = time.perf_counter()
         k, m = self.code.data_shards, self.code.parity_shards
         shard_size = buffer.size // k

@@ -24,6 +24,7 @@ def pipeline(k: int, m: int) -> SavePipeline:
         rank=0,
         world_size=1,
         attempt=None,
+        writer="w",
         node_id="here",
         config=CheckpointConfig(data_shards=k, parity_shards=m),
         registry=None,  # type: ignore[arg-type]
@@ -48,9 +49,9 @@ def test_cuda_state_snapshots_into_pinned_memory_and_decodes_bit_exact(k: int, m
     expected = digest({key: v.cpu() if isinstance(v, torch.Tensor) else v for key, v in state.items()})
     saver = pipeline(k, m)
     buffer, size, copied = saver.snapshot(snapshot.plan(state))
-    assert copied is not None and saver._buffer.is_pinned()
+    assert len(copied) == 1 and saver._buffer.is_pinned()  # one device: one event
     state["w"].mul_(0)  # queued after the copies on the same stream: must not reach the snapshot
-    copied.synchronize()
+    copied[0].synchronize()
     shard_size = buffer.size // k
     data = [buffer[i * shard_size : (i + 1) * shard_size] for i in range(k)]
     shards = data + saver.code.encode_parity(data)
@@ -66,4 +67,4 @@ def test_a_cpu_save_after_a_cuda_save_reuses_the_pinned_buffer() -> None:
     saver = pipeline(2, 1)
     saver.snapshot(snapshot.plan({"w": torch.ones(1000, device="cuda")}))
     _, _, copied = saver.snapshot(snapshot.plan({"w": torch.ones(100)}))
-    assert copied is None and saver._buffer.is_pinned()
+    assert copied == [] and saver._buffer.is_pinned()
