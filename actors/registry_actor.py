@@ -112,8 +112,11 @@ class RegistryActor:
         return True
 
     def record(self, event: dict[str, Any]) -> None:
-        """Append one event (see ray_ckpt.events) to the log and its file."""
-        self._events.append(event)
+        """Append one event of a caller (see ray_ckpt.events) to the log and its file. A
+        malformed one (``events.check``), one larger than RAY_CKPT_EVENT_MAX_BYTES, or a
+        ``status`` event (the registry records its own) raises ConfigError naming the field,
+        and nothing is recorded."""
+        self._events.append(event, max_bytes=settings.event_max_bytes(), kinds=events.CALLER_KINDS)
         metrics.observe_event(event)
         if event.get("kind") == "node_dead":
             self._observe_jobs(live_only=True)
@@ -262,7 +265,7 @@ class RegistryActor:
             local_nodes = {rank: r.local_node if r.local is not None else None for rank, r in located.items()}
         elif not summary.nodes <= live:
             protection = step_protection(self._registry.locate(job, step), live)
-        self.record(
+        recorded = self._events.append_status(  # a delta against the job's previous snapshot, mostly
             events.status_event(
                 job,
                 step,
@@ -276,6 +279,7 @@ class RegistryActor:
                 summary=(protection, summary.nodes),
             )
         )
+        metrics.observe_event(recorded)
 
     def _store_handles(self) -> dict[str, Any]:
         """The live stores' handles for fire-and-forget fan-outs, looked up at most once every

@@ -20,7 +20,13 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   ``PLACEMENT_MAX_RANKS`` ranks: a snapshot must not cost O(ranks) every second), local
   {rank: node id of its local copy}, nodes {node id: {host, address, alive, store,
   used_bytes, budget_bytes, shards[, error]}} (every store's memory, and any node holding a
-  shard of the step).
+  shard of the step). The registry records most of them as a **delta** (``status_delta``):
+  the event then has ``base`` (the time of the job's previous status event, which it patches)
+  and, in placement, local and nodes, only the entries that changed (null: the entry is gone);
+  its other fields are whole. A job's status event is whole (no ``base``) when it is the job's
+  first in the registry's process, in its events file (after a rotation) or in the in-memory
+  log (after older events were dropped), when its world size, code or listing changed, and at
+  least every ``STATUS_FULL_EVERY_S``. ``resolve`` turns the events back into whole snapshots.
 - ``rejoin``: job, rank, attempt, how a worker entered an in-place generation: role
   ("survivor" or "replacement"), generation, pid, process_started (its process was created),
   warmed (its process had imported what a worker needs: ``inplace.warm_up``), worker_started
@@ -29,29 +35,43 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   asked to join), round_started (the first rank asked), formed (every rank had joined), ready
   (its process group was up).
 
+``check`` states what a well-formed event is: the fields above with their types (numbers
+finite, ranks and counts ints >= 0, phases numbers), the ones its kind needs present. The
+registry refuses a malformed event (``ConfigError`` naming the field) and records nothing;
+readers (``read``, ``resolve``, the dashboard, ``ray_ckpt.timeline``) skip it.
+
 An events file holds one event per line (JSON lines); ``read`` skips lines it cannot parse,
-so a file cut by a crash stays readable.
+so a file cut by a crash stays readable. ``EventLog`` bounds what it holds by bytes: the file
+is renamed to ``<file>.1`` (older ones to ``.2``, ...) once the next line would take it past
+RAY_CKPT_EVENTS_FILE_MAX_BYTES, keeping RAY_CKPT_EVENTS_FILE_KEEP of them; the in-memory log
+keeps the newest events up to RAY_CKPT_EVENTS_MEMORY_MAX_BYTES of JSON.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import numbers
 import os
 import pathlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from ray_ckpt import protection
+from ray_ckpt import protection, settings
+from ray_ckpt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("save", "kill", "node_dead", "restore", "status", "rejoin")
+CALLER_KINDS = ("save", "kill", "node_dead", "restore", "rejoin")  # status events are the registry's own
 STATUS_EVERY_S = 1.0  # the most frequent status snapshots of one job
+STATUS_FULL_EVERY_S = 600.0  # a job's status events are whole at least this often (else deltas)
 PLACEMENT_MAX_RANKS = 512  # a status event lists the placement of jobs up to this many ranks
+_PATCHED = ("placement", "local", "nodes")  # the fields of a status delta that hold only changes
 
 
 def event(kind: str, **fields: Any) -> dict[str, Any]:
@@ -61,11 +81,196 @@ def event(kind: str, **fields: Any) -> dict[str, Any]:
     return {"kind": kind, "time": fields.pop("time", time.time()), **fields}
 
 
+# ---- what a well-formed event is ----------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value: Any) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _is_rank_key(value: Any) -> bool:
+    return (isinstance(value, str) and value.isdecimal() and value.isascii()) or _is_count(value)
+
+
+def _optional(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or test(value)
+
+
+def _is_phases(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and _is_number(v) for k, v in value.items())
+
+
+_NODE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "host": (_optional(lambda v: isinstance(v, str)), "a string or null"),
+    "address": (_optional(lambda v: isinstance(v, str)), "a string or null"),
+    "alive": (lambda v: isinstance(v, bool), "true or false"),
+    "store": (lambda v: isinstance(v, bool), "true or false"),
+    "used_bytes": (_optional(_is_count), "an int >= 0 or null"),
+    "budget_bytes": (_optional(_is_count), "an int >= 0 or null"),
+    "shards": (_optional(_is_count), "an int >= 0 or null"),
+    "error": (lambda v: isinstance(v, str), "a string"),
+}
+
+_TEXT = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
+_OPTIONAL_TEXT = (_optional(lambda v: isinstance(v, str)), "a string or null")
+_OPTIONAL_INT = (_optional(_is_int), "an int or null")
+_OPTIONAL_COUNT = (_optional(_is_count), "an int >= 0 or null")
+_TIME = (_is_number, "a finite number (Unix seconds)")
+_OPTIONAL_TIME = (_optional(_is_number), "a finite number (Unix seconds) or null")
+
+# field -> (test, what it must be), for every kind that has the field
+_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "time": _TIME,
+    "job": _TEXT,
+    "rank": (_is_count, "an int >= 0"),
+    "step": _OPTIONAL_INT,
+    "attempt": _OPTIONAL_TEXT,
+    "node_id": _OPTIONAL_TEXT,
+    **dict.fromkeys(("mode", "by", "source", "role", "error"), _OPTIONAL_TEXT),
+    **dict.fromkeys(("bytes", "pid", "generation", "world_size", "data_shards", "parity_shards"), _OPTIONAL_COUNT),
+    **dict.fromkeys(("steps_lost", "protection"), _OPTIONAL_INT),
+    **dict.fromkeys(("returned", "started", "worker_started", "joined", "base"), _TIME),
+    **dict.fromkeys(
+        ("process_started", "warmed", "detected", "torn_down", "round_started", "formed", "ready"), _OPTIONAL_TIME
+    ),
+    "phases_s": (_is_phases, "an object of phase name -> finite number (seconds)"),
+}
+
+# kind -> the fields it must have (not null)
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "save": ("job", "rank", "step"),
+    "kill": ("node_id",),
+    "node_dead": ("node_id",),
+    "restore": ("job", "rank"),
+    "status": ("job", "step"),
+    "rejoin": ("job", "rank", "role", "worker_started", "joined"),
+}
+
+
+def check(record: Any) -> None:
+    """Raise ``ConfigError`` (``field`` names the field) unless ``record`` is a well-formed
+    event: a dict with a known ``kind`` and a finite ``time``, the fields its kind needs, and
+    every known field of the right type (see the module docstring). Unknown fields pass."""
+    if not isinstance(record, dict):
+        raise ConfigError(f"an event must be a dict, got {type(record).__name__}", field=None)
+    kind = record.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"event field 'kind' must be one of {', '.join(KINDS)}, got {_short(kind)}", field="kind")
+    for name in ("time", *_REQUIRED[kind]):
+        if record.get(name) is None:
+            raise ConfigError(f"a {kind} event needs field {name!r}", field=name, kind=kind)
+    for name, value in record.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"a {kind} event has a field named {_short(name)}: names are strings", field=None)
+        test = _FIELDS.get(name)
+        if test is not None and not test[0](value):
+            raise ConfigError(
+                f"{kind} event field {name!r} must be {test[1]}, got {_short(value)}", field=name, kind=kind
+            )
+    if kind == "status":
+        _check_status(record)
+
+
+def _check_status(record: dict[str, Any]) -> None:
+    """The placement, local copies and node rows of a status event (a delta may set entries null)."""
+    delta = record.get("base") is not None
+
+    def fail(name: str, what: str, value: Any) -> ConfigError:
+        return ConfigError(
+            f"status event field {name!r} must be {what}, got {_short(value)}", field=name, kind="status"
+        )
+
+    placement = record.get("placement")
+    if placement is not None:
+        if not isinstance(placement, dict):
+            raise fail("placement", "an object of rank -> list of node ids, or null", placement)
+        for rank, held in placement.items():
+            gone = delta and held is None
+            if not _is_rank_key(rank) or not (
+                gone or (isinstance(held, list) and all(n is None or isinstance(n, str) for n in held))
+            ):
+                raise fail("placement", "an object of rank -> list of node ids (or null)", {rank: held})
+    local = record.get("local")
+    if local is not None:
+        if not isinstance(local, dict):
+            raise fail("local", "an object of rank -> node id", local)
+        for rank, node in local.items():
+            if not _is_rank_key(rank) or not (isinstance(node, str) or (delta and node is None)):
+                raise fail("local", "an object of rank -> node id", {rank: node})
+    nodes = record.get("nodes")
+    if nodes is not None:
+        if not isinstance(nodes, dict):
+            raise fail("nodes", "an object of node id -> its row", nodes)
+        for node_id, row in nodes.items():
+            if not isinstance(node_id, str) or not (isinstance(row, dict) or (delta and row is None)):
+                raise fail("nodes", "an object of node id -> its row", {node_id: row})
+            for name, value in (row or {}).items():
+                test = _NODE_FIELDS.get(name)
+                if test is not None and not test[0](value):
+                    raise fail(f"nodes.{name}", test[1], value)
+
+
+def valid(record: Any) -> bool:
+    """Whether ``record`` is a well-formed event (``check``)."""
+    try:
+        check(record)
+    except ConfigError:
+        return False
+    return True
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _json_default(value: Any) -> Any:
+    """numpy-like numbers as numbers; anything else that is not JSON as its text."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
+def _line(record: Mapping[str, Any]) -> str:
+    """One event as a JSON line (no newline); ConfigError if it cannot be JSON (NaN, deep nesting)."""
+    try:
+        return json.dumps(record, separators=(",", ":"), default=_json_default, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as error:
+        raise ConfigError(f"a {record.get('kind')} event is not JSON: {error}", field=None) from None
+
+
+# ---- the log ------------------------------------------------------------------------------
+
+
 class EventLog:
     """A bounded in-memory list of events, mirrored to a JSON-lines file when a path is given.
-    Thread-safe. ``since(n)`` returns events with sequence number >= n, for live readers."""
+    Thread-safe. ``since(n)`` returns events with sequence number >= n, for live readers.
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, capacity: int = 100_000) -> None:
+    Bounds: in memory at most ``capacity`` events and ``memory_max_bytes`` of their JSON (the
+    newest event always stays); the file is rotated before a line would take it past
+    ``file_max_bytes``, keeping ``file_keep`` older files (``<path>.1`` the newest). Each bound
+    not given is the setting's value when used (RAY_CKPT_EVENTS_MEMORY_MAX_BYTES,
+    RAY_CKPT_EVENTS_FILE_MAX_BYTES, RAY_CKPT_EVENTS_FILE_KEEP)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        capacity: int = 100_000,
+        *,
+        memory_max_bytes: int | None = None,
+        file_max_bytes: int | None = None,
+        file_keep: int | None = None,
+    ) -> None:
         self.path = None if path is None else pathlib.Path(path)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,39 +279,126 @@ class EventLog:
                     existing.seek(-1, os.SEEK_END)
                     if existing.read(1) != b"\n":
                         existing.write(b"\n")
+        self._capacity = capacity
+        self._memory_max_bytes = memory_max_bytes
+        self._file_max_bytes = file_max_bytes
+        self._file_keep = file_keep
         self._lock = threading.Lock()
-        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._events: deque[tuple[dict[str, Any], int]] = deque()  # (event, bytes of its line)
+        self._held_bytes = 0
         self._count = 0
+        self.rotations = 0  # how often the file was rotated
+        # job -> (its previous status snapshot, whole; the rotation and sequence number of its
+        # newest whole status event, and that event's time)
+        self._status: dict[str, tuple[dict[str, Any], int, int, float]] = {}
 
-    def append(self, record: dict[str, Any]) -> None:
-        if not isinstance(record, dict) or record.get("kind") not in KINDS:
-            raise ValueError(f"not an event: {record!r}")
-        line = json.dumps(record, separators=(",", ":"), default=str)
+    def append(self, record: dict[str, Any], *, max_bytes: int | None = None, kinds: Collection[str] = KINDS) -> None:
+        """Append one event; ConfigError (naming the field) if it is malformed (``check``), not
+        of one of ``kinds``, or its JSON is longer than ``max_bytes``: nothing is recorded then.
+        The registry appends its callers' events with ``CALLER_KINDS`` and
+        RAY_CKPT_EVENT_MAX_BYTES."""
+        check(record)
+        if record["kind"] not in kinds:
+            raise ConfigError(
+                f"a {record['kind']} event cannot be recorded here (only {', '.join(kinds)})",
+                field="kind",
+                kind=record["kind"],
+            )
+        line = _line(record)
+        if max_bytes is not None and len(line) > max_bytes:  # JSON is ASCII: characters are bytes
+            raise ConfigError(
+                f"a {record['kind']} event of {len(line)} bytes is larger than {max_bytes} (RAY_CKPT_EVENT_MAX_BYTES)",
+                field=None,
+                kind=record["kind"],
+                size_bytes=len(line),
+            )
+        with self._lock:  # held as read back from its line: what a file's reader gets, JSON through and through
+            self._add(json.loads(line), line)
+
+    def append_status(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """Record a job's whole status snapshot (``status_event``), as the delta against the
+        job's previous one (``status_delta``) unless a reader could not find the snapshot it
+        patches (see the module docstring): whole then. Returns the event recorded."""
+        check(snapshot)
+        if snapshot.get("base") is not None:
+            raise ConfigError("append_status takes a whole status snapshot, not a delta", field="base")
+        job = str(snapshot["job"])
         with self._lock:
-            self._events.append(record)
-            self._count += 1
-            if self.path is not None:
-                with self.path.open("a") as out:
-                    out.write(line + "\n")
+            previous = self._status.get(job)
+            if (
+                previous is not None
+                and previous[1] == self.rotations  # its whole event is in this file
+                and previous[2] >= self._count - len(self._events)  # and still in memory
+                and float(snapshot["time"]) - previous[3] < STATUS_FULL_EVERY_S
+            ):
+                delta = status_delta(previous[0], snapshot)
+                line = "" if delta is None else _line(delta)
+                if delta is not None and not self._rotates(len(line) + 1):  # a new file would lack its base
+                    self._add(delta, line)
+                    self._status[job] = (snapshot, previous[1], previous[2], previous[3])
+                    return delta
+            self._add(snapshot, _line(snapshot))
+            self._status[job] = (snapshot, self.rotations, self._count - 1, float(snapshot["time"]))
+            return snapshot
 
     def since(self, sequence: int = 0) -> tuple[int, list[dict[str, Any]]]:
         """(next sequence number, events numbered >= ``sequence`` still held)."""
         with self._lock:
             first = self._count - len(self._events)
             start = max(sequence, first) - first
-            return self._count, list(self._events)[start:]
+            return self._count, [record for record, _ in list(self._events)[start:]]
+
+    def _add(self, record: dict[str, Any], line: str) -> None:
+        """Write (the file first: an event that could not be written is not held either), then hold."""
+        if self.path is not None:
+            if self._rotates(len(line) + 1):
+                self._rotate()
+            with self.path.open("a") as out:
+                out.write(line + "\n")
+        self._events.append((record, len(line) + 1))
+        self._held_bytes += len(line) + 1
+        self._count += 1
+        limit = settings.events_memory_max_bytes() if self._memory_max_bytes is None else self._memory_max_bytes
+        while len(self._events) > 1 and (self._held_bytes > limit or len(self._events) > self._capacity):
+            self._held_bytes -= self._events.popleft()[1]
+
+    def _rotates(self, size: int) -> bool:
+        """Whether writing ``size`` more bytes rotates the file first."""
+        if self.path is None:
+            return False
+        try:
+            held = self.path.stat().st_size
+        except FileNotFoundError:
+            return False
+        limit = settings.events_file_max_bytes() if self._file_max_bytes is None else self._file_max_bytes
+        return held > 0 and held + size > limit
+
+    def _rotate(self) -> None:
+        if self.path is None:
+            return
+        keep = settings.events_file_keep() if self._file_keep is None else self._file_keep
+        if keep <= 0:
+            self.path.unlink(missing_ok=True)
+        else:
+            for older in range(keep - 1, 0, -1):
+                source = self.path.with_name(f"{self.path.name}.{older}")
+                if source.exists():
+                    os.replace(source, self.path.with_name(f"{self.path.name}.{older + 1}"))
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        self.rotations += 1
 
 
 def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The events of a JSON-lines file, in file order; unparsable lines are skipped."""
+    """The events of a JSON-lines file, in file order; lines that do not parse or do not hold a
+    well-formed event (``check``) are skipped."""
     records = []
     with open(path, encoding="utf-8", errors="replace") as lines:
         for line in lines:
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(record, dict) and record.get("kind") in KINDS:
+            if valid(record):
                 records.append(record)
     return records
 
@@ -115,7 +407,7 @@ def write(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> No
     """Write events as a JSON-lines file (replacing it)."""
     with open(path, "w") as out:
         for record in records:
-            out.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+            out.write(json.dumps(record, separators=(",", ":"), default=_json_default) + "\n")
 
 
 def status_event(
@@ -186,6 +478,71 @@ def status_event(
         nodes=nodes,
         **fields,
     )
+
+
+def status_delta(previous: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``current``, a job's whole status snapshot, as a delta against ``previous``, the job's
+    previous one (whole too): its fields as they are, ``base`` the time of ``previous``, and in
+    placement, local and nodes only the entries that changed (null for one that is gone). None
+    when a delta would not say it: another job, or another world size, code or listing (a
+    placement listed rank by rank or summarized). ``resolve`` undoes it."""
+    if (
+        previous.get("job") != current.get("job")
+        or any(previous.get(f) != current.get(f) for f in ("world_size", "data_shards", "parity_shards"))
+        or (previous.get("placement") is None) != (current.get("placement") is None)
+    ):
+        return None
+    delta = {name: value for name, value in current.items() if name not in _PATCHED}
+    delta["base"] = previous["time"]
+    for name in _PATCHED:
+        old, new = previous.get(name), current.get(name)
+        if name == "placement" and new is None:
+            delta[name] = None
+            continue
+        old, new = old or {}, new or {}
+        delta[name] = {key: value for key, value in new.items() if old.get(key) != value}
+        delta[name].update({key: None for key in old if key not in new})
+    return delta
+
+
+def resolve(records: Iterable[Any]) -> list[dict[str, Any]]:
+    """The well-formed events among ``records`` (in the order they were recorded), each status
+    delta replaced by the whole snapshot it stands for: applied to its job's previous snapshot.
+    A delta whose ``base`` is not the time of its job's previous status event (that event was
+    rotated out of the file, dropped from memory, or skipped) is left out, and so is every later
+    delta of the job until its next whole event."""
+    previous: dict[str, dict[str, Any] | None] = {}  # job -> its newest snapshot (None: chain broken)
+    resolved = []
+    for record in records:
+        if not valid(record):
+            continue
+        if record["kind"] != "status":
+            resolved.append(record)
+            continue
+        job = str(record["job"])
+        if record.get("base") is None:
+            snapshot = dict(record)
+        else:
+            base = previous.get(job)
+            if base is None or base.get("time") != record["base"]:
+                previous[job] = None
+                continue
+            snapshot = {name: value for name, value in record.items() if name != "base"}
+            for name in _PATCHED:
+                patch = record.get(name)
+                if name == "placement" and patch is None:
+                    snapshot[name] = None
+                    continue
+                patched = dict(base.get(name) or {})
+                for key, value in (patch or {}).items():
+                    if value is None:
+                        patched.pop(key, None)
+                    else:
+                        patched[key] = value
+                snapshot[name] = patched
+        previous[job] = snapshot
+        resolved.append(snapshot)
+    return resolved
 
 
 class Coalescer:

@@ -78,6 +78,31 @@ def save_event_every() -> int:
     return max(1, _read("RAY_CKPT_SAVE_EVENT_EVERY", 10, int))
 
 
+def event_max_bytes() -> int:
+    """RAY_CKPT_EVENT_MAX_BYTES: the largest event (its JSON) the registry accepts from a caller
+    (``RegistryActor.record``); a larger one is refused and not recorded."""
+    return max(1, _read("RAY_CKPT_EVENT_MAX_BYTES", 64 << 10, int))
+
+
+def events_file_max_bytes() -> int:
+    """RAY_CKPT_EVENTS_FILE_MAX_BYTES: the registry's events file is rotated (renamed to
+    ``<file>.1``) before a line would take it past this size."""
+    return max(1, _read("RAY_CKPT_EVENTS_FILE_MAX_BYTES", 64 << 20, int))
+
+
+def events_file_keep() -> int:
+    """RAY_CKPT_EVENTS_FILE_KEEP: rotated events files kept (``<file>.1`` the newest, up to
+    ``<file>.N``); 0 keeps none."""
+    return max(0, _read("RAY_CKPT_EVENTS_FILE_KEEP", 2, int))
+
+
+def events_memory_max_bytes() -> int:
+    """RAY_CKPT_EVENTS_MEMORY_MAX_BYTES: the registry keeps its newest events in memory up to
+    this many bytes of their JSON (for ``registry.events()``, the live dashboard); as Python
+    objects they take a few times that."""
+    return max(1, _read("RAY_CKPT_EVENTS_MEMORY_MAX_BYTES", 16 << 20, int))
+
+
 def store_watch_interval_s() -> float:
     """RAY_CKPT_STORE_WATCH_INTERVAL_S: how often the registry looks for alive nodes without a
     store and starts one there (a node that joins or rejoins gets its store by itself); 0 turns

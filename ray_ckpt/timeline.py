@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ray_ckpt.events import valid
+
 BURST_S = 2.0
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
 PHASES = ("detect", "restart", "replace", "rendezvous", *RESTORE_PHASES, "first_step")
@@ -42,8 +44,11 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     "error", "errors", "mode", "survivor_pids", "replacement_pids", "warm_replacements"}``
     (``warm_replacements``: rank -> whether its replacement started in a process that had warmed
     up before the kill, a warm spare). ``step`` and ``steps_lost`` are None when no rank restored
-    a step."""
-    ordered = sorted(events, key=lambda e: e.get("time", 0.0))
+    a step. Malformed events (``ray_ckpt.events.check``) are skipped."""
+    ordered: list[dict[str, Any]] = sorted(
+        (e for e in events if isinstance(e, dict) and e.get("kind") != "status" and valid(e)),
+        key=lambda e: float(e["time"]),
+    )
     kills = [e for e in ordered if e["kind"] == "kill"]
     deaths = [e for e in ordered if e["kind"] == "node_dead"]
     attempts: dict[tuple[str, str], list[dict[str, Any]]] = {}

@@ -11,10 +11,12 @@ killed after it count as lost); they are None when neither exists.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from ray_ckpt import events as events_module
 from ray_ckpt import protection as protection_module
 from ray_ckpt import timeline
 
@@ -33,8 +35,10 @@ def build(
     """The dashboard's data: recoveries (one per failure, from ``timeline.recoveries``; failed
     ones flagged), time to resume over time, save stall per step, kills and node deaths, the
     nodes (host, ranks running there), and memory per node, shard placement of each job's
-    newest committed step and protection per job (live, else from ``status`` snapshots)."""
-    ordered = sorted((e for e in events if isinstance(e, dict)), key=lambda e: float(e.get("time") or 0.0))
+    newest committed step and protection per job (live, else from ``status`` snapshots).
+    Malformed events (``ray_ckpt.events.check``) are skipped; status deltas are made whole
+    (``ray_ckpt.events.resolve``)."""
+    ordered = events_module.resolve(sorted((e for e in events if isinstance(e, dict)), key=_sort_time))
     recoveries = []
     for index, recovery in enumerate(timeline.recoveries(ordered)):
         total = sum(v for v in recovery["phases_s"].values() if v is not None)
@@ -105,6 +109,12 @@ def build(
         _add_snapshots(data, ordered)
     data["nodes"] = _nodes(ordered, live, data)
     return data
+
+
+def _sort_time(record: dict[str, Any]) -> float:
+    """An event's time to sort by (0 for a malformed one: it is skipped after sorting)."""
+    value = record.get("time")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
 def _add_snapshots(data: dict[str, Any], ordered: list[dict[str, Any]]) -> None:

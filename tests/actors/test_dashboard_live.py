@@ -16,7 +16,7 @@ import ray
 import torch
 
 import ray_ckpt
-from ray_ckpt import CheckpointConfig, naming
+from ray_ckpt import CheckpointConfig, events, naming
 from ray_ckpt.cli import main
 from ray_ckpt.dashboard import data as dashboard_data
 from ray_ckpt.dashboard import server
@@ -76,7 +76,8 @@ def test_live_data_and_export(local_ray: str, tmp_path: pathlib.Path) -> None:
     deadline = time.monotonic() + 30
     while True:
         _, records = ray.get(registry.events.remote(0))
-        snapshots = [e for e in records if e["kind"] == "status" and e["job"] == "live"]
+        # whole snapshots (the registry records most as deltas against the job's previous one)
+        snapshots = [e for e in events.resolve(records) if e["kind"] == "status" and e["job"] == "live"]
         if (snapshots and snapshots[-1]["step"] == 2) or time.monotonic() > deadline:
             break
         time.sleep(0.2)

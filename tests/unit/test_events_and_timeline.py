@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
 import pytest
 
-from ray_ckpt import events
+from ray_ckpt import events, settings
+from ray_ckpt.errors import ConfigError
 from ray_ckpt.events import EventLog, event
 from ray_ckpt.timeline import PHASES, recoveries
 
@@ -572,3 +574,340 @@ def test_coalescer_survives_a_failing_call() -> None:
     coalescer.request("y")
     assert coalescer.wait_idle(5.0)
     assert seen == ["x", "y"]
+
+
+# ---- well-formed events, bounded logs -----------------------------------------------------
+
+
+MALFORMED = [  # (event, the field its error names)
+    ({**kill(0, "n1"), "time": "abc"}, "time"),
+    ({**kill(0, "n1"), "time": float("nan")}, "time"),
+    ({"kind": "kill", "node_id": "n1"}, "time"),
+    ({**kill(0, "n1"), "node_id": None}, "node_id"),
+    ({**save(1, 0, 10, "A"), "phases_s": {"blocking": "slow"}}, "phases_s"),
+    ({**save(1, 0, 10, "A"), "rank": "x"}, "rank"),
+    ({**save(1, 0, 10, "A"), "rank": -1}, "rank"),
+    ({**save(1, 0, 10, "A"), "rank": True}, "rank"),
+    ({**save(1, 0, 10, "A"), "step": "10"}, "step"),
+    ({**save(1, 0, 10, "A"), "job": ""}, "job"),
+    ({**save(1, 0, 10, "A"), "returned": None}, "returned"),
+    ({**restore(4, 0, "B", started=3.5), "started": "soon"}, "started"),
+    ({**restore(4, 0, "B", started=3.5), "bytes": 1.5}, "bytes"),
+    ({**restore(4, 0, "B", started=3.5), "error": ["boom"]}, "error"),
+    (event("rejoin", time=T0, job="job", rank=0, attempt="B", role="survivor", worker_started=T0), "joined"),
+    (event("status", time=T0, job="j", step=1, nodes="x"), "nodes"),
+    (event("status", time=T0, job="j", step=1, nodes={"a": {"alive": "yes"}}), "nodes.alive"),
+    (event("status", time=T0, job="j", step=1, nodes={"a": None}), "nodes"),  # null only in a delta
+    (event("status", time=T0, job="j", step=1, placement={"zero": ["a"]}), "placement"),
+    (event("status", time=T0, job="j", step=1, placement={"0": "a"}), "placement"),
+    (event("status", time=T0, job="j", step=1, local={"0": 3}), "local"),
+    ({"kind": "explode", "time": 1.0}, "kind"),
+]
+
+
+@pytest.mark.parametrize(("bad", "field"), MALFORMED, ids=[f"{b['kind']}-{f}" for b, f in MALFORMED])
+def test_a_malformed_event_is_refused_naming_its_field_and_nothing_is_recorded(tmp_path, bad, field) -> None:
+    """append (what the registry's record calls) raises ConfigError naming the field; the log and its
+    file stay as they were, and read()/resolve() skip such an event where one was written anyway."""
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.append(kill(0, "n0"))
+    with pytest.raises(ConfigError, match=re.escape(repr(field))) as refused:
+        log.append(bad)
+    assert refused.value.field == field
+    assert isinstance(refused.value, ValueError)  # as append always raised for a non-event
+    assert log.since() == (1, [kill(0, "n0")])
+    assert events.read(path) == [kill(0, "n0")]
+    assert not events.valid(bad) and events.resolve([bad, kill(0, "n0")]) == [kill(0, "n0")]
+    with path.open("a") as out:  # written by something else: readers skip it
+        out.write(json.dumps(bad) + "\n")
+    assert events.read(path) == [kill(0, "n0")]
+
+
+def test_a_well_formed_event_of_every_kind_passes_the_check() -> None:
+    """The events the library sends (with None where a field is optional) are well-formed."""
+    rejoin = event(
+        "rejoin",
+        time=T0,
+        job="job",
+        rank=1,
+        attempt="B",
+        role="replacement",
+        generation=2,
+        pid=7,
+        process_started=T0 - 5,
+        warmed=None,
+        worker_started=T0 - 4,
+        detected=None,
+        torn_down=None,
+        joined=T0 - 1,
+        round_started=T0 - 2,
+        formed=T0 - 0.5,
+        ready=T0,
+    )
+    failed = event("restore", time=T0, job="job", rank=0, attempt=None, step=None, source=None, error="E: x")
+    for record in (*one_failure(), rejoin, failed, snapshot_at(3, 2), {**kill(0, "n"), "extra": [1, {"a": 2}]}):
+        events.check(record)
+
+
+def test_the_registry_refuses_status_events_and_events_larger_than_the_cap_from_callers() -> None:
+    """With the registry's arguments (CALLER_KINDS, RAY_CKPT_EVENT_MAX_BYTES) a status event and an
+    event whose JSON passes the cap are refused; nothing is recorded."""
+    log = EventLog()
+    cap = settings.event_max_bytes()
+    assert cap == 64 << 10
+    big = {**restore(4, 0, "B", started=3.5), "error": "x" * cap}
+    with pytest.raises(ConfigError, match="RAY_CKPT_EVENT_MAX_BYTES") as refused:
+        log.append(big, max_bytes=cap, kinds=events.CALLER_KINDS)
+    assert refused.value.size_bytes > cap
+    with pytest.raises(ConfigError, match="status") as refused:
+        log.append(snapshot_at(3, 2), max_bytes=cap, kinds=events.CALLER_KINDS)
+    assert refused.value.field == "kind"
+    with pytest.raises(ConfigError, match="not JSON"):
+        log.append({**kill(0, "n"), "extra": float("inf")}, max_bytes=cap, kinds=events.CALLER_KINDS)
+    assert log.since() == (0, [])
+    with settings.override(RAY_CKPT_EVENT_MAX_BYTES=1 << 20):
+        log.append(big, max_bytes=settings.event_max_bytes(), kinds=events.CALLER_KINDS)
+    assert log.since() == (1, [big])
+
+
+def test_the_log_holds_each_event_as_its_json_line_reads_back(tmp_path) -> None:
+    """What since() returns equals what read() returns: numpy numbers become numbers, int keys
+    strings (a live reader that sorts keys, as the dashboard's de-duplication does, cannot fail)."""
+    import numpy as np
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.append({**save(1, 0, 10, "A"), "bytes": np.int64(7), "extra": {1: "a", "b": np.float32(0.5)}})
+    _, held = log.since()
+    assert held == events.read(path) == [{**save(1, 0, 10, "A"), "bytes": 7, "extra": {"1": "a", "b": 0.5}}]
+    json.dumps(held, sort_keys=True)
+
+
+def test_the_events_file_rotates_at_its_cap_keeping_the_newest_files(tmp_path) -> None:
+    """The file never passes file_max_bytes; it is renamed to .1 (and .1 to .2) and the oldest
+    beyond file_keep is deleted; the files, oldest first, hold the newest events in order."""
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, file_max_bytes=1000, file_keep=2)
+    records = [kill(i, f"node-{i:03d}") for i in range(100)]
+    for record in records:
+        log.append(record)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["events.jsonl", "events.jsonl.1", "events.jsonl.2"]
+    files = [path.with_name("events.jsonl.2"), path.with_name("events.jsonl.1"), path]
+    assert all(0 < f.stat().st_size <= 1000 for f in files)
+    kept = [record for f in files for record in events.read(f)]
+    assert kept == records[-len(kept) :] and len(kept) > 20
+    assert log.rotations > 2 and log.since() == (100, records)  # memory holds all: its own cap
+
+    # the settings, read when used; keep 0: no older file
+    other = tmp_path / "other" / "events.jsonl"
+    with settings.override(RAY_CKPT_EVENTS_FILE_MAX_BYTES=500, RAY_CKPT_EVENTS_FILE_KEEP=0):
+        log = EventLog(other)
+        for record in records:
+            log.append(record)
+    assert [p.name for p in other.parent.iterdir()] == ["events.jsonl"]
+    assert 0 < other.stat().st_size <= 500 and events.read(other)[-1] == records[-1]
+
+
+def test_an_existing_file_past_the_cap_is_rotated_at_the_first_append(tmp_path) -> None:
+    path = tmp_path / "events.jsonl"
+    events.write(path, [kill(i, "old") for i in range(50)])
+    log = EventLog(path, file_max_bytes=1000, file_keep=1)
+    log.append(kill(99, "new"))
+    assert events.read(path) == [kill(99, "new")] and len(events.read(path.with_name("events.jsonl.1"))) == 50
+
+
+def test_the_in_memory_log_is_capped_by_bytes() -> None:
+    """The log keeps the newest events whose JSON fits memory_max_bytes (the newest always), and
+    since() keeps numbering events by their append order."""
+    records = [kill(i, f"node-{i:03d}") for i in range(100)]
+    size = len(json.dumps(records[0], separators=(",", ":"))) + 1
+    log = EventLog(memory_max_bytes=10 * size)
+    for record in records:
+        log.append(record)
+    assert log.since(0) == (100, records[-10:])
+    assert log.since(95) == (100, records[95:])
+    huge = {**kill(100, "n"), "note": "x" * (20 * size)}
+    log.append(huge)
+    assert log.since(0) == (101, [huge])  # larger than the cap alone: kept, the rest dropped
+    with settings.override(RAY_CKPT_EVENTS_MEMORY_MAX_BYTES=3 * size):
+        log = EventLog()
+        for record in records:
+            log.append(record)
+        assert log.since(0) == (100, records[-3:])
+    assert settings.events_memory_max_bytes() == 16 << 20
+
+
+def test_recoveries_skip_malformed_events() -> None:
+    """Malformed events mixed into a history change no recovery (they would raise in the phases)."""
+    clean = recoveries(one_failure())
+    assert recoveries([*one_failure(), *(bad for bad, _ in MALFORMED)]) == clean
+    assert recoveries([*one_failure(), "junk", None]) == clean  # type: ignore[list-item]
+
+
+# ---- status snapshots as deltas -----------------------------------------------------------
+
+
+def node_ids(count: int) -> list[str]:
+    return [f"{i:056x}" for i in range(count)]  # Ray node ids are 56 hex digits
+
+
+def snapshot_at(
+    nodes: int,
+    ranks: int,
+    *,
+    step: int = 1,
+    t: float = T0,
+    used: dict[int, int] | None = None,
+    moved: dict[int, int] | None = None,
+    dead: frozenset[int] = frozenset(),
+    k: int = 4,
+    m: int = 2,
+) -> dict[str, Any]:
+    """A whole status event of a job on ``nodes`` nodes (each with a store), ``ranks`` ranks of RS(k, m):
+    rank r's shards on the nodes after its own; ``used`` overrides a node's bytes used, ``moved``
+    puts rank r's shard 0 on another node, ``dead`` nodes are dead without a store."""
+    ids = node_ids(nodes)
+    ray_nodes = [
+        {
+            "NodeID": node,
+            "Alive": i not in dead,
+            "NodeManagerHostname": f"worker-{i:04d}.cluster.internal",
+            "NodeManagerAddress": f"10.0.{i // 256}.{i % 256}",
+        }
+        for i, node in enumerate(ids)
+    ]
+    stores = {
+        node: {"used_bytes": (used or {}).get(i, 12_345_678_901), "budget_bytes": 64_000_000_000, "shards": 24}
+        for i, node in enumerate(ids)
+        if i not in dead
+    }
+    shards = {r: {i: ids[(r + 1 + i) % nodes] for i in range(k + m)} for r in range(ranks)}
+    for rank, node in (moved or {}).items():
+        shards[rank][0] = ids[node]
+    return events.status_event(
+        "job",
+        step,
+        world_size=ranks,
+        data_shards=k,
+        parity_shards=m,
+        shards=shards,
+        local_nodes={r: ids[r % nodes] for r in range(ranks)},
+        stores=stores,
+        ray_nodes=ray_nodes,
+        time=t,
+    )
+
+
+def json_size(record: dict[str, Any]) -> int:
+    return len(json.dumps(record, separators=(",", ":")))
+
+
+def test_a_status_event_at_512_nodes_is_a_delta_whose_size_does_not_grow_with_the_nodes() -> None:
+    """Measured: a whole snapshot of 512 ranks of RS(4,2) on 512 nodes is about 319 KiB (what
+    the registry recorded every second before); the next commit with nothing changed is recorded
+    as a delta under 1 KiB, the same size at 64 and at 512 nodes; a delta with a few changes
+    grows with the changes only."""
+    whole = snapshot_at(512, 512, step=1, t=T0)
+    assert json_size(whole) > 300 << 10
+    sizes = {}
+    for nodes in (64, 512):
+        log = EventLog()
+        assert log.append_status(snapshot_at(nodes, 512, step=1, t=T0)) == snapshot_at(nodes, 512, step=1, t=T0)
+        delta = log.append_status(snapshot_at(nodes, 512, step=2, t=T0 + 1))
+        assert delta["base"] == T0 and delta["step"] == 2
+        assert delta["placement"] == {} and delta["local"] == {} and delta["nodes"] == {}
+        sizes[nodes] = json_size(delta)
+    assert sizes[512] < 1 << 10 and abs(sizes[512] - sizes[64]) <= 8
+    log = EventLog()
+    log.append_status(whole)
+    changed = log.append_status(snapshot_at(512, 512, step=2, t=T0 + 1, used={3: 1, 9: 2, 40: 3}, moved={7: 300}))
+    assert set(changed["nodes"]) == {node_ids(512)[i] for i in (3, 9, 40)} and list(changed["placement"]) == ["7"]
+    assert json_size(changed) < sizes[512] + 4 * 400  # about one row per change
+
+
+def history() -> list[dict[str, Any]]:
+    """Whole snapshots of one job with every kind of change: memory, a moved shard, a node that
+    dies (its store gone), comes back, a store error, a lost local copy, a new world size."""
+    ids = node_ids(6)
+    out = [snapshot_at(6, 4, step=s, t=T0 + s) for s in range(3)]
+    out.append(snapshot_at(6, 4, step=3, t=T0 + 3, used={1: 5}, moved={2: 5}))
+    out.append(snapshot_at(6, 4, step=4, t=T0 + 4, dead=frozenset({5})))
+    errored = snapshot_at(6, 4, step=5, t=T0 + 5)
+    errored["nodes"][ids[2]] = {**errored["nodes"][ids[2]], "used_bytes": None, "error": "GetTimeoutError"}
+    del errored["local"]["3"]
+    out.append(errored)
+    out.append(snapshot_at(6, 4, step=6, t=T0 + 6))
+    out.append(snapshot_at(6, 3, step=7, t=T0 + 7))  # another world size: whole
+    out.append(snapshot_at(6, 3, step=8, t=T0 + 8, used={0: 9}))
+    return out
+
+
+def test_status_deltas_resolve_to_the_whole_snapshots_through_a_file(tmp_path) -> None:
+    """Recorded as deltas and read back, the events resolve to exactly the snapshots taken, and
+    the dashboard's data from the file is what it is from the whole snapshots."""
+    from ray_ckpt.dashboard import data as dashboard_data
+
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    whole = history()
+    recorded = [log.append_status(snapshot) for snapshot in whole]
+    assert [r.get("base") is None for r in recorded] == [True] + [False] * 6 + [True, False]
+    assert events.read(path) == recorded
+    assert events.resolve(events.read(path)) == whole
+    assert events.resolve(reversed(events.read(path))) != whole  # order matters: deltas need their base
+    for t in range(len(whole)):  # what the dashboard shows after each snapshot
+        got = dashboard_data.build(events.read(path)[: t + 1], now=0.0)
+        assert got == dashboard_data.build(whole[: t + 1], now=0.0)
+
+
+def test_a_status_event_is_whole_when_a_reader_could_not_find_its_base(tmp_path) -> None:
+    """Whole after the file rotated (its first line for the job in the new file), after the job's
+    whole event left memory, and STATUS_FULL_EVERY_S after the last whole one; a delta stays
+    per job."""
+    path = tmp_path / "events.jsonl"
+    first = snapshot_at(6, 4, step=0, t=T0)
+    log = EventLog(path, file_max_bytes=3 * json_size(first))
+    assert "base" not in log.append_status(first)
+    assert "base" in log.append_status(snapshot_at(6, 4, step=1, t=T0 + 1))
+    other = {**snapshot_at(6, 4, step=0, t=T0 + 1.5), "job": "other"}
+    assert "base" not in log.append_status(other)  # per job
+    for step in range(2, 40):  # the file rotates now and then: the job's next event is whole
+        rotations = log.rotations
+        recorded = log.append_status(snapshot_at(6, 4, step=step, t=T0 + step))
+        if "base" not in recorded and step > 2:
+            assert log.rotations == rotations + 1
+            break
+    else:
+        raise AssertionError("the file never rotated")
+    opening = events.read(path)[0]  # the new file opens with the job's whole snapshot
+    assert opening["kind"] == "status" and "base" not in opening
+    assert events.resolve(events.read(path))[-1] == snapshot_at(6, 4, step=step, t=T0 + step)
+
+    log = EventLog(memory_max_bytes=2 * json_size(first))
+    log.append_status(first)
+    for i in range(3):
+        log.append(kill(i, "x" * 40))
+    assert "base" in log.append_status(snapshot_at(6, 4, step=1, t=T0 + 1))
+    for i in range(200):
+        log.append(kill(i, "x" * 40))  # the whole event leaves memory
+    assert "base" not in log.append_status(snapshot_at(6, 4, step=2, t=T0 + 2))
+
+    log = EventLog()
+    log.append_status(first)
+    assert "base" in log.append_status(snapshot_at(6, 4, step=1, t=T0 + events.STATUS_FULL_EVERY_S - 1))
+    assert "base" not in log.append_status(snapshot_at(6, 4, step=2, t=T0 + events.STATUS_FULL_EVERY_S))
+    with pytest.raises(ConfigError, match="whole"):
+        log.append_status({**snapshot_at(6, 4, step=3, t=T0 + 1e4), "base": T0})
+
+
+def test_resolve_skips_deltas_whose_base_is_missing_until_the_next_whole_event() -> None:
+    """A file that begins mid-chain (its whole event rotated away) or lost a line: those deltas
+    are left out, not applied to the wrong base; the next whole event starts again."""
+    log = EventLog()
+    whole = history()
+    recorded = [log.append_status(snapshot) for snapshot in whole]
+    assert events.resolve(recorded[2:]) == whole[7:]  # no base until the world size changed
+    assert events.resolve([recorded[0], recorded[1], *recorded[3:]]) == [*whole[:2], *whole[7:]]
+    assert events.status_delta(whole[6], whole[7]) is None  # another world size: no delta

@@ -226,3 +226,60 @@ def test_server_routes(events_file: pathlib.Path) -> None:
 def test_missing_events_file(tmp_path: pathlib.Path) -> None:
     with pytest.raises(server.DashboardError, match="no events file"):
         server.EventFiles([str(tmp_path / "nope.jsonl")])
+
+
+MALFORMED_LINES = [
+    '{"kind": "kill", "time": "abc", "node_id": "n1", "mode": "node", "by": "x"}',
+    '{"kind": "status", "time": 1764480100.0, "job": "gpt-small", "step": 70, "nodes": "x"}',
+    '{"kind": "save", "time": 1764480100.0, "job": "gpt-small", "rank": 0, "step": 71, "attempt": "a3", '
+    '"phases_s": {"blocking": "slow"}, "bytes": 1}',
+    '{"kind": "restore", "time": 1764480100.0, "job": "gpt-small", "rank": "x", "attempt": "a9", "step": 3}',
+    '{"kind": "rejoin", "time": 1764480100.0, "job": "gpt-small", "rank": 0, "attempt": "a9", "role": "survivor"}',
+    '{"kind": "node_dead", "time": 1e400, "node_id": "n1"}',
+]
+
+
+def test_malformed_events_are_skipped_and_api_data_still_answers(events_file: pathlib.Path) -> None:
+    """Each malformed line (``"time": "abc"``, ``nodes: "x"``, a non-numeric phase, ...) in the events
+    file is skipped: the server's data function and ``/api/data`` answer what the clean file gives."""
+    clean = server.Dashboard(server.EventFiles([str(events_file)])).data()
+    with events_file.open("a") as out:
+        out.write("\n".join(MALFORMED_LINES) + "\n")
+    dashboard = server.Dashboard(server.EventFiles([str(events_file)]))
+    got = dashboard.data()
+    assert {k: v for k, v in got.items() if k != "generated_at"} == {
+        k: v for k, v in clean.items() if k != "generated_at"
+    }
+    # the same events handed over as they come (a live registry's log): skipped too
+    raw = [json.loads(line) for line in MALFORMED_LINES if "1e400" not in line]
+    handed = dashboard_data.build([*events.read(events_file), *raw, "junk", None], now=0.0)  # type: ignore[list-item]
+    assert handed == dashboard_data.build(events.read(events_file), now=0.0)
+    httpd = server.serve_in_thread(dashboard)
+    try:
+        answer = urllib.request.urlopen(f"http://127.0.0.1:{httpd.server_address[1]}/api/data", timeout=10)
+        assert answer.status == 200 and len(json.loads(answer.read())["recoveries"]) == 3
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_file_the_registry_recorded_with_status_deltas_shows_what_whole_snapshots_show(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The recorded history, logged as the registry logs it (status snapshots as deltas, the file
+    rotated at a cap): the dashboard's data from the files equals that from whole snapshots."""
+    records = recorded_events.all_records()
+    path = tmp_path / "events.jsonl"
+    log = events.EventLog(path, file_max_bytes=8 << 10, file_keep=20)
+    for record in records:
+        if record["kind"] == "status":
+            log.append_status(record)
+        else:
+            log.append(record)
+    files = sorted(tmp_path.iterdir(), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
+    assert len(files) > 2  # rotated
+    written = [e for f in files for e in events.read(f)]
+    assert any("base" in e for e in written)
+    want = dashboard_data.build(records, now=0.0)
+    assert dashboard_data.build(written, now=0.0) == want
+    assert server.Dashboard(server.EventFiles([str(f) for f in files])).data()["placement"] == want["placement"]
