@@ -54,6 +54,7 @@ class ShardStoreActor:
             budget_bytes=budget_bytes,
             memory_ceiling=settings.node_memory_ceiling(),
             node_memory=_node_memory,
+            job_fraction=settings.store_job_fraction(),
         )
         metrics.observe_store(self._store.stats())
         self._relay = Relay(self._send_up, StageGroup.merged)
@@ -270,8 +271,14 @@ class ShardStoreActor:
         }
 
     def set_memory_ceiling(self, fraction: float) -> None:
-        """Change the node-memory ceiling (see ShardStore) of this running store."""
-        self._store.memory_ceiling = float(fraction)
+        """Change the node-memory ceiling (see ShardStore) of this running store; ConfigError
+        unless it is in (0, 1]."""
+        self._store.memory_ceiling = fraction
+
+    def set_job_fraction(self, fraction: float) -> None:
+        """Change the share of this running store's budget one job may hold (see ShardStore);
+        ConfigError unless it is in (0, 1]."""
+        self._store.job_fraction = fraction
 
     def set_budget(self, budget_bytes: int) -> None:
         self._store.budget_bytes = int(budget_bytes)

@@ -72,6 +72,16 @@ def node_memory_ceiling() -> float:
     return ceiling
 
 
+def store_job_fraction() -> float:
+    """RAY_CKPT_STORE_JOB_FRACTION: share of a store's budget one job may hold there (its
+    shards, local copies and their metadata); a put past it is refused with StoreFullError.
+    1 (the default): no per-job limit, one job may fill a store. Read by each store at start."""
+    fraction = _read("RAY_CKPT_STORE_JOB_FRACTION", 1.0, float)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"RAY_CKPT_STORE_JOB_FRACTION must be in (0, 1], got {fraction}")
+    return fraction
+
+
 def save_event_every() -> int:
     """RAY_CKPT_SAVE_EVENT_EVERY: send a save event to the registry every N saves (the first
     save after a restore always sends one)."""

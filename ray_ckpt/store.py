@@ -15,7 +15,7 @@ import numpy as np
 from ray_ckpt import hostmem
 from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import as_bytes
-from ray_ckpt.errors import StoreFullError
+from ray_ckpt.errors import ConfigError, StoreFullError
 from ray_ckpt.shard import ShardKey, ShardMeta
 
 LOCAL_INDEX = -1  # key index of a rank's full local copy (kept apart from its coded shards)
@@ -36,7 +36,9 @@ class ShardStore:
     Contracts:
       * ``put`` copies the bytes (never keeps a reference to a caller-owned buffer) and
         reserves budget before copying, so concurrent puts can never overshoot the budget.
-      * A put that would exceed the budget raises StoreFullError and changes nothing.
+      * A put that would exceed the budget raises StoreFullError and changes nothing; so does
+        one that would take its job past ``job_fraction`` of the budget (1: no per-job limit,
+        one job may fill the store and the next job's puts are refused).
       * A put that needs new memory (no spare array of its size to reuse) while the node's
         memory in use would pass ``memory_ceiling`` of its total raises StoreFullError too,
         so a store never pushes its node into Ray's memory monitor (which kills workers at
@@ -56,24 +58,46 @@ class ShardStore:
         budget_bytes: int,
         memory_ceiling: float = 1.0,
         node_memory: Callable[[], tuple[int, int]] | None = None,
+        job_fraction: float = 1.0,
     ) -> None:
-        """``node_memory()`` returns the node's (bytes in use, total bytes); None: no guard."""
+        """``node_memory()`` returns the node's (bytes in use, total bytes); None: no guard.
+        ``memory_ceiling`` and ``job_fraction`` are in (0, 1]; ConfigError otherwise."""
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
         self.node_id = node_id
         self.budget_bytes = int(budget_bytes)
-        self.memory_ceiling = memory_ceiling
+        self._memory_ceiling = _fraction("memory_ceiling", memory_ceiling, "RAY_CKPT_NODE_MEMORY_CEILING")
+        self._job_fraction = _fraction("job_fraction", job_fraction, "RAY_CKPT_STORE_JOB_FRACTION")
         self._node_memory = node_memory
         self._lock = threading.Lock()
         self._allocating = threading.Lock()
         self._entries: dict[ShardKey, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
+        self._reserved_by_job: dict[str, int] = {}  # the same, per job
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
         self._committed_by: dict[str, str] = {}  # job -> the attempt that committed that step, if told
         self._plans: dict[str, Any] = {}  # job -> the newest plan mark it heard of (wire form)
         # arrays of evicted shards, reused by later puts of the same size (the next step's
         # shards usually are): no page faults, no allocation. Data + spare <= budget.
         self._spare: dict[int, list[np.ndarray]] = {}
+
+    @property
+    def memory_ceiling(self) -> float:
+        """The share of the node's memory in use past which a put needing new memory is refused."""
+        return self._memory_ceiling
+
+    @memory_ceiling.setter
+    def memory_ceiling(self, fraction: float) -> None:
+        self._memory_ceiling = _fraction("memory_ceiling", fraction, "RAY_CKPT_NODE_MEMORY_CEILING")
+
+    @property
+    def job_fraction(self) -> float:
+        """The share of ``budget_bytes`` one job may hold here (1: no per-job limit)."""
+        return self._job_fraction
+
+    @job_fraction.setter
+    def job_fraction(self, fraction: float) -> None:
+        self._job_fraction = _fraction("job_fraction", fraction, "RAY_CKPT_STORE_JOB_FRACTION")
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -101,7 +125,8 @@ class ShardStore:
                     budget_bytes=self.budget_bytes,
                     requested_bytes=need,
                 )
-            self._reserved += need
+            self._check_job_budget_locked(meta, need, freed)
+            self._reserve_locked(meta.job, need)
         try:
             owned = self._take_spare(view.size)
             if owned is None:
@@ -111,10 +136,10 @@ class ShardStore:
             np.copyto(owned, view)
         except BaseException:
             with self._lock:
-                self._reserved -= need
+                self._reserve_locked(meta.job, -need)
             raise
         with self._lock:
-            self._reserved -= need
+            self._reserve_locked(meta.job, -need)
             replaced = self._entries.get(key)
             self._entries[key] = _Entry(meta, owned, metadata_bytes)
             if replaced is not None:
@@ -249,6 +274,37 @@ class ShardStore:
     def _used_locked(self) -> int:
         return sum(e.data.size + e.metadata_bytes for e in self._entries.values())
 
+    def _reserve_locked(self, job: str, nbytes: int) -> None:
+        """Count ``nbytes`` more (or fewer, when negative) in puts in flight, of ``job``."""
+        self._reserved += nbytes
+        held = self._reserved_by_job.get(job, 0) + nbytes
+        if held:
+            self._reserved_by_job[job] = held
+        else:
+            self._reserved_by_job.pop(job, None)
+
+    def _check_job_budget_locked(self, meta: ShardMeta, need: int, freed: int) -> None:
+        """StoreFullError when the put would take its job past ``job_fraction`` of the budget."""
+        if self._job_fraction >= 1:
+            return
+        budget = int(self._job_fraction * self.budget_bytes)
+        used = sum(e.data.size + e.metadata_bytes for k, e in self._entries.items() if k[0] == meta.job)
+        reserved = self._reserved_by_job.get(meta.job, 0)
+        if used + reserved + need - freed <= budget:
+            return
+        raise StoreFullError(
+            f"store on node {self.node_id} cannot take shard {meta.index} of rank {meta.rank}, step {meta.step} "
+            f"of job {meta.job!r} ({need} bytes): the job holds {used} bytes here ({reserved} more in puts in "
+            f"flight) and may hold {budget} ({self._job_fraction:.0%} of the store's {self.budget_bytes} bytes, "
+            "RAY_CKPT_STORE_JOB_FRACTION). Lower the job's keep_committed or turn its local_copy off, drop its "
+            "old checkpoints (ray-ckpt drop), add nodes, or raise RAY_CKPT_STORE_JOB_FRACTION on the stores",
+            node_id=self.node_id,
+            job=meta.job,
+            used_bytes=used,
+            budget_bytes=budget,
+            requested_bytes=need,
+        )
+
     def _usage_by_job_locked(self) -> dict[str, int]:
         usage: dict[str, int] = {}
         for (job, *_), entry in self._entries.items():
@@ -283,7 +339,7 @@ class ShardStore:
                 f"store on node {self.node_id} cannot take shard {meta.index} of rank {meta.rank}, step "
                 f"{meta.step} of job {meta.job!r} ({need} bytes): the node's memory in use "
                 f"({in_use} of {total} bytes, {in_use / total:.0%}) would pass the ceiling of "
-                f"{self.memory_ceiling:.0%} (RAY_CKPT_NODE_MEMORY_CEILING), which keeps the node clear of "
+                f"{self._memory_ceiling:.0%} (RAY_CKPT_NODE_MEMORY_CEILING), which keeps the node clear of "
                 "Ray's memory monitor. Free memory on the node, lower the store budget or keep_committed, "
                 "or add nodes",
                 node_id=self.node_id,
@@ -301,3 +357,11 @@ class ShardStore:
                 self._spare[size].pop()
                 spare -= size
         self._spare = {size: arrays for size, arrays in self._spare.items() if arrays}
+
+
+def _fraction(name: str, value: object, knob: str) -> float:
+    """``value`` as a float in (0, 1]; ConfigError naming ``name`` and ``knob`` otherwise (NaN
+    too: every comparison with it is False, so a NaN ceiling would turn its guard off)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value <= 1):
+        raise ConfigError(f"{name} ({knob}) must be a number in (0, 1], got {value!r}")
+    return float(value)

@@ -8,9 +8,10 @@ import threading
 import numpy as np
 import pytest
 
+from ray_ckpt import settings
 from ray_ckpt import store as store_module
 from ray_ckpt.checksum import checksum
-from ray_ckpt.errors import StoreFullError
+from ray_ckpt.errors import ConfigError, StoreFullError
 from ray_ckpt.shard import ShardMeta
 from ray_ckpt.store import ShardStore
 
@@ -354,3 +355,72 @@ def test_get_ranges_returns_the_pieces_and_whether_the_whole_shard_still_matches
     assert store.get_ranges("job", 1, 0, 1, [(0, 1)]) is None
     with pytest.raises(ValueError, match="outside"):
         store.get_ranges("job", 1, 0, 0, [(60, 65)])
+
+
+def test_a_job_past_its_share_of_the_store_is_refused_and_other_jobs_go_on() -> None:
+    """A per-job budget (half the store): the greedy job's put that would pass it raises
+    StoreFullError naming the job, its use, its budget and the knob; another job still fits."""
+    shard = meta(job="greedy", size=100)
+    budget = 4 * cost(shard)
+    store = ShardStore(node_id="n1", budget_bytes=budget, job_fraction=0.5)
+    store.put(dataclasses.replace(shard, step=1), data(100))
+    store.put(dataclasses.replace(shard, step=2), data(100))
+    before = store.stats()
+    with pytest.raises(StoreFullError) as caught:
+        store.put(dataclasses.replace(shard, step=3), data(100))
+    error = caught.value
+    assert "'greedy'" in str(error) and "RAY_CKPT_STORE_JOB_FRACTION" in str(error)
+    assert f"holds {2 * cost(shard)} bytes here" in str(error)
+    assert (error.job, error.used_bytes, error.budget_bytes) == ("greedy", 2 * cost(shard), budget // 2)
+    assert store.stats() == before
+    store.put(dataclasses.replace(shard, step=2), data(100, fill=9))  # a retried save replaces: fits
+    for step in (1, 2):
+        store.put(dataclasses.replace(shard, job="modest", step=step), data(100))
+    assert store.stats()["jobs"] == {"greedy": 2 * cost(shard), "modest": 2 * cost(shard)}
+
+
+def test_puts_in_flight_count_against_their_jobs_budget() -> None:
+    """Concurrent puts of one job never take it past its share, whatever their interleaving."""
+    shard = meta(job="j", size=1000)
+    store = ShardStore(node_id="n1", budget_bytes=10 * cost(shard), job_fraction=0.3)
+    refused: list[StoreFullError] = []
+
+    def put(step: int) -> None:
+        try:
+            store.put(dataclasses.replace(shard, step=step), data(1000))
+        except StoreFullError as error:
+            refused.append(error)
+
+    threads = [threading.Thread(target=put, args=(step,)) for step in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.stats()["jobs"] == {"j": 3 * cost(shard)} and len(refused) == 5
+
+
+@pytest.mark.parametrize("fraction", [float("nan"), float("inf"), -0.5, 0.0, 1.5, True, "0.5"])
+def test_a_memory_ceiling_or_job_fraction_outside_0_to_1_is_refused(fraction: object) -> None:
+    """NaN would turn the node-memory guard off (every comparison with it is False): refused,
+    at creation and on a running store, with the knob named; the store keeps its value."""
+    with pytest.raises(ConfigError, match="memory_ceiling"):
+        ShardStore(node_id="n1", budget_bytes=1 << 20, memory_ceiling=fraction)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="job_fraction"):
+        ShardStore(node_id="n1", budget_bytes=1 << 20, job_fraction=fraction)  # type: ignore[arg-type]
+    store = ShardStore(node_id="n1", budget_bytes=1 << 20, memory_ceiling=0.9)
+    with pytest.raises(ConfigError, match="RAY_CKPT_NODE_MEMORY_CEILING"):
+        store.memory_ceiling = fraction  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="RAY_CKPT_STORE_JOB_FRACTION"):
+        store.job_fraction = fraction  # type: ignore[assignment]
+    assert (store.memory_ceiling, store.job_fraction) == (0.9, 1.0)
+    store.memory_ceiling = 1
+    assert store.memory_ceiling == 1.0
+
+
+def test_the_job_fraction_knob_defaults_to_no_limit_and_refuses_nan() -> None:
+    assert settings.store_job_fraction() == 1.0
+    with settings.override(RAY_CKPT_STORE_JOB_FRACTION="0.25"):
+        assert settings.store_job_fraction() == 0.25
+    for bad in ("nan", "0", "1.5", "-1"):
+        with settings.override(RAY_CKPT_STORE_JOB_FRACTION=bad), pytest.raises(ValueError, match=r"in \(0, 1\]"):
+            settings.store_job_fraction()
