@@ -18,7 +18,7 @@ from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableErr
 from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.restore import Restored, Restorer
 from ray_ckpt.save import SaveHandle, SavePipeline
-from ray_ckpt.shard import SAVE_ID_MAX
+from ray_ckpt.shard import SAVE_ID_MAX, check_step
 from ray_ckpt.stores import StoreDirectory
 
 __all__ = ["Checkpointer", "Restored", "SaveHandle"]
@@ -136,8 +136,7 @@ class Checkpointer:
         ``torch.cuda.current_stream().wait_stream(side)`` first, one after it with
         ``side.wait_stream(torch.cuda.current_stream())``."""
         self._check_open()
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ConfigError(f"step must be an int >= 0, got {step!r}")
+        check_step(step)
         if self._last_step is not None and step <= self._last_step:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
@@ -229,8 +228,10 @@ class Checkpointer:
         resharded; nothing is lost: the step stays restorable at its own size);
         InsufficientShardsError when a committed step can no longer be rebuilt and no backup
         exists. A failed restore is recorded as a failed recovery (a ``restore`` event with
-        ``error``)."""
+        ``error``); a ``step`` that is not an int in [0, 2**63) is a ConfigError, not recorded."""
         self._check_open()
+        if step is not None:
+            check_step(step)
         try:
             restored, plan = self._restorer.restore(step, into)
             if restored is not None and restored.from_world_size is None:

@@ -32,7 +32,7 @@ from ray_ckpt.checksum import checksum
 from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
 from ray_ckpt.ranges import RangeReader, RangeSource
-from ray_ckpt.shard import ShardMeta
+from ray_ckpt.shard import ShardMeta, check_step
 from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 
 logger = logging.getLogger(__name__)
@@ -224,6 +224,7 @@ class Restorer:
         t0 = time.perf_counter()
         self.restored_bytes = 0
         if step is not None:
+            check_step(step)
             located = self.registry.locate_rank(self.job, step, self.rank)
             if into is not None and located.world_size != self.world_size:
                 return self._resharded(step, into, t0), None

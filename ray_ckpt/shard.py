@@ -5,10 +5,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ray_ckpt.errors import SnapshotFormatError
+from ray_ckpt.errors import ConfigError, SnapshotFormatError
 
 ShardKey = tuple[str, int, int, int, str]  # (job, step, rank, index, writer)
 SAVE_ID_MAX = 128  # characters of an attempt or writer id
+STEP_MAX = 2**63 - 1  # the largest step: a signed 64-bit int, which every store, wire and reader holds
+
+
+def check_step(step: object) -> int:
+    """``step`` when it is an int in [0, STEP_MAX] (not a bool); ConfigError naming the limit
+    otherwise. For the steps a caller hands to ``save`` and ``restore``."""
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
+        raise ConfigError(f"step must be an int in [0, 2**63), got {step!r}")
+    return step
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -277,3 +277,16 @@ def test_the_plan_comes_through_the_nodes_store_or_from_the_registry_when_that_s
     assert (stores.plans, registry.direct_plans) == (1, 1)
     assert through_store is not None and direct is not None
     assert digest(through_store.state) == digest(direct.state) == digest(state_of(1, 2))
+
+
+@pytest.mark.parametrize("step", [True, 1.9, 2.0, -1, 2**64, "2"])
+def test_a_step_that_is_not_an_int_from_0_to_step_max_is_refused_before_anything_is_read(
+    pool: ThreadPoolExecutor, step: Any
+) -> None:
+    """``restore(step=True)`` restored step 1 (True == 1) and 1.9 went to the registry; now both,
+    like a negative or too large step, are a ConfigError naming the accepted values."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    with pytest.raises(ConfigError, match=r"step must be an int in \[0, 2\*\*63\)"):
+        restorer(registry, stores, pool).restore(step)
+    assert stores.gets == [] and stores.plans == 0
