@@ -24,6 +24,8 @@ then one request per round trip, each framed as a 4-byte big-endian length (at m
 ``MAX_REQUEST_BYTES``) and a msgpack map, parsed with limits sized to a request:
 
   request   {"step", "rank", "index", "writer", "local", "ranges": [[start, stop], ...] | None}
+            (step, rank, index and range bounds ints >= 0, never a float or bool; writer a str,
+            local a bool; anything else is answered {"error": str})
   answer    {"found": False} | {"error": str} |
             {"found": True, "meta": ShardMeta dict, "intact": bool | None, "sizes": [int, ...]}
             then the bytes of each range (or of the whole shard for ``ranges`` None), back to back.
@@ -192,8 +194,9 @@ class DirectReadServer:
             if not isinstance(request, dict):
                 raise TypeError("a request is a map")
             shard = (job, _count_int(request["step"]), _count_int(request["rank"]), _count_int(request["index"]))
-            writer = str(request.get("writer", ""))
-            local, ranges = bool(request["local"]), request["ranges"]
+            writer, local, ranges = request.get("writer", ""), request["local"], request["ranges"]
+            if type(writer) is not str or type(local) is not bool:
+                raise TypeError(f"writer must be a str and local a bool, got {writer!r} and {local!r}")
             if ranges is not None and (not isinstance(ranges, list) or len(ranges) > MAX_RANGES):
                 raise ValueError(f"ranges must be a list of at most {MAX_RANGES} [start, stop] pairs")
             found: tuple[ShardMeta, bool | None, list[np.ndarray]] | None

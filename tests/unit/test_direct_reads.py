@@ -172,3 +172,25 @@ def test_a_reader_on_the_same_node_reads_through_the_unix_socket(served: tuple[D
     with pytest.raises(OSError):
         _read(unix_only, ranges=[(10, 20)], same_node=False)
     assert Endpoint.from_wire(server.endpoint("j").to_wire()) == server.endpoint("j")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"step": 4.9}, {"step": 4.0}, {"step": True}, {"rank": 1.0}, {"index": -1}, {"local": 1}, {"writer": 7}],
+)
+def test_a_request_field_of_the_wrong_type_is_an_error_not_truncated(
+    served: tuple[DirectReadServer, np.ndarray], field: dict[str, object]
+) -> None:
+    """Step 4.9 is not step 4, 1 is not ``local=True`` and 7 is not a writer's id: each is
+    answered with an error naming the value, nothing is read, and the connection serves on."""
+    server, data = served
+    request: dict[str, object] = {"step": 4, "rank": 1, "index": 0, "writer": "", "local": False, "ranges": [[0, 8]]}
+    with _authenticated(server) as sock:
+        direct_reads._send_frame(sock, {**request, **field})
+        answer = direct_reads._recv_frame(sock, 1 << 10)
+        assert set(answer) == {"error"} and repr(next(iter(field.values()))) in answer["error"]
+        direct_reads._send_frame(sock, request)
+        assert direct_reads._recv_frame(sock, 1 << 10)["found"] is True
+        piece = bytearray(8)
+        direct_reads._recv_into(sock, memoryview(piece))
+        assert bytes(piece) == data[:8].tobytes()
