@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import pathlib
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -245,7 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a recorded events file (JSON lines, e.g. the registry's events_path()); repeatable. Without "
         "--address only these files are shown (no cluster needed)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0: all)")
     parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: any free port)"
     )
@@ -278,8 +279,7 @@ def run(args: argparse.Namespace, connect: Callable[[], bool]) -> int:
             )
             return 0
         server = make_server(dashboard, args.host, args.port)
-        host = "127.0.0.1" if args.host in ("", "0.0.0.0") else args.host
-        print(f"ray_ckpt dashboard: http://{host}:{server.server_port}/  (Ctrl-C to stop)", flush=True)
+        print(f"ray_ckpt dashboard: {_where(args.host, server.server_port)}  (Ctrl-C to stop)", flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
@@ -292,6 +292,29 @@ def run(args: argparse.Namespace, connect: Callable[[], bool]) -> int:
             import ray
 
             ray.shutdown()
+
+
+def _where(host: str, port: int) -> str:
+    """The banner's URL: the one interface listened on, or for all of them ('' or 0.0.0.0)
+    this host's address (127.0.0.1 alone would send a remote operator nowhere)."""
+    if host not in ("", "0.0.0.0"):
+        return f"http://{host}:{port}/"
+    address = host_address()
+    if address is None:
+        return f"all interfaces, port {port}: http://{socket.gethostname()}:{port}/ or http://127.0.0.1:{port}/ here"
+    return f"all interfaces, port {port}: http://{address}:{port}/"
+
+
+def host_address() -> str | None:
+    """This host's IPv4 address on its default route (found by a UDP socket's connect, which
+    sends nothing), else the one its name resolves to; None when only loopback is known."""
+    found = []
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): only picks the route
+        found.append(str(probe.getsockname()[0]))
+    with contextlib.suppress(OSError):
+        found.append(socket.gethostbyname(socket.gethostname()))
+    return next((a for a in found if not a.startswith("127.") and a != "0.0.0.0"), None)
 
 
 def serve_in_thread(dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
