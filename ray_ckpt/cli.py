@@ -197,7 +197,14 @@ def _mib(value: int | None) -> str:
 
 
 def _short(node_id: str | None) -> str:
-    return "-" if node_id is None else node_id[:12]
+    return "-" if node_id is None else _shown(node_id[:12])
+
+
+def _shown(text: object) -> str:
+    """``text`` with every character a terminal would act on (controls, escape sequences, bidi
+    overrides: all that ``str.isprintable`` refuses) written as its Python escape, so names
+    from the cluster (a job's, any) never reach the operator's terminal raw."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -253,16 +260,16 @@ def _table(header: Sequence[str], rows: list[Sequence[str]], right: set[int]) ->
 
 
 def format_status(report: dict[str, Any], nodes_without_store: int = 0) -> str:
-    """``service.status()`` as text tables: nodes, then jobs."""
+    """``service.status()`` as text tables: nodes, then jobs (names escaped: ``_shown``)."""
     lines = [f"ray_ckpt in namespace {report['namespace']!r} (registry: {report['registry']})", ""]
     node_rows: list[Sequence[str]] = []
     for node_id, stats in sorted(report["nodes"].items()):
         if "error" in stats:
-            node_rows.append((_short(node_id), "-", "-", "-", "-", f"unreachable: {stats['error']}"))
+            node_rows.append((_short(node_id), "-", "-", "-", "-", f"unreachable: {_shown(stats['error'])}"))
             continue
         budget, used = stats["budget_bytes"], stats["used_bytes"]
         share = f"{100 * used / budget:.0f}%" if budget else "-"
-        jobs = ", ".join(sorted(stats.get("jobs", {}))) or "-"
+        jobs = ", ".join(_shown(job) for job in sorted(stats.get("jobs", {}))) or "-"
         node_rows.append((_short(node_id), _mib(used), _mib(budget), share, str(stats["shards"]), jobs))
     lines += _table(("NODE", "USED MiB", "BUDGET MiB", "USE", "SHARDS", "JOBS"), node_rows, {1, 2, 3, 4})
     if nodes_without_store:
@@ -282,7 +289,7 @@ def format_status(report: dict[str, Any], nodes_without_store: int = 0) -> str:
         )
         job_rows.append(
             (
-                job,
+                _shown(job),
                 str(info.get("world_size", "-")),
                 _steps(info["committed_steps"]),
                 str(info["latest_committed"]) if info.get("latest_committed") is not None else "-",
