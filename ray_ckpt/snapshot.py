@@ -27,7 +27,12 @@ Tensor bytes lie in the payload at offsets that are multiples of :data:`ALIGNMEN
 between them are zero, so the same state always gives the same header and payload bytes (empty
 tensors get offset 0). Only tensor data is kept: ``requires_grad`` is dropped and Parameters
 come back as plain tensors, always on the CPU. A tensor object that appears several times in the
-state is stored once and restored as one shared tensor. Nothing is ever pickled.
+state is stored once and restored as one shared tensor. Views are not: tensors that share
+storage but are distinct objects (``a`` and ``a[10:20]``, ``w`` and ``w.t()``, or the tied
+weights of a ``state_dict()``, which detaches each name on its own) are each stored with their
+own bytes and restored as independent tensors with the right values, no longer sharing storage
+(restore ``into`` the live tensors, or ``load_state_dict``, to fill shared storage again).
+Nothing is ever pickled.
 """
 
 from __future__ import annotations

@@ -159,6 +159,23 @@ def test_tensor_appearing_twice_is_stored_once_and_restored_shared() -> None:
     assert_same(state, restored)
 
 
+def test_views_sharing_storage_are_saved_apart_and_restored_as_independent_tensors() -> None:
+    """As the format documents: ``a`` and ``a[10:20]`` (and a state_dict's tied weights, one
+    detached tensor per name) are two tensors: each saved with its own bytes, restored with the
+    right values but no longer sharing storage."""
+    base = torch.arange(40, dtype=torch.float32)
+    model = torch.nn.Sequential(torch.nn.Embedding(4, 3), torch.nn.Linear(3, 4, bias=False))
+    model[1].weight = model[0].weight
+    state = {"a": base, "view": base[10:20], "t": base.view(4, 10).t(), "tied": model.state_dict()}
+    assert len(snap.plan(state).tensors) == 5
+    restored = round_trip(state)
+    assert_same(state, restored)
+    restored["a"][10] = -1.0
+    assert restored["view"][0] == 10.0 and restored["t"][0, 1] == 10.0
+    tied = restored["tied"]
+    assert tied["0.weight"].data_ptr() != tied["1.weight"].data_ptr()
+
+
 def test_requires_grad_tensors_and_parameters_store_data_only() -> None:
     """Autograd leaves and Parameters come back as plain tensors with their data."""
     param = torch.nn.Parameter(torch.randn(3, 3))
