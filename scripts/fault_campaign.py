@@ -103,6 +103,7 @@ class Trial:
         self.generation = -1
         self.committed: dict[int, int] = {}  # the oracle: step every rank saved -> its generation
         self.writers: dict[int, set[str]] = {}  # generation -> its ranks' writer ids
+        self.ops: list[str] = []  # what happened so far, printed with a violation
         self.zombies: list[Any] = []  # checkpointers of earlier groups whose save is still running
         self.checkpointers = self._incarnation()
 
@@ -138,10 +139,7 @@ class Trial:
         a violation (a save on a cluster below k+m stores must go on)."""
         import ray_ckpt
 
-        for _ in range(3):  # a group without an attempt restores before it trains
-            if self.must_restore:
-                self.restore(new_group=False)
-        if self.must_restore:
+        if not self._ready():
             return
         step = self.next_step
         writers = range(self.ranks) if not torn else range(self.rng.randrange(self.ranks))
@@ -162,6 +160,14 @@ class Trial:
             self._committed(step, self.generation)
         else:  # the ranks that did not stage "crashed": the job restarts
             self.checkpointers = self._incarnation()
+
+    def _ready(self) -> bool:
+        """Whether the group may train: a group without an attempt restores first (up to three
+        tries, each failure starting a new group)."""
+        for _ in range(3):
+            if self.must_restore:
+                self.restore(new_group=False)
+        return not self.must_restore
 
     def _committed(self, step: int, generation: int) -> None:
         """Every rank of ``generation`` staged ``step``: the oracle takes it as committed, and
@@ -188,12 +194,13 @@ class Trial:
     def resave_torn(self) -> None:
         """Some ranks stage step s and the group dies; the next group saves step s again
         (without restoring, when it has an attempt): its save commits, bit-exact its own."""
+        torn = self.next_step
         self.save(torn=True)
         if self.must_restore:
             self.restore(new_group=False)
+        if not self.plain and self.next_step == torn + 1:
+            self.next_step = torn  # the torn step's number
         step = self.next_step
-        if not self.plain and step > 0:
-            step = self.next_step = step - 1  # the torn step's number
         self.save()
         if self.committed.get(step) != self.generation:
             return
@@ -210,6 +217,8 @@ class Trial:
         is a violation; the oracle takes the one that did."""
         import ray_ckpt
 
+        if not self._ready():
+            return
         step, old = self.next_step, self.generation
         started: list[Any] = []
         try:
@@ -387,7 +396,8 @@ class Campaign:
         self.errors_by_kind[key] = self.errors_by_kind.get(key, 0) + 1
 
     def violation(self, trial: Trial, what: str) -> None:
-        self.violations.append(f"trial {trial.index} ({trial.job}): {what}")
+        self.violations.append(f"trial {trial.index} ({trial.job}, {'plain' if trial.plain else 'attempts'}): {what}")
+        print("VIOLATION", self.violations[-1], "after", " ".join(trial.ops), flush=True)
 
     # ---- cluster faults -----------------------------------------------------------------
 
@@ -494,6 +504,7 @@ class Campaign:
         """One operation on ``trial``: ``choice``, or one drawn at random."""
         if choice is None:
             choice = self.rng.choices(OPERATIONS, weights=WEIGHTS)[0]
+        trial.ops.append(f"{choice}@{trial.next_step}")
         if choice == "save":
             trial.save()
         elif choice == "torn":
