@@ -43,7 +43,7 @@ from ray_ckpt.checksum import checksum
 from ray_ckpt.errors import ConfigError, CorruptShardError, NoCheckpointError
 
 FORMAT = 1
-_STEP_DIR = re.compile(r"^step-(\d{12})$")
+_STEP_DIR = re.compile(r"^step-(\d{12,})$")  # zero-padded to 12 digits; larger steps take more
 _CHUNK = 64 << 20
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 SEGMENT_MAX_BYTES = 255  # NAME_MAX of ext4, xfs, btrfs, zfs; S3 and GCS hold longer ones

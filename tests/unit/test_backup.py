@@ -22,7 +22,7 @@ WORLD = 2
 
 
 def blob_of(step: int, rank: int) -> np.ndarray:
-    return np.full(1000 + rank, step * 10 + rank, dtype=np.uint8)
+    return np.full(1000 + rank, (step * 10 + rank) % 256, dtype=np.uint8)
 
 
 def write_step(backup: ArrowBackup, job: str, step: int, world_size: int = WORLD) -> None:
@@ -224,3 +224,16 @@ def test_intact_backups_read_back_and_missing_ones_are_absent(written: ArrowBack
     assert written.saved_world_size("job", 3) is None
     with pytest.raises(NoCheckpointError):
         written.read("job", 3, 0)
+
+
+def test_steps_past_twelve_digits_are_found_and_pruned(tmp_path: pathlib.Path) -> None:
+    """A step of 10**12 or more (a millisecond timestamp) takes more than the 12 padded digits:
+    it is listed, read back and pruned like any other."""
+    backup = ArrowBackup(str(tmp_path))
+    big = [10**12 - 1, 10**12, 1_764_000_000_000]
+    for step in big:
+        write_step(backup, "job", step)
+    assert backup.complete_steps("job") == big
+    assert np.array_equal(backup.read("job", big[-1], 1), blob_of(big[-1], 1))
+    backup.prune("job", keep=1)
+    assert backup.complete_steps("job") == big[-1:]
