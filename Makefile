@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py ray_ckpt/_gf256.c
+$(STAMP): pyproject.toml setup.py ray_ckpt/core/_gf256.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build (a plain requirement would pull a multi-GB CUDA build)
@@ -31,4 +31,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench_codec.py --json artifacts/bench_codec.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info ray_ckpt/*.so artifacts
+	rm -rf $(VENV) build *.egg-info ray_ckpt/core/*.so artifacts

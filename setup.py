@@ -5,8 +5,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "ray_ckpt._gf256",
-            sources=["ray_ckpt/_gf256.c"],
+            "ray_ckpt.core._gf256",
+            sources=["ray_ckpt/core/_gf256.c"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra"],
         )
     ]

@@ -2,7 +2,7 @@
 
 ``crash`` SIGKILLs the node's raylet and every process under it (workers, the dashboard and
 runtime-env agents), then itself: nobody gets to shut down, unregister or say goodbye, so Ray
-learns of the death only through missed health checks. ray_ckpt.chaos places one per victim
+learns of the death only through missed health checks. ray_ckpt.tools.chaos places one per victim
 node (``NodeAffinitySchedulingStrategy(node_id, soft=False)``) and fires them together. When a
 victim's raylet runs on the host of the process that kills (simulated clusters), that process
 finds it with ``local_raylets`` and calls ``kill_tree(..., kill_self=False)`` itself: the same

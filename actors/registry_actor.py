@@ -10,10 +10,10 @@ from typing import Any
 import ray
 
 from actors import store_actor
-from ray_ckpt import events, metrics, naming, settings
-from ray_ckpt.errors import ConfigError, RayCkptError
-from ray_ckpt.registry import Registry
-from ray_ckpt.wire import (
+from ray_ckpt import settings
+from ray_ckpt.core import events
+from ray_ckpt.core.registry import Registry
+from ray_ckpt.core.wire import (
     GroupResult,
     PlanAnswer,
     PlanQuery,
@@ -25,6 +25,8 @@ from ray_ckpt.wire import (
     ranks_to_wire,
     step_protection,
 )
+from ray_ckpt.errors import ConfigError, RayCkptError
+from ray_ckpt.transport import metrics, naming
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +114,7 @@ class RegistryActor:
         return True
 
     def record(self, event: dict[str, Any]) -> None:
-        """Append one event of a caller (see ray_ckpt.events) to the log and its file. A
+        """Append one event of a caller (see ray_ckpt.core.events) to the log and its file. A
         malformed one (``events.check``), one larger than RAY_CKPT_EVENT_MAX_BYTES, or a
         ``status`` event (the registry records its own) raises ConfigError naming the field,
         and nothing is recorded."""
@@ -203,7 +205,7 @@ class RegistryActor:
         the store that packed them): a ``GroupResult`` on the wire per group, in order. Torn
         steps of a new attempt are dropped from the stores; then, per job that committed, the
         newest commit of the call goes to the root of the relay tree, which hands it on
-        (``ray_ckpt.relay``). The work per call grows with the groups' parts, not their ranks:
+        (``ray_ckpt.core.relay``). The work per call grows with the groups' parts, not their ranks:
         metrics and the status snapshot are coalesced off this path."""
         self._stage_calls += 1
         return [result.to_wire() for result in self._stage_groups([StageGroup.from_wire(g) for g in groups])]

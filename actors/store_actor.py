@@ -10,14 +10,11 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_ckpt import metrics, naming, remote, settings
-from ray_ckpt.direct_reads import DirectReadServer
-from ray_ckpt.errors import ConfigError, RayCkptError
-from ray_ckpt.registry_client import RegistryClient
-from ray_ckpt.relay import Relay, subtrees
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.store import ShardStore
-from ray_ckpt.wire import (
+from ray_ckpt import settings
+from ray_ckpt.core.relay import Relay, subtrees
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.store import ShardStore
+from ray_ckpt.core.wire import (
     GroupResult,
     PlanAnswer,
     PlanQuery,
@@ -26,6 +23,10 @@ from ray_ckpt.wire import (
     StageResult,
     StoreHoldings,
 )
+from ray_ckpt.errors import ConfigError, RayCkptError
+from ray_ckpt.transport import metrics, naming, remote
+from ray_ckpt.transport.direct_reads import DirectReadServer
+from ray_ckpt.transport.registry_client import RegistryClient
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class ShardStoreActor:
     """Threaded (max_concurrency) so a slow put never blocks a get; stages and relayed stages
     wait in their own threads (concurrency groups "stage" and "relay") so they never hold up a
     put. ``max_restarts=0``: a restarted store would be empty anyway, and its death is what
-    callers must see. Each store is a node of the relay tree (``ray_ckpt.relay``)."""
+    callers must see. Each store is a node of the relay tree (``ray_ckpt.core.relay``)."""
 
     def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float, namespace: str) -> None:
         self._namespace = namespace  # of this deployment (its registry), not of the job that created it

@@ -3,17 +3,18 @@
 Importing the package is cheap: only the errors and ``CheckpointConfig`` load with it. The
 names that need Ray or torch (``Checkpointer``, ``start``, ``status``, ``train``, ...) and
 every submodule (``ray_ckpt.service``, ...) load on first attribute access, so the pure
-modules (codec, snapshot, placement, registry, store, ...) and the processes that need only
-them (store actors, the node crasher, the command line) never pay for torch.distributed or
-Ray Train. ``from ray_ckpt import X`` works for every name in ``__all__``.
+modules (``ray_ckpt.core``: codec, snapshot, placement, registry, store, ...) and the
+processes that need only them (store actors, the node crasher, the command line) never pay for
+torch.distributed or Ray Train. ``from ray_ckpt import X`` works for every name in ``__all__``.
+docs/design.md tells which wing (core, transport, train, tools) a module lives in.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from ray_ckpt import _lazy, _moved
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import (
     CommitTimeoutError,
@@ -33,7 +34,7 @@ from ray_ckpt.errors import (
 if TYPE_CHECKING:
     from ray_ckpt import train
     from ray_ckpt.checkpointer import Checkpointer, Restored, SaveHandle
-    from ray_ckpt.codec import ReedSolomon
+    from ray_ckpt.core.codec import ReedSolomon
     from ray_ckpt.service import drop, shutdown, start, status
 
 # name -> the module that defines it (loaded on first access)
@@ -41,7 +42,7 @@ _LAZY = {
     "Checkpointer": "ray_ckpt.checkpointer",
     "Restored": "ray_ckpt.checkpointer",
     "SaveHandle": "ray_ckpt.checkpointer",
-    "ReedSolomon": "ray_ckpt.codec",
+    "ReedSolomon": "ray_ckpt.core.codec",
     "drop": "ray_ckpt.service",
     "shutdown": "ray_ckpt.service",
     "start": "ray_ckpt.service",
@@ -49,16 +50,14 @@ _LAZY = {
 }
 
 
+_moved.install()  # the flat layout's module paths (ray_ckpt.chaos, ...) still import
+
 if not TYPE_CHECKING:  # for type checkers, the names are the imports above
+    _submodule = _lazy.submodules(__name__)
 
     def __getattr__(name: str) -> Any:
         """Load a lazy name or a submodule on first access (PEP 562); cached in the package."""
-        if name in _LAZY:
-            value = getattr(importlib.import_module(_LAZY[name]), name)
-        elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            value = importlib.import_module(f"{__name__}.{name}")
-        else:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(_LAZY[name]), name) if name in _LAZY else _submodule(name)
         globals()[name] = value
         return value
 

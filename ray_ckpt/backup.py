@@ -6,7 +6,7 @@ A new backend is one class with these five methods (see docs/design.md, "Where i
 
 ArrowBackup's layout under ``<root>/<job segment>/``::
 
-    step-000000000120/rank-00003.blob   the rank's blob (see ray_ckpt.blob), raw bytes
+    step-000000000120/rank-00003.blob   the rank's blob (see ray_ckpt.core.blob), raw bytes
     step-000000000120/rank-00003.json   its commit marker: {"format", "step", "rank",
                                         "world_size", "size", "checksum"}, written last
 
@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ray_ckpt import blob, snapshot
-from ray_ckpt.checksum import checksum
+from ray_ckpt.core import blob, snapshot
+from ray_ckpt.core.checksum import checksum
 from ray_ckpt.errors import ConfigError, CorruptShardError, NoCheckpointError
 
 FORMAT = 1

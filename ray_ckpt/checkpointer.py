@@ -11,15 +11,16 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import dtensor, events, settings, snapshot
+from ray_ckpt import settings
 from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core import dtensor, events, snapshot
+from ray_ckpt.core.shard import SAVE_ID_MAX, check_step
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableError
-from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.restore import Restored, Restorer
 from ray_ckpt.save import SaveHandle, SavePipeline
-from ray_ckpt.shard import SAVE_ID_MAX, check_step
-from ray_ckpt.stores import StoreDirectory
+from ray_ckpt.transport.registry_client import RegistryClient
+from ray_ckpt.transport.store_directory import StoreDirectory
 
 __all__ = ["Checkpointer", "Restored", "SaveHandle"]
 

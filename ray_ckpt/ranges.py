@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt.codec import ReedSolomon
-from ray_ckpt.direct_reads import Landing
+from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import InsufficientShardsError
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankRecord
+from ray_ckpt.transport.direct_reads import Landing
 
 Ranges = list[tuple[int, int]]
 Targets = list[np.ndarray | None]  # per range: where its bytes go (None: anywhere)

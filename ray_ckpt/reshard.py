@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ray_ckpt import blob, dtensor, snapshot
+from ray_ckpt.core import blob, dtensor, snapshot
+from ray_ckpt.core.snapshot import TensorRef
 from ray_ckpt.errors import ConfigError
 from ray_ckpt.ranges import RangeReader
-from ray_ckpt.snapshot import TensorRef
 
 FIRST_READ = 64 << 10  # the first read of a blob: its prefix and, usually, the whole header
 

@@ -26,14 +26,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt import blob, dtensor, hostmem, reshard, snapshot
+from ray_ckpt import reshard
 from ray_ckpt.backup import Backup
-from ray_ckpt.checksum import checksum
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.core import blob, dtensor, hostmem, snapshot
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.shard import ShardMeta, check_step
+from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
 from ray_ckpt.ranges import RangeReader, RangeSource
-from ray_ckpt.shard import ShardMeta, check_step
-from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ into a reused host buffer (pinned, with non-blocking device->host copies and an 
 device, when tensors live on a GPU). ``SavePipeline.complete`` runs on the checkpointer's
 background thread: it waits for those events, computes the m parity shards on the CPU into reused buffers
 (data shards are slices of the buffer), checksums every shard, places the k+m shards on live
-stores (doubling up when fewer than k+m are alive, see ray_ckpt.placement), puts them (and the
+stores (doubling up when fewer than k+m are alive, see ray_ckpt.core.placement), puts them (and the
 optional local copy), stages the step with the registry (through its node's store, which
 batches the stages of the node's ranks into one registry call) and writes the periodic backup.
 Collaborators are passed in (registry, stores, backup), as for the restore path.
@@ -22,20 +22,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ray_ckpt import blob, hostmem, metrics, settings, snapshot
+from ray_ckpt import settings
 from ray_ckpt.backup import Backup
-from ray_ckpt.checksum import checksum
-from ray_ckpt.codec import ReedSolomon
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core import blob, hostmem, snapshot
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.placement import place
+from ray_ckpt.core.protection import cluster_margin, rank_protection
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import StageRequest, StageResult
 from ray_ckpt.errors import RayCkptError, StoreUnavailableError, unwrap_remote
-from ray_ckpt.placement import place
-from ray_ckpt.protection import cluster_margin, rank_protection
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import StageRequest, StageResult
+from ray_ckpt.transport import metrics
 
 if TYPE_CHECKING:
-    from ray_ckpt.registry_client import RegistryClient
-    from ray_ckpt.stores import StoreDirectory
+    from ray_ckpt.transport.registry_client import RegistryClient
+    from ray_ckpt.transport.store_directory import StoreDirectory
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import store_actor
 from actors.registry_actor import RegistryActor
-from ray_ckpt import naming, remote, settings
+from ray_ckpt import settings
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core.protection import cluster_margin
+from ray_ckpt.core.wire import step_protection
 from ray_ckpt.errors import ConfigError, NoCheckpointError, StoreUnavailableError
-from ray_ckpt.protection import cluster_margin
-from ray_ckpt.registry_client import RegistryClient
-from ray_ckpt.wire import step_protection
+from ray_ckpt.transport import naming, remote
+from ray_ckpt.transport.registry_client import RegistryClient
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def shutdown(*, namespace: str | None = None) -> None:
 def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
     """Per node: bytes used / budget, shards, jobs. Per job: committed steps and how many more
     node failures its latest committed step survives (``protection``, from where its shards
-    really are, see ray_ckpt.protection; negative means some rank can no longer be rebuilt from
+    really are, see ray_ckpt.core.protection; negative means some rank can no longer be rebuilt from
     memory) against ``full_protection`` (parity_shards: less means degraded placement)."""
     _require_ray()
     namespace = namespace or settings.namespace()

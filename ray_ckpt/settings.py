@@ -122,7 +122,7 @@ def store_watch_interval_s() -> float:
 
 def relay_fanin() -> int:
     """RAY_CKPT_RELAY_FANIN: children per store in the relay tree that carries stages to the
-    registry (``ray_ckpt.relay``), as the registry draws it; the registry takes a few calls
+    registry (``ray_ckpt.core.relay``), as the registry draws it; the registry takes a few calls
     per step, from the root, however many stores there are."""
     return max(1, _read("RAY_CKPT_RELAY_FANIN", 16, int))
 
@@ -148,7 +148,7 @@ def inplace_max_recoveries() -> int:
 
 def direct_reads() -> bool:
     """RAY_CKPT_DIRECT_READS: restores read shards and byte ranges from each store over a
-    plain TCP connection (``ray_ckpt.direct_reads``) rather than through Ray's object store;
+    plain TCP connection (``ray_ckpt.transport.direct_reads``) rather than through Ray's object store;
     0 turns it off (for networks that allow only Ray's own ports). Off whatever it says when
     Ray runs with TLS (RAY_USE_TLS): the port is not encrypted, so reads go through Ray's. Read
     by stores as they start and by readers as they read."""

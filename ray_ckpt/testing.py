@@ -158,8 +158,8 @@ class SimulatedCluster:
         events) and wait until Ray declares them all dead; the seconds that took. ValueError for a node that
         is not a live worker of this cluster (the head is never killed); TimeoutError past
         ``timeout_s``."""
-        from ray_ckpt import chaos
-        from ray_ckpt.faults import ClusterNodeRemoval
+        from ray_ckpt.tools import chaos
+        from ray_ckpt.tools.faults import ClusterNodeRemoval
 
         wanted = sorted({str(n) for n in node_ids})
         doomed = [n for n in self.workers if str(n.node_id) in wanted]
@@ -189,7 +189,7 @@ class SimulatedCluster:
 def digest(state: Any) -> str:
     """SHA-256 of a state's canonical snapshot bytes (header + payload): equal digests mean
     bit-exact states."""
-    from ray_ckpt import snapshot
+    from ray_ckpt.core import snapshot
 
     header, payload = snapshot.snapshot(state)
     return hashlib.sha256(header + payload.tobytes()).hexdigest()
@@ -283,7 +283,7 @@ class BenchRank:
 
     def checksum(self) -> int:
         """XXH3-64 of the state's ``"w"`` tensor (the bytes state)."""
-        from ray_ckpt.checksum import checksum
+        from ray_ckpt.core.checksum import checksum
 
         return checksum(self.state["w"])
 
@@ -354,7 +354,7 @@ class BenchRank:
         """Time ``restore()``: ``{"step": None}`` if no step was committed, else ``{"step",
         "source", "seconds", "phases_s", "checksum", "size"}`` (XXH3-64 and element count of the
         restored ``"w"``)."""
-        from ray_ckpt.checksum import checksum
+        from ray_ckpt.core.checksum import checksum
 
         started = time.perf_counter()
         restored = self.checkpointer.restore()

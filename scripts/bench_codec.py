@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 from benchutil import BenchError
 
-from ray_ckpt import codec, settings
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt import settings
+from ray_ckpt.core import codec
+from ray_ckpt.core.codec import ReedSolomon
 
 CODES = [(4, 1), (4, 2), (8, 2), (6, 3)]
 IMPLS = ("ray_ckpt", "memcpy", "zfec", "pyeclib")

@@ -11,7 +11,7 @@ Per N (``--ranks``), each of ``--steps`` steps is staged by all N ranks, ``--ran
 (default 8, a GPU node's ranks) per caller call. ``--path`` says which way:
 
 - ``relay`` (default, what the stores do): each call stands for one node's store passing its
-  ranks' stages (packed, as that store packs them) up the relay tree (``ray_ckpt.relay``) to
+  ranks' stages (packed, as that store packs them) up the relay tree (``ray_ckpt.core.relay``) to
   its parent, one of the real stores, chosen round-robin; the real stores relay to the root,
   which calls the registry. One unmeasured step first forms the tree (it is handed down with
   the first commit).
@@ -67,8 +67,8 @@ WORKERS = 2
 
 def stage_requests(job: str, step: int, world_size: int, nodes: list[str]) -> list[Any]:
     """Every rank's ``StageRequest`` of ``step`` (RS(4,2), shards spread over ``nodes``, no local copy)."""
-    from ray_ckpt.shard import ShardMeta
-    from ray_ckpt.wire import StageRequest
+    from ray_ckpt.core.shard import ShardMeta
+    from ray_ckpt.core.wire import StageRequest
 
     k, m = CODE["data_shards"], CODE["parity_shards"]
     requests = []
@@ -98,7 +98,7 @@ def wire_calls(requests: list[Any], per_node: int, path: str, children: int) -> 
     ``StageRequest``s on the wire. Relay: one per child of the real stores (at most
     ``children``), its subtree's nodes' stages packed and merged into one ``StageGroup`` on the
     wire, as the relays below it would pass them up."""
-    from ray_ckpt.wire import StageGroup
+    from ray_ckpt.core.wire import StageGroup
 
     nodes = [requests[i : i + per_node] for i in range(0, len(requests), per_node)]
     if path == "direct":
@@ -151,7 +151,7 @@ def run_step(client: Any, stores: list[Any], calls: list[Any], path: str) -> tup
 def plan_for_rank(client: Any, job: str, attempt: str, rank: int) -> tuple[float, int]:
     """(seconds, pickled bytes received) for one rank's restore plan and record, asked of the
     registry by the rank itself (one ``plan_ranks`` call, as ``Restorer`` does without a store)."""
-    from ray_ckpt.wire import PlanQuery
+    from ray_ckpt.core.wire import PlanQuery
 
     t0 = time.perf_counter()
     answer = client.call("plan_ranks", [PlanQuery(job, attempt, (rank,)).to_wire()])
@@ -164,7 +164,7 @@ def plan_everyone(client: Any, parents: list[Any], job: str, attempt: str, ranks
     as the stores below would have merged them), or every rank asking the registry itself."""
     import ray
 
-    from ray_ckpt.wire import PlanQuery
+    from ray_ckpt.core.wire import PlanQuery
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(CALLERS) as pool:
@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--ranks, --steps and --ranks-per-node must be positive")
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rccp")
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
-    from ray_ckpt import naming
-    from ray_ckpt.registry_client import RegistryClient
     from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.transport import naming
+    from ray_ckpt.transport.registry_client import RegistryClient
 
     rows = []
     namespace = f"bench-cp-{uuid.uuid4().hex[:6]}"

@@ -314,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray_ckpt
-    from ray_ckpt import quiet
     from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
 
     demo = load_demo()
     failures = len(schedule)

@@ -44,7 +44,7 @@ def measure(code: Any, mib: int, repeats: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from ray_ckpt import codec_torch
+    from ray_ckpt.core import codec_torch
 
     k, m = code.data_shards, code.parity_shards
     length = (mib << 20) // k
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from ray_ckpt.codec import ReedSolomon
+    from ray_ckpt.core.codec import ReedSolomon
 
     if not torch.cuda.is_available():
         print("bench_gpu_parity: needs a CUDA device", file=sys.stderr)

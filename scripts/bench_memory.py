@@ -75,8 +75,8 @@ def _settle(namespace: str, shards: int, timeout_s: float = 30.0) -> tuple[int, 
 def run(size: int) -> list[dict[str, Any]]:
     import ray
 
-    from ray_ckpt import naming
     from ray_ckpt.testing import SimulatedCluster, rank_actor
+    from ray_ckpt.transport import naming
 
     Rank = rank_actor()
     rows = []

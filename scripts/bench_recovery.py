@@ -88,7 +88,7 @@ def ray_train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import torch
 
-    from ray_ckpt.checksum import checksum
+    from ray_ckpt.core.checksum import checksum
     from ray_ckpt.testing import byte_state
 
     started = time.perf_counter()
@@ -240,8 +240,8 @@ def bench_size(size: int, scratch: str) -> dict[str, Any]:
     transfers; Ray Train's storage restore. Then DCP in this process."""
     import ray
 
-    from ray_ckpt import naming
     from ray_ckpt.testing import rank_actor
+    from ray_ckpt.transport import naming
 
     Rank = rank_actor()
     Holder, Receiver = transfer_actors()

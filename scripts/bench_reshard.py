@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     import ray
 
-    from ray_ckpt import quiet
     from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
 
     folder = pathlib.Path(tempfile.mkdtemp(prefix="rck-reshard-dcp"))
     rows = []

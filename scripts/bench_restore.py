@@ -62,8 +62,8 @@ def bench_size(size: int, seed: int = 0) -> dict[str, Any]:
     """One fresh cluster: save, kill two data-shard holders, restore, raw transfer."""
     import ray
 
-    from ray_ckpt import naming
     from ray_ckpt.testing import rank_actor
+    from ray_ckpt.transport import naming
 
     Rank = rank_actor()
     Holder, Receiver = transfer_actors()

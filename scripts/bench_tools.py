@@ -16,7 +16,7 @@ one-CPU nodes, fast failure detection) it measures:
   latency = the kill time the victim reports (its SIGKILLs) minus the moment the command was
   started, plus the command's total wall time and how many lines it printed besides its JSON;
 - where a kill's time goes: connecting a new driver (``ray.init``), and arming a victim
-  (``ray_ckpt.chaos``), each measured alone: from the killing process when the victim's raylet
+  (``ray_ckpt.tools.chaos``), each measured alone: from the killing process when the victim's raylet
   runs on its host (as on this simulated cluster), and with a NodeCrasher actor started on the
   victim (what a kill from another host takes on a real cluster).
 
@@ -39,10 +39,10 @@ from typing import Any
 
 # what each kind of process imports; heavy modules are reported when they come along
 IMPORTS = {
-    "cli": "import ray_ckpt.cli",
+    "cli": "import ray_ckpt.tools.cli",
     "store_actor": "import actors.store_actor",
     "node_crasher": "import actors.node_crasher",
-    "codec": "import ray_ckpt.codec",
+    "codec": "import ray_ckpt.core.codec",
 }
 HEAVY = ("torch", "ray.train", "torch.distributed", "pandas")
 
@@ -69,7 +69,7 @@ def time_import(statement: str) -> dict[str, Any]:
 
 def time_kill(address: str, namespace: str, node_id: str) -> dict[str, Any]:
     """Run ``ray-ckpt kill-node`` on ``node_id`` as its own process; latency from its start."""
-    command = [sys.executable, "-m", "ray_ckpt.cli", "kill-node", "--node", node_id]
+    command = [sys.executable, "-m", "ray_ckpt.tools.cli", "kill-node", "--node", node_id]
     command += ["--address", address, "--namespace", namespace, "--wait-dead", "0", "--json"]
     invoked = time.time()
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
@@ -103,7 +103,7 @@ def time_connect(address: str) -> float:
 
 def time_arm(node_id: str, local: bool) -> float:
     """Seconds to make ``node_id`` ready to be killed (nothing is killed)."""
-    from ray_ckpt.faults import NodeCrash
+    from ray_ckpt.tools.faults import NodeCrash
 
     fault = NodeCrash(local=local)
     started = time.perf_counter()
@@ -119,8 +119,8 @@ def run(nodes: int, kills: int) -> dict[str, Any]:
     report: dict[str, Any] = {"nodes": nodes + 1, "imports": {k: time_import(v) for k, v in IMPORTS.items()}}
 
     import ray_ckpt
-    from ray_ckpt import quiet
     from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
 
     sim = SimulatedCluster(
         nodes,

@@ -35,8 +35,8 @@ def restore_cluster(workers: int, size: int, namespace: str) -> Any:
     workers, fast failure detection, a store budget of one ``size``-byte state per node; every
     worker's object store fits a rank's RS(4,2) shards in flight (1.5x the size), or 4 fetched
     shards plus a raw object (2x)."""
-    from ray_ckpt import quiet
     from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
 
     sim = SimulatedCluster(
         workers,
@@ -93,7 +93,7 @@ def transfer_actors() -> tuple[Any, Any]:
             self.arrays: dict[int, Any] = {}
 
         def make(self, size: int, seed: int) -> None:
-            from ray_ckpt import hostmem
+            from ray_ckpt.core import hostmem
 
             array = hostmem.allocate(size)
             array[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)

@@ -111,7 +111,8 @@ def train_loop(config: dict[str, Any]) -> None:
     import torch
 
     import ray_ckpt
-    from ray_ckpt import events, naming
+    from ray_ckpt.core import events
+    from ray_ckpt.transport import naming
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -243,7 +244,8 @@ class Killer(threading.Thread):
         import ray
 
         import ray_ckpt
-        from ray_ckpt import events, naming
+        from ray_ckpt.core import events
+        from ray_ckpt.transport import naming
 
         registry = naming.registry_handle(ray_ckpt.settings.namespace())
         cursor = 0
@@ -280,7 +282,7 @@ class Killer(threading.Thread):
         return [n for r in sorted(located) for n in located[r]["nodes"].values() if n in workers]
 
     def _kill(self, victims: list[str], registry: Any, events: Any) -> None:
-        from ray_ckpt import naming
+        from ray_ckpt.transport import naming
 
         killed_at = time.time()
         for node in [n for n in self.cluster.worker_nodes if n.node_id in victims]:
@@ -343,14 +345,14 @@ def job_events(name: str) -> list[dict[str, Any]]:
     import ray
 
     import ray_ckpt
-    from ray_ckpt import naming
+    from ray_ckpt.transport import naming
 
     _, records = ray.get(naming.registry_handle(ray_ckpt.settings.namespace()).events.remote(0))
     return [r for r in records if r.get("job") in (name, None) or r["kind"] in ("kill", "node_dead")]
 
 
 def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from ray_ckpt import timeline
+    from ray_ckpt.core import timeline
 
     result = []
     saves = [r for r in records if r["kind"] == "save" and r.get("job") == name]
@@ -463,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray_ckpt
-    from ray_ckpt import events, quiet
+    from ray_ckpt.core import events
     from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
 
     # halfway first: a job's first seconds, before its warm spares are up, are not when failures come
     first, second = args.steps // 2, args.steps * 3 // 4

@@ -174,7 +174,7 @@ class Trial:
         the registry's commit must hold that group's records only (never another group's)."""
         import ray
 
-        from ray_ckpt import naming
+        from ray_ckpt.transport import naming
 
         if step in self.committed and self.committed[step] != generation:
             self.campaign.violation(
@@ -353,7 +353,7 @@ class Trial:
         import numpy as np
         import ray
 
-        from ray_ckpt import naming
+        from ray_ckpt.transport import naming
 
         if not self.committed:
             return
@@ -411,7 +411,7 @@ class Campaign:
 
     def store_count(self) -> int:
         """Alive nodes that run a store."""
-        from ray_ckpt import naming
+        from ray_ckpt.transport import naming
 
         return len(naming.store_node_ids(self.namespace) & {str(n["NodeID"]) for n in naming.alive_nodes()})
 
@@ -433,7 +433,7 @@ class Campaign:
     def kill_store(self) -> None:
         import ray
 
-        from ray_ckpt import naming
+        from ray_ckpt.transport import naming
 
         stores = naming.store_handles(self.namespace)
         workers = [n.node_id for n in self.cluster.worker_nodes]
@@ -445,7 +445,7 @@ class Campaign:
     def kill_registry(self) -> None:
         import ray
 
-        from ray_ckpt import naming
+        from ray_ckpt.transport import naming
 
         ray.kill(naming.registry_handle(self.namespace), no_restart=False)
         deadline = time.monotonic() + 60
@@ -460,8 +460,8 @@ class Campaign:
     # ---- the campaign -------------------------------------------------------------------
 
     def run(self, trials: int, ops: int, always: tuple[str, ...] = ()) -> dict[str, Any]:
-        from ray_ckpt import quiet
         from ray_ckpt.testing import SimulatedCluster
+        from ray_ckpt.tools import quiet
 
         self.rng = random.Random(self.seed)
         os.environ["RAY_CKPT_PEER_TIMEOUT_S"] = str(PEER_TIMEOUT_S)
@@ -560,8 +560,8 @@ class InPlaceCampaign:
 
         import ray
 
-        from ray_ckpt import quiet
         from ray_ckpt.testing import SimulatedCluster
+        from ray_ckpt.tools import quiet
 
         spec = importlib.util.spec_from_file_location(
             "train_example", pathlib.Path(__file__).with_name("train_example.py")

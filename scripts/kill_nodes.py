@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from ray_ckpt.cli import main
+from ray_ckpt.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["kill-node", *sys.argv[1:]]))

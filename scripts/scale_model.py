@@ -186,7 +186,7 @@ def _int(name: str, value: Any, low: int) -> None:
 
 def relay_depth(nodes: int, fanin: int) -> int:
     """Store levels between the deepest leaf store and the root of the relay tree of ``nodes``
-    stores (``ray_ckpt.relay.subtrees``: the rest split into ``fanin`` near-equal runs)."""
+    stores (``ray_ckpt.core.relay.subtrees``: the rest split into ``fanin`` near-equal runs)."""
     depth = 0
     while nodes > 1:
         nodes = -(-(nodes - 1) // fanin)

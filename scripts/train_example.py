@@ -33,8 +33,9 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import ray_ckpt
-from ray_ckpt import naming, quiet
 from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.tools import quiet
+from ray_ckpt.transport import naming
 
 PAUSE_FILE = "pause"  # in the events folder: while it exists, ranks wait between steps
 

@@ -27,15 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ray_ckpt import blob, snapshot
-from ray_ckpt.codec import ReedSolomon
-from ray_ckpt.errors import RayCkptError
-from ray_ckpt.placement import Node, place
-from ray_ckpt.registry import Registry
-from ray_ckpt.restore import Restorer
-from ray_ckpt.save import local_copy_meta, shard_metas
-from ray_ckpt.store import ShardStore
-from ray_ckpt.wire import (
+from ray_ckpt.core import blob, snapshot
+from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.placement import Node, place
+from ray_ckpt.core.registry import Registry
+from ray_ckpt.core.store import ShardStore
+from ray_ckpt.core.wire import (
     PlanAnswer,
     PlanQuery,
     RankLocation,
@@ -45,6 +42,9 @@ from ray_ckpt.wire import (
     StageRequest,
     StoreHoldings,
 )
+from ray_ckpt.errors import RayCkptError
+from ray_ckpt.restore import Restorer
+from ray_ckpt.save import local_copy_meta, shard_metas
 
 JOB = "job"
 KEEP = 2

@@ -29,7 +29,7 @@ import hashlib
 import pathlib
 from typing import Any
 
-from ray_ckpt import events
+from ray_ckpt.core import events
 
 T0 = 1764480000.0
 JOB = "gpt-small"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ray_ckpt.shard import ShardMeta
+from ray_ckpt.core.shard import ShardMeta
 
 
 def shard_metas(

@@ -1,6 +1,6 @@
 """What the dashboard draws, as one JSON-able dict (served as ``/api/data``); no Ray here.
 
-``build(events, live=None)``: ``events`` are recorded events (ray_ckpt.events); ``live`` is a
+``build(events, live=None)``: ``events`` are recorded events (ray_ckpt.core.events); ``live`` is a
 snapshot of a running cluster (see ``server.LiveCluster.snapshot``): ``{"status":
 ray_ckpt.status(), "alive": [node ids], "placements": {job: {"step", "ranks": registry
 locate()}}, "ray_nodes": [ray.nodes() records]}``. Memory, protection and placement come from
@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ray_ckpt import events as events_module
-from ray_ckpt import protection as protection_module
-from ray_ckpt import timeline
+from ray_ckpt.core import events as events_module
+from ray_ckpt.core import protection as protection_module
+from ray_ckpt.core import timeline
 
 VERSION = 1
 MAX_STALL_POINTS = 5000  # the newest recorded saves drawn in the save stall chart
@@ -36,8 +36,8 @@ def build(
     ones flagged), time to resume over time, save stall per step, kills and node deaths, the
     nodes (host, ranks running there), and memory per node, shard placement of each job's
     newest committed step and protection per job (live, else from ``status`` snapshots).
-    Malformed events (``ray_ckpt.events.check``) are skipped; status deltas are made whole
-    (``ray_ckpt.events.resolve``)."""
+    Malformed events (``ray_ckpt.core.events.check``) are skipped; status deltas are made whole
+    (``ray_ckpt.core.events.resolve``)."""
     ordered = events_module.resolve(sorted((e for e in events if isinstance(e, dict)), key=_sort_time))
     recoveries = []
     for index, recovery in enumerate(timeline.recoveries(ordered)):
@@ -258,7 +258,7 @@ def _add_live(data: dict[str, Any], live: dict[str, Any]) -> None:
     for job, info in sorted((status.get("jobs") or {}).items()):
         located = data["placement"].get(job)
         protection[job] = {
-            # from where the shards are (ray_ckpt.protection), as the placement table shows it
+            # from where the shards are (ray_ckpt.core.protection), as the placement table shows it
             "value": located["protection"] if located else info.get("protection"),
             "latest_committed": info.get("latest_committed"),
             "committed_steps": info.get("committed_steps") or [],
@@ -282,7 +282,7 @@ def placement(
     holds for each rank, with shards on dead nodes (or, given ``store_nodes``, nodes without a
     store) marked lost. ``ranks``: the registry's ``locate`` (rank -> {"metas": {index: meta},
     "nodes": {index: node}, "local", "local_node"}); the code (k, m) comes from the metas unless
-    given. Protection: ``ray_ckpt.protection.step_protection`` over the shards not lost."""
+    given. Protection: ``ray_ckpt.core.protection.step_protection`` over the shards not lost."""
     live = alive if store_nodes is None else alive & set(store_nodes)
     cells = []
     nodes: set[str] = set(store_nodes or ()) & alive

@@ -22,8 +22,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ray_ckpt import events as events_module
 from ray_ckpt import settings
+from ray_ckpt.core import events as events_module
 from ray_ckpt.dashboard.data import build
 from ray_ckpt.errors import DashboardError
 
@@ -81,9 +81,9 @@ class LiveCluster:
         import ray
 
         from ray_ckpt import service
+        from ray_ckpt.core.wire import ranks_to_wire
         from ray_ckpt.errors import StoreUnavailableError
-        from ray_ckpt.registry_client import RegistryClient
-        from ray_ckpt.wire import ranks_to_wire
+        from ray_ckpt.transport.registry_client import RegistryClient
 
         registry = None
         with contextlib.suppress(StoreUnavailableError):  # no registry (yet): status() still shows the stores

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from ray_ckpt import naming
-from ray_ckpt.cli import format_status, main, parse_bytes
+from ray_ckpt.tools.cli import format_status, main, parse_bytes
+from ray_ckpt.transport import naming
 
 BUDGET = 64 << 20
 
@@ -192,7 +192,7 @@ def test_cli_process_connects_by_address(local_ray: str, namespace: str) -> None
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     common = ["--address", local_ray, "--namespace", namespace]
-    command = [sys.executable, "-m", "ray_ckpt.cli"]
+    command = [sys.executable, "-m", "ray_ckpt.tools.cli"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 import pytest
 import recorded_events
 
-from ray_ckpt import timeline
+from ray_ckpt.core import timeline
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -56,7 +56,7 @@ def dashboard_url(tmp_path: pathlib.Path) -> Iterator[str]:
     """`ray-ckpt dashboard --events <recorded file> --port 0` in a subprocess; yields its URL."""
     events_file = recorded_events.write(tmp_path / "events-ray_ckpt.jsonl")
     process = subprocess.Popen(
-        [sys.executable, "-m", "ray_ckpt.cli", "dashboard", "--events", str(events_file), "--port", "0"],
+        [sys.executable, "-m", "ray_ckpt.tools.cli", "dashboard", "--events", str(events_file), "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -291,7 +291,16 @@ def test_exported_report_renders_without_a_server(chromium: str, tmp_path: pathl
     events_file = recorded_events.write(tmp_path / "events.jsonl")
     report = tmp_path / "report.html"
     done = subprocess.run(
-        [sys.executable, "-m", "ray_ckpt.cli", "dashboard", "--events", str(events_file), "--export", str(report)],
+        [
+            sys.executable,
+            "-m",
+            "ray_ckpt.tools.cli",
+            "dashboard",
+            "--events",
+            str(events_file),
+            "--export",
+            str(report),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -312,7 +321,16 @@ def test_single_point_charts_have_axes_around_the_point(chromium: str, tmp_path:
     events_file = recorded_events.write(tmp_path / "events.jsonl", records)
     report = tmp_path / "report.html"
     done = subprocess.run(
-        [sys.executable, "-m", "ray_ckpt.cli", "dashboard", "--events", str(events_file), "--export", str(report)],
+        [
+            sys.executable,
+            "-m",
+            "ray_ckpt.tools.cli",
+            "dashboard",
+            "--events",
+            str(events_file),
+            "--export",
+            str(report),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

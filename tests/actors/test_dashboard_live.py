@@ -16,10 +16,12 @@ import ray
 import torch
 
 import ray_ckpt
-from ray_ckpt import CheckpointConfig, events, naming
-from ray_ckpt.cli import main
+from ray_ckpt import CheckpointConfig
+from ray_ckpt.core import events
 from ray_ckpt.dashboard import data as dashboard_data
 from ray_ckpt.dashboard import server
+from ray_ckpt.tools.cli import main
+from ray_ckpt.transport import naming
 
 BUDGET = 64 << 20
 

@@ -15,7 +15,8 @@ import ray
 import torch
 
 import ray_ckpt
-from ray_ckpt import CheckpointConfig, metrics
+from ray_ckpt import CheckpointConfig
+from ray_ckpt.transport import metrics
 
 BUDGET = 64 << 20
 _SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")

@@ -16,8 +16,9 @@ import pytest
 import ray
 import sim
 
-from ray_ckpt import naming, service
+from ray_ckpt import service
 from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.transport import naming
 
 # Ranks run as Ray tasks defined in sim.py; workers cannot import the tests folder.
 ray.cloudpickle.register_pickle_by_value(sim)

@@ -10,9 +10,9 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import ray_ckpt
-from ray_ckpt import naming
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.testing import digest
+from ray_ckpt.transport import naming
 
 
 def make_state(rank: int, step: int, size: int = 50_000) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 middle: no step committed twice, none lost.
 
 Two ranks per node stage through their node's store, which batches them and passes them up the
-relay tree (``ray_ckpt.relay``). This module's stores form a chain (RAY_CKPT_RELAY_FANIN=1: one
+relay tree (``ray_ckpt.core.relay``). This module's stores form a chain (RAY_CKPT_RELAY_FANIN=1: one
 child per store), the deepest tree 4 stores can form, so every store but the last is a relay.
 """
 
@@ -21,9 +21,9 @@ from conftest import SimCluster
 from sim import digest, make_state, on_node, restore_rank
 
 import ray_ckpt
-from ray_ckpt import naming
 from ray_ckpt.checkpointer import Checkpointer
-from ray_ckpt.registry_client import RegistryClient
+from ray_ckpt.transport import naming
+from ray_ckpt.transport.registry_client import RegistryClient
 
 pytestmark = pytest.mark.cluster
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -1,4 +1,4 @@
-"""The failure simulator (ray_ckpt.chaos, ``ray-ckpt kill-node``) on simulated clusters."""
+"""The failure simulator (ray_ckpt.tools.chaos, ``ray-ckpt kill-node``) on simulated clusters."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import ray
 from conftest import SimCluster
 from sim import on_node, save_steps
 
-from ray_ckpt import chaos, naming
-from ray_ckpt.cli import main
 from ray_ckpt.errors import ConfigError
+from ray_ckpt.tools import chaos
+from ray_ckpt.tools.cli import main
+from ray_ckpt.transport import naming
 
 pytestmark = pytest.mark.cluster
 

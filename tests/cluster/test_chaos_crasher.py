@@ -1,5 +1,5 @@
 """A node kill by a NodeCrasher actor on the victim: the path a kill from another host takes on a
-real cluster (on a simulated cluster, ``ray_ckpt.chaos`` kills from the calling process)."""
+real cluster (on a simulated cluster, ``ray_ckpt.tools.chaos`` kills from the calling process)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from conftest import SimCluster
 
-from ray_ckpt import chaos, faults, naming
-from ray_ckpt.faults import NodeCrash
+from ray_ckpt.tools import chaos, faults
+from ray_ckpt.tools.faults import NodeCrash
+from ray_ckpt.transport import naming
 
 pytestmark = pytest.mark.cluster
 

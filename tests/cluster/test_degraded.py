@@ -12,9 +12,10 @@ from conftest import SimCluster
 from sim import digest, make_state, on_node, restore_rank, save_steps
 
 import ray_ckpt
-from ray_ckpt import naming, service, settings
+from ray_ckpt import service, settings
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.errors import ConfigError, NoCheckpointError
+from ray_ckpt.transport import naming
 
 pytestmark = pytest.mark.cluster
 

@@ -18,9 +18,11 @@ import pytest
 import ray
 
 import ray_ckpt
-from ray_ckpt import _ray_compat, inplace, timeline
-from ray_ckpt.registry_client import RegistryClient
+from ray_ckpt import _ray_compat
+from ray_ckpt.core import timeline
 from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.train import inplace
+from ray_ckpt.transport.registry_client import RegistryClient
 
 pytestmark = pytest.mark.cluster
 

@@ -15,7 +15,7 @@ from conftest import SimCluster
 from sim import digest, make_state, on_node, restore_rank, save_steps
 
 import ray_ckpt
-from ray_ckpt import naming
+from ray_ckpt.transport import naming
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ray_ckpt import events, timeline
+from ray_ckpt.core import events, timeline
 from ray_ckpt.testing import SimulatedCluster
 
 pytestmark = pytest.mark.cluster

@@ -11,9 +11,10 @@ from conftest import SimCluster
 from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
 
 import ray_ckpt
-from ray_ckpt import naming, service
+from ray_ckpt import service
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.errors import InsufficientShardsError, StoreFullError
+from ray_ckpt.transport import naming
 
 pytestmark = pytest.mark.cluster
 
@@ -119,7 +120,7 @@ def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world
     lets only Ray's ports through): each store's endpoint points at a port nobody listens on."""
     import socket
 
-    from ray_ckpt.direct_reads import Endpoint
+    from ray_ckpt.transport.direct_reads import Endpoint
 
     with socket.socket() as probe:  # a port that was free a moment ago, and is closed now
         probe.bind(("127.0.0.1", 0))

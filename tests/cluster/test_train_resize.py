@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import ray_ckpt
-from ray_ckpt.registry_client import RegistryClient
 from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.transport.registry_client import RegistryClient
 
 pytestmark = pytest.mark.cluster
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ray_ckpt.batcher import Batcher
+from ray_ckpt.core.batcher import Batcher
 
 
 def test_an_idle_call_is_sent_at_once_alone() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray_ckpt.cli import format_status
+from ray_ckpt.tools.cli import format_status
 
 HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\r\nnext\u202eabc\x9b"
 

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_ckpt import gf256
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.core import gf256
+from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
 
 SMALL_CODES = [(1, 0), (1, 1), (2, 1), (3, 2), (4, 2), (4, 1), (2, 4), (5, 3)]

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_ckpt import codec_torch
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.core import codec_torch
+from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.errors import InsufficientShardsError, ShardMismatchError
 
 DEVICES = [

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ray_ckpt import direct_reads
-from ray_ckpt import store as store_module
-from ray_ckpt.checksum import checksum
-from ray_ckpt.direct_reads import DirectReadServer, Endpoint, Landing
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.store import ShardStore
+from ray_ckpt.core import store as store_module
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.store import ShardStore
+from ray_ckpt.transport import direct_reads
+from ray_ckpt.transport.direct_reads import DirectReadServer, Endpoint, Landing
 
 SIZE = 3 << 20  # over hostmem's threshold, so received bytes go to mapped memory
 

@@ -15,11 +15,11 @@ import numpy as np
 import psutil
 import pytest
 
-from ray_ckpt import direct_reads
-from ray_ckpt.checksum import checksum
-from ray_ckpt.direct_reads import DirectReadServer
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.store import ShardStore
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.store import ShardStore
+from ray_ckpt.transport import direct_reads
+from ray_ckpt.transport.direct_reads import DirectReadServer
 
 SIZE = 1 << 20
 

@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from ray_ckpt import dtensor
-from ray_ckpt import snapshot as snap
+from ray_ckpt.core import dtensor
+from ray_ckpt.core import snapshot as snap
 from ray_ckpt.errors import ConfigError, LayoutChangedError, SnapshotFormatError, UnsupportedLeafError
 
 

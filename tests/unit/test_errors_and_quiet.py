@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import ray.exceptions
 
-from ray_ckpt import errors, quiet
+from ray_ckpt import errors
 from ray_ckpt.errors import (
     CliError,
     DashboardError,
@@ -20,6 +20,7 @@ from ray_ckpt.errors import (
     RayCkptError,
     unwrap_remote,
 )
+from ray_ckpt.tools import quiet
 
 
 @pytest.mark.parametrize("kind", [CliError, DashboardError, KillError, KillTimeoutError])
@@ -131,7 +132,7 @@ def test_every_error_survives_rays_wrapping_with_its_details(kind: type[RayCkptE
 
 
 def test_an_error_that_cannot_travel_reaches_the_driver_as_a_readable_in_place_error() -> None:
-    from ray_ckpt import inplace
+    from ray_ckpt.train import inplace
 
     class Local(Exception):  # an error holding something that cannot be pickled
         def __init__(self) -> None:

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from ray_ckpt import events, settings
+from ray_ckpt import settings
+from ray_ckpt.core import events
+from ray_ckpt.core.events import EventLog, event
+from ray_ckpt.core.timeline import PHASES, recoveries
 from ray_ckpt.errors import ConfigError
-from ray_ckpt.events import EventLog, event
-from ray_ckpt.timeline import PHASES, recoveries
 
 T0 = 1_000.0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ray_ckpt.checksum import checksum
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.restore import check_shard
-from ray_ckpt.shard import ShardMeta
 
 DATA = np.arange(1000, dtype=np.uint8)
 META = ShardMeta(

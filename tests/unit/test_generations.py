@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ray_ckpt import generations
-from ray_ckpt.generations import Generations, Member
+from ray_ckpt.core import generations
+from ray_ckpt.core.generations import Generations, Member
 
 
 def member(rank: int, tag: str = "a", *, epoch: int = 1, node: str | None = None) -> Member:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from ray_ckpt import snapshot
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core import snapshot
 from ray_ckpt.save import SavePipeline, record_copies
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from ray_ckpt import blob, snapshot
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core import blob, snapshot
 from ray_ckpt.restore import load
 from ray_ckpt.save import SavePipeline
 from ray_ckpt.testing import digest

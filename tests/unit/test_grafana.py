@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from ray_ckpt import metrics
+import ray_ckpt
+from ray_ckpt.transport import metrics
 
-DASHBOARD = pathlib.Path(metrics.__file__).parent / "grafana" / "ray_ckpt_dashboard.json"
+DASHBOARD = pathlib.Path(ray_ckpt.__file__).parent / "grafana" / "ray_ckpt_dashboard.json"
 _METRIC = re.compile(r"\bray_ckpt_[a-z0-9_]+")
 
 
@@ -92,7 +93,7 @@ def test_every_query_names_a_defined_metric(dashboard: dict[str, Any]) -> None:
             found = _METRIC.findall(target["expr"])
             assert found, f"{panel['title']}: no ray_ckpt metric in {target['expr']}"
             unknown = set(found) - set(exported)
-            assert not unknown, f"{panel['title']}: {sorted(unknown)} are not defined in ray_ckpt/metrics.py"
+            assert not unknown, f"{panel['title']}: {sorted(unknown)} are not defined in ray_ckpt/transport/metrics.py"
             for name in found:
                 # histograms are queried through their series, never by the bare name
                 assert (

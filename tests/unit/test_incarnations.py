@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 from shard_metas import shard_metas
 
+from ray_ckpt.core.registry import CommitDecision, Registry
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import RestorePlan
 from ray_ckpt.errors import ConfigError, StaleAttemptError
-from ray_ckpt.registry import CommitDecision, Registry
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RestorePlan
 
 K, M = 2, 1
 JOB = "job"

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ray_ckpt import _ray_compat, inplace, settings
+from ray_ckpt import _ray_compat, settings
 from ray_ckpt.errors import CommitTimeoutError, ConfigError
-from ray_ckpt.inplace import InPlaceRecovery, is_peer_failure
+from ray_ckpt.train import inplace
+from ray_ckpt.train.inplace import InPlaceRecovery, is_peer_failure
 
 
 @pytest.mark.parametrize("name", ["timeout_s", "hang_timeout_s", "collective_timeout_s"])

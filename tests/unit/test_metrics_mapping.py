@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import recorded_events
 
-from ray_ckpt import metrics, timeline
+from ray_ckpt.core import timeline
+from ray_ckpt.transport import metrics
 
 
 class _Fake:

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ray_ckpt.core.placement import Node, max_shards_per_domain, place
+from ray_ckpt.core.protection import even_protection, rank_protection
 from ray_ckpt.errors import PlacementError
-from ray_ckpt.placement import Node, max_shards_per_domain, place
-from ray_ckpt.protection import even_protection, rank_protection
 
 
 def flat(count: int) -> list[Node]:

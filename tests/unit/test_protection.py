@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_ckpt.protection import cluster_margin, even_protection, rank_protection, step_protection
+from ray_ckpt.core.protection import cluster_margin, even_protection, rank_protection, step_protection
 
 
 def brute_force(shard_nodes: list[str], k: int) -> int:

@@ -9,11 +9,11 @@ import pytest
 from protocol_sim import JOB, World
 from shard_metas import shard_metas
 
-from ray_ckpt.checksum import checksum
-from ray_ckpt.registry import Registry
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.store import ShardStore
-from ray_ckpt.wire import StoreHoldings
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.registry import Registry
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.store import ShardStore
+from ray_ckpt.core.wire import StoreHoldings
 
 
 def world(**options: object) -> World:

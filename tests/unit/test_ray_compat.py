@@ -109,10 +109,10 @@ def test_train_workers_get_the_warm_up_hook_in_their_runtime_env_once() -> None:
     and a hook the job already set, and patching again changes nothing."""
     from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
 
-    _ray_compat.warm_worker_processes("ray_ckpt.inplace.warm_up")
-    _ray_compat.warm_worker_processes("ray_ckpt.inplace.warm_up")
+    _ray_compat.warm_worker_processes("ray_ckpt.train.inplace.warm_up")
+    _ray_compat.warm_worker_processes("ray_ckpt.train.inplace.warm_up")
     env = WorkerGroup._get_worker_runtime_env({"env_vars": {"MINE": "1"}})
     assert env["env_vars"]["MINE"] == "1"
-    assert env["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "ray_ckpt.inplace.warm_up"
+    assert env["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "ray_ckpt.train.inplace.warm_up"
     theirs = WorkerGroup._get_worker_runtime_env({"env_vars": {_ray_compat.SETUP_HOOK_ENV_VAR: "job.hook"}})
     assert theirs["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "job.hook"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ray_ckpt import settings
+from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import ConfigError
-from ray_ckpt.recovery_budget import RecoveryBudget
 
 
 def test_an_error_that_recurs_at_the_same_step_with_no_peer_lost_is_given_up_at_its_second_occurrence() -> None:

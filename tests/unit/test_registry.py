@@ -8,10 +8,10 @@ import time
 import pytest
 from shard_metas import shard_metas
 
+from ray_ckpt.core.registry import CommitDecision, Registry
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import StoreHoldings
 from ray_ckpt.errors import ConfigError, NoCheckpointError
-from ray_ckpt.registry import CommitDecision, Registry
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import StoreHoldings
 
 K, M = 2, 1
 NODES = ["n0", "n1", "n2", "n3", "n4"]

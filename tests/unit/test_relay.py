@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from shard_metas import shard_metas
 
-from ray_ckpt.batcher import Batcher
+from ray_ckpt.core.batcher import Batcher
+from ray_ckpt.core.registry import Registry
+from ray_ckpt.core.relay import Relay, subtrees
+from ray_ckpt.core.wire import GroupResult, PlanAnswer, PlanQuery, RestorePlan, StageGroup, StagePart, StageRequest
 from ray_ckpt.errors import ConfigError, SnapshotFormatError, StaleAttemptError
-from ray_ckpt.registry import Registry
-from ray_ckpt.relay import Relay, subtrees
-from ray_ckpt.wire import GroupResult, PlanAnswer, PlanQuery, RestorePlan, StageGroup, StagePart, StageRequest
 
 K, M = 2, 1
 JOB = "job"

@@ -21,14 +21,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from ray_ckpt import blob, dtensor, reshard, snapshot
-from ray_ckpt.checksum import checksum
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt import reshard
+from ray_ckpt.core import blob, dtensor, snapshot
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import ConfigError, LayoutChangedError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer, load
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankRecord
 
 K, M, OLD = 2, 1, 4
 

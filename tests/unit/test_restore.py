@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from ray_ckpt import blob, snapshot
 from ray_ckpt.backup import ArrowBackup
-from ray_ckpt.checksum import checksum
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.core import blob, snapshot
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError
 from ray_ckpt.restore import Restorer
-from ray_ckpt.shard import ShardMeta
 from ray_ckpt.testing import digest
-from ray_ckpt.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 
 JOB, K, M, WORLD = "job", 3, 2, 2
 NODES = [f"n{i}" for i in range(K + M)]

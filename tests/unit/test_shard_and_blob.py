@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ray_ckpt import blob
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core import blob
+from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.errors import ConfigError, SnapshotFormatError
-from ray_ckpt.shard import ShardMeta
 
 VALID: dict[str, Any] = {
     "job": "train-42",

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ray_ckpt import settings as settings_knobs
-from ray_ckpt import snapshot as snap
+from ray_ckpt.core import snapshot as snap
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from shard_metas import shard_metas
 
+from ray_ckpt.core.registry import CommitDecision, Registry, StageOutcome
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import RankLocation, StageRequest, StageResult, StoreHoldings
 from ray_ckpt.errors import ConfigError, NoCheckpointError, SnapshotFormatError, StaleAttemptError
-from ray_ckpt.registry import CommitDecision, Registry, StageOutcome
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import RankLocation, StageRequest, StageResult, StoreHoldings
 
 K, M = 2, 1
 JOB = "job"

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.core.shard import STEP_MAX, check_step
 from ray_ckpt.errors import ConfigError
-from ray_ckpt.shard import STEP_MAX, check_step
 
 BAD_STEPS = [2**64, 2**63, -1, True, False, 1.9, 3.0, "3", None]
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from ray_ckpt import settings
-from ray_ckpt import store as store_module
-from ray_ckpt.checksum import checksum
+from ray_ckpt.core import store as store_module
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.store import ShardStore
 from ray_ckpt.errors import ConfigError, StoreFullError
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.store import ShardStore
 
 UNLIMITED = 1 << 40
 

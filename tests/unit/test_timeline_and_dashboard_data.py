@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 import recorded_events
 
-from ray_ckpt import events, timeline
+from ray_ckpt.core import events, timeline
 from ray_ckpt.dashboard import data as dashboard_data
 from ray_ckpt.dashboard import server
 
@@ -185,7 +185,7 @@ def test_live_part_placement_memory_protection() -> None:
 
 
 def test_placement_protection_counts_shards_that_share_a_node() -> None:
-    """Two shards of a rank on one node are lost together: protection is ray_ckpt.protection's, not live - k."""
+    """Two shards of a rank on one node are lost together: protection is ray_ckpt.core.protection's, not live - k."""
     meta = {"data_shards": 2, "parity_shards": 2}
     ranks = {0: {"metas": dict.fromkeys(range(4), meta), "nodes": {0: "a", 1: "a", 2: "b", 3: "c"}, "local": None}}
     result = dashboard_data.placement(7, ranks, {"a", "b", "c"})

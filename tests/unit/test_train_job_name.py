@@ -87,7 +87,7 @@ def test_the_job_passed_on_is_the_override_else_the_mapped_experiment_name(
 ) -> None:
     """With Ray Train's context and collective faked: the generic Checkpointer receives the
     override as is, else ``job_name(<experiment name>)``, with the run's rank and world size."""
-    import ray_ckpt.train as train
+    import ray_ckpt.train.checkpointer as train
 
     received: dict[str, object] = {}
     monkeypatch.setattr(train.ray.train, "get_context", _Context)

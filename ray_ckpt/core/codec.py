@@ -1,7 +1,7 @@
 """Systematic Reed-Solomon erasure code over GF(2^8): any k of k+m shards rebuild the payload.
 
 The codec does NOT detect corruption: a shard whose bytes changed decodes to a wrong payload
-without any error. Verify each shard's checksum (``ray_ckpt.checksum``) before handing it to
+without any error. Verify each shard's checksum (``ray_ckpt.core.checksum``) before handing it to
 ``decode``/``reconstruct`` and treat a bad one as missing.
 """
 
@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ray_ckpt import gf256, settings, workpool
+from ray_ckpt import settings
+from ray_ckpt.core import gf256, workpool
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
 
 try:
-    from ray_ckpt import _gf256  # type: ignore[attr-defined]
+    from ray_ckpt.core import _gf256
 
     KERNEL: str = _gf256.isa()
 except ImportError:  # pragma: no cover - only without a compiler at install time
@@ -44,7 +45,7 @@ def as_bytes(buffer: Any) -> np.ndarray:
     if type(buffer).__module__.startswith("torch"):
         if buffer.device.type != "cpu":
             raise ValueError(
-                f"tensor lives on {buffer.device}; use ray_ckpt.codec_torch for device tensors "
+                f"tensor lives on {buffer.device}; use ray_ckpt.core.codec_torch for device tensors "
                 "or copy it to the CPU first"
             )
         if not buffer.is_contiguous():

@@ -10,7 +10,7 @@ only the failed workers (Ray's replica-group path, fenced in ``_ray_compat``). `
 training function and, when it fails because a peer is gone (a collective error, or a commit
 that timed out), turns that into a recovery in the same process: the function's checkpointers
 are abandoned, the process group is destroyed, the survivors and the replacement meet in a new
-generation (``generations.GenerationCoordinator``) with a fresh TCP store, and the function runs
+generation (``actors.generation_coordinator.GenerationCoordinator``) with a fresh TCP store, and the function runs
 again from the top. There it restores as it always does: survivors from their local copy,
 the replacement from peers. The contract on the training function: it must be safe to re-run
 in the same process (build the model and optimizer, ``prepare_model``, create its Checkpointer,
@@ -47,10 +47,11 @@ import ray.train
 import torch.distributed as dist
 from ray.train.torch import TorchConfig
 
+from actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt import _ray_compat, settings
+from ray_ckpt.core.generations import BEATS_PER_S, Member, hang_bound_s
+from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
-from ray_ckpt.generations import BEATS_PER_S, GenerationCoordinator, Member, hang_bound_s
-from ray_ckpt.recovery_budget import RecoveryBudget
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class _Settings:
     warm_spares: int = 0
 
 
-WARM_HOOK = "ray_ckpt.inplace.warm_up"  # what a Ray Train worker process runs when it starts
+WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts
 WARM_KEEP_ALIVE_S = 600  # how long Ray keeps a warm spare waiting; renewed at half of it while the run lives
 WARM_STAGGER_S = 1.0  # between two spares' starts
 WARM_MODULES = (

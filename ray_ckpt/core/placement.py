@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ray_ckpt.core.protection import even_protection
 from ray_ckpt.errors import PlacementError
-from ray_ckpt.protection import even_protection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ def place(
     Rules, in priority order:
       1. distinct nodes while at least ``shards`` nodes run a store; with fewer, shards double
          up as evenly as the nodes allow (counts differ by at most one), so a save keeps
-         working on a shrunken cluster: its protection (``ray_ckpt.protection``) says how
+         working on a shrunken cluster: its protection (``ray_ckpt.core.protection``) says how
          many node losses the step really survives. PlacementError only when no node runs a
          store;
       2. never the rank's own node while enough other nodes exist (its node dying must not take

@@ -10,7 +10,7 @@ the function on every such error would loop forever on the latter, never reachin
   failed again) and that recovery lost no peer (the next generation had the same processes as
   the failed one): the error is the job's own, not a peer's loss.
 
-Pure bookkeeping, one per worker process; the wrapper in ``ray_ckpt.inplace`` consults it.
+Pure bookkeeping, one per worker process; the wrapper in ``ray_ckpt.train.inplace`` consults it.
 """
 
 from __future__ import annotations

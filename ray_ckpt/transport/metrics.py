@@ -15,7 +15,7 @@ Who records what:
 
 - the registry actor: every event it logs (``observe_event``: save and restore phases,
   steps lost, kills, node deaths, and per recovery the time to resume and its phases, from
-  ``ray_ckpt.timeline``), and on every commit the committed step and its protection
+  ``ray_ckpt.core.timeline``), and on every commit the committed step and its protection
   (``observe_committed``);
 - each store actor: its bytes, shards and budget after every change (``observe_store``);
 - a rank writing a persistent backup: ``observe_backup``.
@@ -35,8 +35,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ray_ckpt import timeline
-from ray_ckpt.protection import step_protection
+from ray_ckpt.core import timeline
+from ray_ckpt.core.protection import step_protection
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ _recoveries = _Recoveries()
 
 
 def observe_event(event: dict[str, Any]) -> None:
-    """Record the metrics of one event (see ray_ckpt.events); called by the registry for
+    """Record the metrics of one event (see ray_ckpt.core.events); called by the registry for
     every event it logs. Never raises."""
     try:
         _observe_event(event)
@@ -389,7 +389,7 @@ def observe_job(job: str, committed_step: int | None, protection: int | None) ->
 
 
 def protection(ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> int | None:
-    """How many more node failures a committed step survives (``ray_ckpt.protection``: from
+    """How many more node failures a committed step survives (``ray_ckpt.core.protection``: from
     where its shards really are, the weakest rank counts), as ``ray_ckpt.status()`` reports
     it. ``ranks``: rank -> a record with ``metas`` (index -> ShardMeta or its dict) and
     ``nodes`` (index -> node id), as returned by the registry's ``locate``.

@@ -57,9 +57,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ray_ckpt import hostmem
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.store import ShardStore
+from ray_ckpt.core import hostmem
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.store import ShardStore
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ray_ckpt.codec import ReedSolomon
+from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.errors import InsufficientShardsError, ShardMismatchError
 
 __all__ = ["decode", "encode_parity"]

@@ -1,6 +1,6 @@
 """Simulated failures on a schedule, for testing recovery (``ray-ckpt kill-node``).
 
-What a failure does is a fault kind (``ray_ckpt.faults``: a node crash, a store kill, a
+What a failure does is a fault kind (``ray_ckpt.tools.faults``: a node crash, a store kill, a
 simulated node's removal); this module decides when and whom to strike, for any kind:
 
 - ``inject(fault, node_ids)``: strike the given nodes at the same moment (``kill_nodes`` /
@@ -18,7 +18,7 @@ recorded in the registry as a ``kill`` event (``mode``: the fault's) and, once R
 node dead, a ``node_dead`` event stamped with the time this process saw it dead (polling
 every 50 ms). Without the service the kills happen all the same.
 
-Every kill returns a ``ray_ckpt.wire.KillResult``: kill_time on the victim's clock (when the
+Every kill returns a ``ray_ckpt.core.wire.KillResult``: kill_time on the victim's clock (when the
 SIGKILLs were sent), ``dead_time`` (None when not waited for), ``recorded`` (whether the
 events went to the registry).
 """
@@ -31,11 +31,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ray_ckpt import events, naming, remote, service, settings
+from ray_ckpt import service, settings
+from ray_ckpt.core import events
+from ray_ckpt.core.wire import KillResult, StoreHoldings
 from ray_ckpt.errors import ConfigError, KillTimeoutError, StoreUnavailableError
-from ray_ckpt.faults import Fault, NodeCrash, StoreKill, alive_node_ids, own_node_id
-from ray_ckpt.registry_client import RegistryClient
-from ray_ckpt.wire import KillResult, StoreHoldings
+from ray_ckpt.tools.faults import Fault, NodeCrash, StoreKill, alive_node_ids, own_node_id
+from ray_ckpt.transport import naming, remote
+from ray_ckpt.transport.registry_client import RegistryClient
 
 logger = logging.getLogger(__name__)
 

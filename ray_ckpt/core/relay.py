@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from ray_ckpt.batcher import Batcher
+from ray_ckpt.core.batcher import Batcher
 
 
 def subtrees(members: Sequence[str], fanin: int) -> list[list[str]]:

@@ -12,11 +12,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ray_ckpt import hostmem
-from ray_ckpt.checksum import checksum
-from ray_ckpt.codec import as_bytes
+from ray_ckpt.core import hostmem
+from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.codec import as_bytes
+from ray_ckpt.core.shard import ShardKey, ShardMeta
 from ray_ckpt.errors import ConfigError, StoreFullError
-from ray_ckpt.shard import ShardKey, ShardMeta
 
 LOCAL_INDEX = -1  # key index of a rank's full local copy (kept apart from its coded shards)
 INTACT_TTL_S = 5.0  # a ranged read trusts a shard's checksum verdict this long (a restore reads many ranges)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ray_ckpt.events import valid
+from ray_ckpt.core.events import valid
 
 BURST_S = 2.0
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
@@ -44,7 +44,7 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     "error", "errors", "mode", "survivor_pids", "replacement_pids", "warm_replacements"}``
     (``warm_replacements``: rank -> whether its replacement started in a process that had warmed
     up before the kill, a warm spare). ``step`` and ``steps_lost`` are None when no rank restored
-    a step. Malformed events (``ray_ckpt.events.check``) are skipped."""
+    a step. Malformed events (``ray_ckpt.core.events.check``) are skipped."""
     ordered: list[dict[str, Any]] = sorted(
         (e for e in events if isinstance(e, dict) and e.get("kind") != "status" and valid(e)),
         key=lambda e: float(e["time"]),

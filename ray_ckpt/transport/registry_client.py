@@ -3,7 +3,7 @@
 Ray restarts a dead registry, which then rebuilds its view from the stores, and every registry
 method is idempotent, so a call that finds the registry unavailable is retried until
 RAY_CKPT_PEER_TIMEOUT_S. A ray_ckpt error the registry raised is raised here as itself
-(``ray_ckpt.remote``). Records come back parsed (``ray_ckpt.wire``). Used by the checkpointer,
+(``ray_ckpt.transport.remote``). Records come back parsed (``ray_ckpt.core.wire``). Used by the checkpointer,
 the service, the kill tool and the dashboard alike.
 """
 
@@ -15,9 +15,8 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import naming, remote, settings
-from ray_ckpt.errors import StoreUnavailableError
-from ray_ckpt.wire import (
+from ray_ckpt import settings
+from ray_ckpt.core.wire import (
     PlanAnswer,
     PlanQuery,
     RankLocation,
@@ -27,6 +26,8 @@ from ray_ckpt.wire import (
     StageResult,
     ranks_from_wire,
 )
+from ray_ckpt.errors import StoreUnavailableError
+from ray_ckpt.transport import naming, remote
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
 - ``KillResult``: one simulated failure (the kill tool's answer).
 - ``StageRequest`` / ``StageResult``: one rank's stage of one step and its outcome.
 - ``StageGroup`` / ``GroupResult``: the stages of many ranks of one step, packed, as the
-  stores pass them up the relay tree to the registry (``ray_ckpt.relay``), and their outcome.
+  stores pass them up the relay tree to the registry (``ray_ckpt.core.relay``), and their outcome.
 - ``PlanQuery`` / ``PlanAnswer``: ranks asking for their attempt's restore plan and their
   records of its step, merged up the same tree, and the answer.
 """
@@ -27,8 +27,8 @@ from typing import Any
 import msgpack
 
 from ray_ckpt import errors
-from ray_ckpt.protection import rank_protection
-from ray_ckpt.shard import SAVE_ID_MAX, ShardMeta
+from ray_ckpt.core.protection import rank_protection
+from ray_ckpt.core.shard import SAVE_ID_MAX, ShardMeta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class RankRecord:
         return sum(1 for node in self.nodes.values() if node in live_nodes)
 
     def protection(self, live_nodes: Container[str] | None = None) -> int:
-        """Node losses these shards survive from now (see ray_ckpt.protection)."""
+        """Node losses these shards survive from now (see ray_ckpt.core.protection)."""
         return rank_protection(self.nodes.values(), self.data_shards, live_nodes)
 
     def to_wire(self) -> dict[str, Any]:
@@ -467,7 +467,7 @@ class StagePart:
 @dataclasses.dataclass(frozen=True)
 class StageGroup:
     """The stages of one step of one job by ranks that share world size, ``keep_committed``
-    and attempt, as the stores pass them up the relay tree (``ray_ckpt.relay``). ``parts``: the
+    and attempt, as the stores pass them up the relay tree (``ray_ckpt.core.relay``). ``parts``: the
     ranks and their requests packed (``StagePart``; one part once merged), so relays and the
     registry move and count stages without parsing them; the registry unpacks a part only when
     it needs a rank's record (a restore, a status snapshot). The store that packs a request has

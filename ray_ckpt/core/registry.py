@@ -8,9 +8,8 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ray_ckpt.errors import ConfigError, InsufficientShardsError, NoCheckpointError, RayCkptError, StaleAttemptError
-from ray_ckpt.shard import ShardMeta
-from ray_ckpt.wire import (
+from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.wire import (
     GroupResult,
     PlanAnswer,
     PlanMark,
@@ -23,6 +22,7 @@ from ray_ckpt.wire import (
     StageRequest,
     StoreHoldings,
 )
+from ray_ckpt.errors import ConfigError, InsufficientShardsError, NoCheckpointError, RayCkptError, StaleAttemptError
 
 
 class StepRecord:

@@ -2,7 +2,7 @@
 
 A ``Fault`` checks its victims, gets ready to strike them (``arm``: nothing has happened yet,
 and ``disarm`` undoes it), strikes every armed victim at the same moment (``fire``, returning
-each kill time), and tells which victims are gone (``gone``). ``ray_ckpt.chaos`` runs any
+each kill time), and tells which victims are gone (``gone``). ``ray_ckpt.tools.chaos`` runs any
 fault: at once (``inject``), as a Poisson process (``kill_loop``) or while a save is in flight
 (``kill_during_save``), and records each kill as an event whose ``mode`` is the fault's.
 
@@ -35,8 +35,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.node_crasher import NodeCrasher, kill_tree, local_raylets
-from ray_ckpt import naming
 from ray_ckpt.errors import ConfigError, KillError
+from ray_ckpt.transport import naming
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
 - ``status``: a snapshot the registry takes when a step of ``job`` commits (at most one per
   job every ``STATUS_EVERY_S``; the newest commit is always snapshotted): step (the job's
   newest committed step), world_size, data_shards, parity_shards, protection (node losses the
-  step survives, ``ray_ckpt.protection.step_protection`` over shards on alive nodes with a
+  step survives, ``ray_ckpt.core.protection.step_protection`` over shards on alive nodes with a
   store), placement {rank: [node id of shard 0, 1, ...]} (None for a job of more than
   ``PLACEMENT_MAX_RANKS`` ranks: a snapshot must not cost O(ranks) every second), local
   {rank: node id of its local copy}, nodes {node id: {host, address, alive, store,
@@ -38,7 +38,7 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
 ``check`` states what a well-formed event is: the fields above with their types (numbers
 finite, ranks and counts ints >= 0, phases numbers), the ones its kind needs present. The
 registry refuses a malformed event (``ConfigError`` naming the field) and records nothing;
-readers (``read``, ``resolve``, the dashboard, ``ray_ckpt.timeline``) skip it.
+readers (``read``, ``resolve``, the dashboard, ``ray_ckpt.core.timeline``) skip it.
 
 An events file holds one event per line (JSON lines); ``read`` skips lines it cannot parse,
 so a file cut by a crash stays readable. ``EventLog`` bounds what it holds by bytes: the file
@@ -61,7 +61,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from ray_ckpt import protection, settings
+from ray_ckpt import settings
+from ray_ckpt.core import protection
 from ray_ckpt.errors import ConfigError
 
 logger = logging.getLogger(__name__)

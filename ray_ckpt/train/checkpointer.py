@@ -1,4 +1,4 @@
-"""Ray Train integration: a Checkpointer that takes job, rank and world size from the run."""
+"""ray_ckpt.train.Checkpointer: a Checkpointer that takes job, rank and world size from the run."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pyarrow.fs as pafs
 import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
-from ray_ckpt import checkpointer, inplace
+from ray_ckpt import checkpointer
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import ConfigError
-from ray_ckpt.inplace import InPlaceRecovery
+from ray_ckpt.train import inplace
 
-__all__ = ["Checkpointer", "InPlaceRecovery", "default_backup_uri", "job_name"]
+__all__ = ["Checkpointer", "default_backup_uri", "job_name"]
 
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
 

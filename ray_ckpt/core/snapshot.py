@@ -19,8 +19,8 @@ with each node a ``[tag, body]`` pair: ``["d", [[key, node], ...]]`` (dict, inse
 ``["o", ...]`` (OrderedDict), ``["l", [node, ...]]`` (list), ``["t", [node, ...]]`` (tuple),
 ``["T", tensor index]``, ``["v", plain value]`` and, from version 2, ``["D", {"local": tensor
 index, "shape", "placements", "mesh", "mesh_dims", "coordinate", "offsets"}]`` for a DTensor:
-this rank's local shard plus its global layout (see :mod:`ray_ckpt.dtensor`; restored as a
-:class:`~ray_ckpt.dtensor.SavedShard`). A state without DTensors is written as version 1, which
+this rank's local shard plus its global layout (see :mod:`ray_ckpt.core.dtensor`; restored as a
+:class:`~ray_ckpt.core.dtensor.SavedShard`). A state without DTensors is written as version 1, which
 ray_ckpt versions before DTensor support read too; both versions are read.
 
 Tensor bytes lie in the payload at offsets that are multiples of :data:`ALIGNMENT`; gaps
@@ -51,10 +51,11 @@ import msgpack
 import numpy as np
 import torch
 
-from ray_ckpt import dtensor, settings, workpool
+from ray_ckpt import settings
+from ray_ckpt.core import dtensor, workpool
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
-MAGIC = "ray_ckpt.snapshot"
+MAGIC = "ray_ckpt.core.snapshot"
 FORMAT_VERSION = 2  # the newest version written; 1 when the state holds no DTensor
 READ_VERSIONS = (1, 2)
 ALIGNMENT = 64  # byte alignment of every tensor inside the payload

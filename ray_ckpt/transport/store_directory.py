@@ -5,7 +5,7 @@ node of the cluster); ``live`` asks Ray afresh, so a restore never counts on a d
 Calls return ``concurrent.futures.Future``s, which is what the save and restore paths (and
 their fakes in unit tests) wait on.
 
-Reads (``get``, ``get_ranges``) go straight to the store's socket (``ray_ckpt.direct_reads``;
+Reads (``get``, ``get_ranges``) go straight to the store's socket (``ray_ckpt.transport.direct_reads``;
 its Unix socket for the store on this rank's own node) when it serves one, from a small pool
 of reader threads; a store that cannot be reached that way is read through its Ray actor
 from then on.
@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 import ray
 
-from ray_ckpt import direct_reads, naming, remote, settings
-from ray_ckpt.direct_reads import Endpoint, Landing
-from ray_ckpt.placement import Node
-from ray_ckpt.shard import ShardKey, ShardMeta
-from ray_ckpt.wire import StageRequest
+from ray_ckpt import settings
+from ray_ckpt.core.placement import Node
+from ray_ckpt.core.shard import ShardKey, ShardMeta
+from ray_ckpt.core.wire import StageRequest
+from ray_ckpt.transport import direct_reads, naming, remote
+from ray_ckpt.transport.direct_reads import Endpoint, Landing
 
 logger = logging.getLogger(__name__)
 

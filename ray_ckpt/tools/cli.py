@@ -10,7 +10,7 @@ Subcommands (each connects to a running Ray cluster: ``--address``, default ``au
 - ``stop``: kill the stores and the registry (every checkpoint they hold is gone).
 - ``drop JOB``: remove one job's checkpoints from the registry and every store; other jobs are
   untouched (``ray_ckpt.service.drop``).
-- ``kill-node``: simulate failures (``ray_ckpt.chaos``): crash nodes (``--node``, ``--random``),
+- ``kill-node``: simulate failures (``ray_ckpt.tools.chaos``): crash nodes (``--node``, ``--random``),
   at random with a mean time between failures (``--mtbf``), or while a save is in flight
   (``--during-save``); ``--fault store`` (or ``--store-only``) kills just the ray_ckpt store. Prints what was killed
   and when Ray declared it dead.
@@ -20,7 +20,7 @@ Subcommands (each connects to a running Ray cluster: ``--address``, default ``au
 
 Errors (no Ray cluster, no ray_ckpt service, a ray_ckpt error) print one line to stderr and
 exit with status 1. The commands print their own output only: Ray's messages about the cluster
-(nodes marked dead, workers lost) stay in Ray's log files (``ray_ckpt.quiet``), and
+(nodes marked dead, workers lost) stay in Ray's log files (``ray_ckpt.tools.quiet``), and
 ``kill-node`` says where those are.
 """
 
@@ -39,9 +39,11 @@ from typing import Any
 
 import ray
 
-from ray_ckpt import chaos, faults, naming, quiet, service, settings
+from ray_ckpt import service, settings
+from ray_ckpt.core.wire import KillResult
 from ray_ckpt.errors import CliError, RayCkptError, unwrap_remote
-from ray_ckpt.wire import KillResult
+from ray_ckpt.tools import chaos, faults, quiet
+from ray_ckpt.transport import naming
 
 PROG = "ray-ckpt"
 MIB = 1 << 20
