@@ -305,7 +305,7 @@ class RegistryActor:
         handles = list(naming.store_handles(self._namespace).values())
         for gone in discarded:
             for handle in handles:
-                handle.drop.remote(gone.job, list(gone.steps), gone.keep_attempt, gone.writer)
+                handle.drop.remote(gone.job, list(gone.steps), list(gone.attempts), list(gone.writers))
         noted = [handle.note_plan.remote(job, mark.to_wire()) for job, mark in plans.items() for handle in handles]
         if noted:
             ray.wait(noted, num_returns=len(noted), timeout=PLAN_MARK_WAIT_S)

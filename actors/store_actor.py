@@ -235,12 +235,16 @@ class ShardStoreActor:
         return freed
 
     def drop(
-        self, job: str, steps: list[int] | None = None, keep_attempt: str | None = None, writer: str | None = None
+        self,
+        job: str,
+        steps: list[int] | None = None,
+        attempts: list[str] | None = None,
+        writers: list[str] | None = None,
     ) -> int:
         """``ShardStore.drop``."""
         if steps is None:
             self._kept.pop(job, None)
-        freed = self._store.drop(job, steps, keep_attempt, writer)
+        freed = self._store.drop(job, steps, attempts, writers)
         metrics.observe_store(self._store.stats())
         return freed
 

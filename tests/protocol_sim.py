@@ -123,7 +123,7 @@ class World:
         new restore plans."""
         for gone in self.registry.take_discarded():
             for node in self.alive:
-                self.stores[node].drop(gone.job, list(gone.steps), gone.keep_attempt, gone.writer)
+                self.stores[node].drop(gone.job, list(gone.steps), gone.attempts, gone.writers)
         for job, mark in self.registry.take_plan_marks().items():
             for node in self.alive:
                 self.stores[node].note_plan(job, mark.to_wire())

@@ -102,15 +102,16 @@ class _Incarnations:
 
 @dataclasses.dataclass(frozen=True)
 class Discarded:
-    """Steps of ``job`` the registry forgot whose shards the stores drop, except those saved
-    by ``keep_attempt`` (the attempt that discarded them: its own shards of a torn step number,
-    put before or after, belong to its save of that step); with ``writer``, only that
-    writer's shards (a save whose stage was refused)."""
+    """Steps of ``job`` the registry forgot whose shards the stores drop: those saved under one
+    of ``attempts`` ("" for saves without one) or by one of ``writers``. Never "every shard of
+    the step but the discarding attempt's": an attempt the registry has not heard of yet (a
+    later group whose puts came before an older zombie's first stage) may hold shards of the
+    same step number, and its save will commit."""
 
     job: str
     steps: tuple[int, ...]
-    keep_attempt: str | None = None
-    writer: str | None = None
+    attempts: tuple[str, ...] = ()
+    writers: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +236,7 @@ class Registry:
             for request in (r for part in group.parts for r in part.requests()):
                 writer = request.metas[0].writer
                 if request.metas[0].rank in outcome.refused and writer not in held:  # never a recorded save
-                    self._discarded.append(Discarded(group.job, (group.step,), writer=writer))
+                    self._discarded.append(Discarded(group.job, (group.step,), writers=(writer,)))
         return outcome
 
     def _stage_request_locked(self, request: StageRequest, *, acknowledge_retries: bool) -> StageOutcome:
@@ -362,10 +363,8 @@ class Registry:
         state.current = attempt
         steps = self._jobs.get(job, {})
         torn = tuple(sorted(s for s, r in steps.items() if not r.committed and r.attempt != attempt))
-        for step in torn:
-            del steps[step]
         if torn:
-            self._discarded.append(Discarded(job, torn, attempt))
+            self._discarded.append(self._discard_locked(job, state, torn, keep=attempt))
         self._note_plan_locked(job, state, None)  # the stores keep the new history
         return torn
 
@@ -482,11 +481,25 @@ class Registry:
             doomed = tuple(
                 sorted(s for s, r in steps.items() if s > step and (r.attempt != current or current is None))
             )
-            for s in doomed:
-                del steps[s]
             if doomed:
-                self._discarded.append(Discarded(job, doomed, current))
+                state = self._incarnations.setdefault(job, _Incarnations())
+                self._discarded.append(self._discard_locked(job, state, doomed, keep=current))
             return doomed
+
+    def _discard_locked(self, job: str, state: _Incarnations, steps: tuple[int, ...], keep: str | None) -> Discarded:
+        """Forget ``steps`` of ``job``; what the stores drop of them: the shards of every attempt
+        the registry knows but ``keep`` and, of saves without an attempt, the recorded ones."""
+        records = self._jobs.get(job, {})
+        writers = {
+            meta.writer
+            for step in steps
+            for rank in records[step].ranks().values()
+            for meta in (*rank.metas.values(), *([rank.local] if rank.local is not None else []))
+            if not meta.attempt
+        }
+        for step in steps:
+            del records[step]
+        return Discarded(job, steps, tuple(sorted(state.seen - {keep})), tuple(sorted(writers)))
 
     # ---- queries ------------------------------------------------------------------------
 

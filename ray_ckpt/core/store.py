@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,6 @@ import numpy as np
 
 from ray_ckpt.core import hostmem
 from ray_ckpt.core.checksum import checksum
-from ray_ckpt.core.codec import as_bytes
 from ray_ckpt.core.shard import ShardKey, ShardMeta
 from ray_ckpt.errors import ConfigError, StoreFullError
 
@@ -104,7 +103,7 @@ class ShardStore:
     def put(self, meta: ShardMeta, data: Any, *, local: bool = False) -> None:
         """Store one shard, or with ``local`` a rank's full local copy (a k=1, m=0 "shard")."""
         key = (meta.job, meta.step, meta.rank, LOCAL_INDEX, meta.writer) if local else meta.key
-        view = as_bytes(data)
+        view = hostmem.as_bytes(data)
         if view.size != meta.shard_size:
             raise ValueError(f"shard {meta.key} has {view.size} bytes, its metadata says {meta.shard_size}")
         metadata_bytes = len(msgpack.packb(meta.to_dict()))
@@ -162,20 +161,25 @@ class ShardStore:
             return self._drop_locked(doomed)
 
     def drop(
-        self, job: str, steps: list[int] | None = None, keep_attempt: str | None = None, writer: str | None = None
+        self,
+        job: str,
+        steps: list[int] | None = None,
+        attempts: Collection[str] | None = None,
+        writers: Collection[str] | None = None,
     ) -> int:
-        """Evict the job's shards of ``steps`` (all steps when None), except those saved by
-        ``keep_attempt`` when given (a step a new attempt discards as torn may already hold that
-        attempt's own shards); with ``writer``, only that writer's. Returns the bytes freed."""
+        """Evict the job's shards of ``steps`` (all steps when None): all of them, or, when
+        ``attempts`` or ``writers`` is given, only those saved under one of ``attempts`` (""
+        for saves without one) or by one of ``writers``. Returns the bytes freed."""
         wanted = None if steps is None else set(steps)
+        chosen = attempts is not None or writers is not None
+        of_attempts, of_writers = set(attempts or ()), set(writers or ())
         with self._lock:
             doomed = [
                 k
                 for k, entry in self._entries.items()
                 if k[0] == job
                 and (wanted is None or k[1] in wanted)
-                and (keep_attempt is None or entry.meta.attempt != keep_attempt)
-                and (writer is None or k[4] == writer)
+                and (not chosen or entry.meta.attempt in of_attempts or k[4] in of_writers)
             ]
             if steps is None:
                 self._committed.pop(job, None)
