@@ -83,7 +83,12 @@ def train_loop(config: dict[str, Any]) -> None:
         from torch.distributed.fsdp import fully_shard
 
         model = build_model()
-        fully_shard(model, mesh=init_device_mesh("cpu", (context.get_world_size(),)))
+        mesh = init_device_mesh("cpu", (context.get_world_size(),))
+        if config.get("fsdp2_per_layer"):  # each Linear its own FSDP unit, then the root: more collectives
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     else:
         model = ray.train.torch.prepare_model(build_model(), parallel_strategy_kwargs={"find_unused_parameters": True})
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -152,11 +157,13 @@ def run(
     max_failures: int = 3,
     in_place: dict[str, Any] | None = None,
     fsdp2: bool = False,
+    fsdp2_per_layer: bool = False,
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
     ``fsdp2``: shard the model with FSDP2 ``fully_shard`` instead of DDP (a DTensor state);
-    then every step's full-parameter digest is also written (``read_step_digests``).
+    then every step's full-parameter digest is also written (``read_step_digests``); with
+    ``fsdp2_per_layer`` each Linear is an FSDP unit of its own, under the root's.
     While ``events_dir/PAUSE_FILE`` exists, every rank waits after its step."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
@@ -168,6 +175,7 @@ def run(
             "events_dir": events_dir,
             "step_sleep_s": step_sleep_s,
             "fsdp2": fsdp2,
+            "fsdp2_per_layer": fsdp2_per_layer,
         },
         # a (min, max) pair: elastic, the group restarts at another size as nodes come and go
         scaling_config=ScalingConfig(num_workers=workers, elastic_resize_monitor_interval_s=2.0),

@@ -33,6 +33,7 @@ import datetime
 import functools
 import gc
 import logging
+import math
 import os
 import threading
 import time
@@ -52,6 +53,7 @@ from ray_ckpt import _ray_compat, settings
 from ray_ckpt.core.generations import BEATS_PER_S, Member, hang_bound_s
 from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
+from ray_ckpt.train.gloo_connections import GlooConnections
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +79,12 @@ class _Settings:
     collective_timeout_s: float
     backend: str | None
     warm_spares: int = 0
+    warm_keep_alive_s: float = 600.0
 
 
 WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts
-WARM_KEEP_ALIVE_S = 600  # how long Ray keeps a warm spare waiting; renewed at half of it while the run lives
+SPARE_GRACE_S = 10.0  # how long after warming up a spare waits for its node's mark before a missing one ends it
+SPARE_CHECK_S = 5.0  # how often an idle spare checks that it is still its node's
 WARM_STAGGER_S = 1.0  # between two spares' starts
 WARM_MODULES = (
     _ray_compat.train_worker_module(),
@@ -102,13 +106,40 @@ def warm_up() -> None:
     priority back when it becomes one (``_become``)."""
     import importlib
 
-    global _warmed_at, _niceness_before
+    global _warmed_at, _niceness_before, _gloo
+    _gloo = GlooConnections()  # before any process group: what listens later is gloo's
     if _may_renice():
         _niceness_before = os.nice(0)
         os.nice(WARM_NICENESS)
     for module in WARM_MODULES:
         importlib.import_module(module)
     _warmed_at = time.time()
+    if ray.is_initialized():  # a Ray worker process: it may wait as a spare
+        started = psutil.Process().create_time()
+        threading.Thread(target=_leave_when_superseded, args=(started,), name="ray_ckpt-spare", daemon=True).start()
+
+
+def _leave_when_superseded(started: float) -> None:
+    """While this process waits as a warm spare (no actor runs in it), end it once it is not its
+    node's spare any more: a newer spare was started there (the mark names a later start: a
+    renewal) or a worker took the node (the mark is gone). So a node holds at most one warm
+    spare of a job however often they are renewed, during the run and after it. A process that
+    became a worker (an actor runs in it) is never touched."""
+    missing_after = time.monotonic() + SPARE_GRACE_S  # a mark is written once the start was asked
+    try:
+        runtime = ray.get_runtime_context()
+        job, env, node = runtime.get_job_id(), runtime.get_runtime_env_string(), runtime.get_node_id()
+        while _role is None and runtime.get_actor_id() is None:
+            mark = _ray_compat.warm_spare_started(job, env, node)
+            gone = mark is None and time.monotonic() > missing_after
+            # a process's start time is coarse (a clock tick); renewals are minutes apart
+            newer = mark is not None and mark > started + 1.0
+            if (gone or newer) and _role is None and runtime.get_actor_id() is None:
+                logger.info("ray_ckpt: this warm spare on node %s was superseded; it exits", node[:8])
+                os._exit(0)
+            time.sleep(SPARE_CHECK_S)
+    except Exception as error:  # never end a process on a doubt: at worst a spare waits too long
+        logger.debug("warm spare watch: %s", error)
 
 
 def _may_renice() -> bool:
@@ -147,6 +178,7 @@ class _Role:
 
 _role: _Role | None = None
 _warmed_at: float | None = None  # when ``warm_up`` finished in this process
+_gloo: GlooConnections | None = None  # this process's gloo connections (see gloo_connections)
 _niceness_before: int | None = None  # this process's niceness before ``warm_up`` raised it
 _attempt: str | None = None  # the ray_ckpt attempt of the generation this process is in
 _rejoin: dict[str, Any] | None = None  # how this process entered that generation, for its event
@@ -193,8 +225,9 @@ class InPlaceRecovery(TorchConfig):
     for a peer that vanished without closing its connections. warm_spares: how many nodes
     without a worker of the run keep one warm spare process waiting (started, with torch and
     Ray Train imported), so that a replacement Ray schedules there starts in it instead of in a
-    new process; 0 turns them off. ``backend`` and the remaining keyword arguments are
-    TorchConfig's.
+    new process; 0 turns them off. warm_keep_alive_s: how long Ray keeps a spare waiting; the
+    run starts a new one on each free node at half of it, and the one it replaces exits.
+    ``backend`` and the remaining keyword arguments are TorchConfig's.
     """
 
     def __init__(
@@ -204,6 +237,7 @@ class InPlaceRecovery(TorchConfig):
         hang_timeout_s: float = 10.0,
         collective_timeout_s: float = 300.0,
         warm_spares: int = 8,
+        warm_keep_alive_s: float = 600.0,
         backend: str | None = None,
         **torch_config: Any,
     ) -> None:
@@ -211,6 +245,7 @@ class InPlaceRecovery(TorchConfig):
             ("timeout_s", timeout_s),
             ("hang_timeout_s", hang_timeout_s),
             ("collective_timeout_s", collective_timeout_s),
+            ("warm_keep_alive_s", warm_keep_alive_s),
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"InPlaceRecovery {name} must be a number of seconds > 0, got {value!r}")
@@ -218,7 +253,12 @@ class InPlaceRecovery(TorchConfig):
             raise ConfigError(f"InPlaceRecovery warm_spares must be an int >= 0 (0: none), got {warm_spares!r}")
         super().__init__(backend=backend, timeout_s=int(collective_timeout_s), **torch_config)
         self.settings = _Settings(
-            float(timeout_s), float(hang_timeout_s), float(collective_timeout_s), backend, warm_spares
+            float(timeout_s),
+            float(hang_timeout_s),
+            float(collective_timeout_s),
+            backend,
+            warm_spares,
+            float(warm_keep_alive_s),
         )
 
     @property
@@ -271,7 +311,9 @@ def _backend_class() -> type:
         def _warm_spares(self, group: Any, config: InPlaceRecovery, *, full_start: bool) -> None:
             if self._spares is None:
                 self._spares = _WarmSpares()
-            self._spares.refresh(group, config.settings.warm_spares, full_start=full_start)
+            self._spares.refresh(
+                group, config.settings.warm_spares, config.settings.warm_keep_alive_s, full_start=full_start
+            )
 
         def on_start(self, group: Any, config: InPlaceRecovery) -> None:
             if path.missing is not None:
@@ -309,22 +351,25 @@ def _backend_class() -> type:
 
 class _WarmSpares:
     """The run's warm spares, kept by its backend in the controller: after every start of
-    workers, and every ``WARM_KEEP_ALIVE_S / 2`` while the run lives, one warm worker process
+    workers, and every ``keep_alive_s / 2`` while the run lives, one warm worker process
     (Ray's prestarted worker with the workers' runtime env and job, so it has run ``warm_up``)
     on each node that has room for a worker and runs none of the run's, up to the number asked
     for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
     spares belong to the job and outlive one run, so a later run of the same job counts them
-    and starts none twice; a worker starting on a node clears its mark (``_Worker``). Ray reaps
-    a spare its keep-alive ran out on, once its node has more idle workers than CPUs."""
+    and starts none twice; a worker starting on a node clears its mark (``_Worker``). A spare
+    whose mark names a later start, or is gone, exits by itself (``_leave_when_superseded``), so
+    renewals never leave two on a node; Ray reaps a spare its keep-alive ran out on, once its
+    node has more idle workers than CPUs."""
 
     def __init__(self) -> None:
         self.workers: dict[int, str] = {}  # world rank -> node id
         self._facts: dict[str, Any] | None = None  # a worker's runtime env, job and resources
         self._wanted = 0
+        self._keep_alive_s = 600.0
         self._lock = threading.Lock()
         self._renewing = False
 
-    def refresh(self, group: Any, wanted: int, *, full_start: bool) -> None:
+    def refresh(self, group: Any, wanted: int, keep_alive_s: float, *, full_start: bool) -> None:
         """Start the spares on a thread (the workers' training functions need not wait for it);
         never raises: warm spares only make replacements start sooner."""
         if wanted <= 0:
@@ -335,17 +380,20 @@ class _WarmSpares:
             logger.info("ray_ckpt: no warm spares: %s", error)
             return
         threading.Thread(
-            target=self._refresh, args=(pending, wanted, full_start), name="ray_ckpt-warm-spares", daemon=True
+            target=self._refresh,
+            args=(pending, wanted, keep_alive_s, full_start),
+            name="ray_ckpt-warm-spares",
+            daemon=True,
         ).start()
 
-    def _refresh(self, pending: list[Any], wanted: int, full_start: bool) -> None:
+    def _refresh(self, pending: list[Any], wanted: int, keep_alive_s: float, full_start: bool) -> None:
         try:
             facts = ray.get(pending)
             with self._lock:
                 if full_start:
                     self.workers.clear()
                 self.workers.update({f["rank"]: f["node_id"] for f in facts})
-                self._facts, self._wanted = facts[0], wanted
+                self._facts, self._wanted, self._keep_alive_s = facts[0], wanted, keep_alive_s
                 renew, self._renewing = not self._renewing, True
             self._start_spares()
             if renew:
@@ -355,7 +403,7 @@ class _WarmSpares:
 
     def _renew(self) -> None:
         while True:  # a daemon of the controller: it ends with the run
-            time.sleep(WARM_KEEP_ALIVE_S / 2)
+            time.sleep(self._keep_alive_s / 2)
             try:
                 self._start_spares()
             except Exception as error:
@@ -375,12 +423,13 @@ class _WarmSpares:
                 and str(node["NodeID"]) not in busy
                 and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
             }
-            fresh = time.time() - WARM_KEEP_ALIVE_S / 2
+            fresh = time.time() - self._keep_alive_s / 2
             waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
             chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
             for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                if _ray_compat.prestart_worker(room[node], env, job, WARM_KEEP_ALIVE_S):
-                    _ray_compat.mark_warm_spare(job, env, node, time.time())
+                asked = time.time()  # before the process starts: a spare started earlier is superseded
+                if _ray_compat.prestart_worker(room[node], env, job, math.ceil(self._keep_alive_s)):
+                    _ray_compat.mark_warm_spare(job, env, node, asked)
                 time.sleep(WARM_STAGGER_S)
         if chosen:
             logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
@@ -424,6 +473,9 @@ class _Worker:
         )
         self.backend = self.settings.backend
         self._store: Any = None
+        global _gloo
+        if _gloo is None:  # no warm-up hook ran (the job has its own): from the generations formed here on
+            _gloo = GlooConnections()
         if self.settings.warm_spares > 0:  # this node's spare, if any, is taken or no longer needed
             try:
                 _ray_compat.mark_warm_spare(
@@ -475,7 +527,12 @@ class _Worker:
             self._beating.set()
 
     def _start_heartbeat(self) -> None:
-        interval = max(0.1, hang_bound_s(self.settings.hang_timeout_s, self.world_size) / 4)
+        # as often as the coordinator takes every rank's beat (BEATS_PER_S), at most a quarter
+        # of the hang bound and at least every quarter second
+        interval = min(
+            hang_bound_s(self.settings.hang_timeout_s, self.world_size) / 4,
+            max(0.25, self.world_size / BEATS_PER_S),
+        )
         coordinator, member = self.role.coordinator, self.member
 
         def beat() -> None:
@@ -488,20 +545,38 @@ class _Worker:
                 except Exception:  # the run is ending
                     return
                 group = dist.group.WORLD if dist.is_initialized() else None
-                if stuck and self.backend == "nccl" and group is not None and group is not aborted:
-                    # NCCL collectives hang on a lost peer instead of failing: abort them so the
-                    # training function raises and this rank joins the round
+                if not stuck or group is None or group is aborted:
+                    continue
+                # a round to replace this generation is open and this rank has not left it: its
+                # collectives wait on a peer that is gone or left. Make them fail so the training
+                # function raises and this rank joins the round.
+                if self.backend == "nccl":  # NCCL hangs on a lost peer instead of failing
                     logger.warning("rank %d: aborting the NCCL process group stuck on a lost peer", self.rank)
                     group.abort()
-                    aborted = group
+                else:
+                    logger.warning("rank %d: closing the gloo connections stuck on a lost peer", self.rank)
+                    self._shut_gloo()
+                aborted = group
 
         threading.Thread(target=beat, name=f"ray_ckpt-heartbeat-{self.rank}", daemon=True).start()
 
+    def _shut_gloo(self) -> int:
+        """Shut this process's accepted gloo connections (``GlooConnections``), but the
+        rendezvous stores': every peer still blocked on one fails at once."""
+        store_ports = [int(os.environ.get("MASTER_PORT") or 0)]  # Ray Train's store of a full start
+        if self._store is not None:
+            store_ports.append(int(self._store.port))
+        return 0 if _gloo is None else _gloo.shut(store_ports)
+
     def _teardown(self) -> None:
-        """Abandon the failed generation's checkpointers and destroy its process group."""
+        """Abandon the failed generation's checkpointers, close its gloo connections (peers
+        blocked in a collective with this rank fail now, not at their timeout) and destroy its
+        process group."""
         for checkpointer in list(_open):
             checkpointer.abandon()
         _open.clear()
+        if dist.is_initialized() and self.backend != "nccl":
+            self._shut_gloo()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
@@ -571,7 +646,7 @@ class _Worker:
             host, port = address.rsplit(":", 1)
             store = dist.TCPStore(host, int(port), self.world_size, False, timeout)
         self._store = store  # rank 0 serves the rendezvous while it lives
-        backend = self.backend or ("nccl" if _cuda_workers() else "gloo")
+        backend = self.backend = self.backend or ("nccl" if _cuda_workers() else "gloo")
         dist.init_process_group(
             backend,
             store=dist.PrefixStore(f"ray_ckpt/g{generation}", store),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import signal
 import tempfile
 import threading
@@ -305,6 +306,64 @@ def test_an_fsdp2_job_recovers_in_place_into_its_dtensors_bit_exact(cluster: Any
     assert (second[0]["source"], second[1]["source"]) == ("local", "peers")
     assert second[0]["restored_step"] >= 4
     assert report["bit_exact"]
+
+
+def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor_kept(cluster: Any) -> None:
+    """FSDP2 over 4 ranks, each Linear and the root an FSDP unit (all-gathers and reduce-
+    scatters in every step, on subgroups of the mesh): rank 2's node is killed 0-0.2 s after step
+    4 committed, anywhere in a step. Its neighbours' collectives fail; a survivor blocked in a
+    collective with a rank that left for the next generation is woken (the leaving ranks and the
+    round's heartbeat close their gloo connections) instead of waiting out its timeout. All
+    three survivors keep their processes, one failure is one in-place recovery, and the final
+    weights are bit-identical to an uninterrupted run's."""
+    sim, example, references = cluster
+    if "fsdp2-4" not in references:
+        events = tempfile.mkdtemp()
+        final = example.run(
+            name="reference4_fsdp2",
+            storage_path=tempfile.mkdtemp(),
+            events_dir=events,
+            steps=STEPS,
+            workers=4,
+            checkpoint=CHECKPOINT,
+            step_sleep_s=0.0,
+            fsdp2=True,
+            fsdp2_per_layer=True,
+        )
+        references["fsdp2-4"] = str(final["params_digest"])
+    sim.add_workers(1)
+
+    def faults(events: str) -> None:
+        example.wait_committed("fsdp4", 4)
+        time.sleep(random.Random(4).uniform(0.0, 0.2))
+        example.remove_node(sim, example.rank_node("fsdp4", 2))
+
+    client = RegistryClient(ray_ckpt.settings.namespace())
+    events = tempfile.mkdtemp()
+    thread = threading.Thread(target=faults, args=(events,), daemon=True)
+    thread.start()
+    final = example.run(
+        name="fsdp4",
+        storage_path=tempfile.mkdtemp(),
+        events_dir=events,
+        steps=STEPS,
+        workers=4,
+        checkpoint=CHECKPOINT,
+        step_sleep_s=0.15,
+        max_failures=8,
+        in_place={},
+        fsdp2=True,
+        fsdp2_per_layer=True,
+    )
+    thread.join(timeout=30)
+    groups = by_attempt(example.read_restores(events))
+    assert len(groups) == 2, (groups, recovery_log())  # one failure, one recovery
+    first, second = groups
+    kept = [rank for rank in (0, 1, 3) if second[rank]["pid"] == first[rank]["pid"]]
+    assert kept == [0, 1, 3], (groups, recovery_log())
+    assert final["params_digest"] == references["fsdp2-4"]
+    rejoins = [e for e in client.events()[1] if e["kind"] == "rejoin" and e["job"] == "fsdp4"]
+    assert len({e["generation"] for e in rejoins}) == 1, rejoins
 
 
 def test_two_kills_in_sequence_and_a_kill_during_a_recovery_end_bit_exact(cluster: Any) -> None:

@@ -1,0 +1,127 @@
+"""Shutting down the gloo connections a process accepted wakes every collective blocked on them,
+here and at the peers, at once, where abort and destroy do not; the process stays whole and
+connections it had before (Ray's) are left alone. Real gloo ranks in spawned processes."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+COLLECTIVE_TIMEOUT_S = 60.0
+
+
+def _rank(rank: int, port: int, results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ray_ckpt.train.gloo_connections import GlooConnections
+
+    older = socket.create_server(("127.0.0.1", 0))  # like Ray's: listening before the baseline
+    connections = GlooConnections()
+    client = socket.create_connection(older.getsockname())
+    kept, _ = older.accept()
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=3,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    subgroup = dist.new_group([0, 1, 2])  # held, as FSDP2's meshes hold theirs
+    tensor = torch.ones(1024)
+    dist.all_reduce(tensor)
+    if rank == 1:  # it left the collective the others are blocked in
+        time.sleep(1.0)
+        shut = connections.shut(store_ports=[port])
+        time.sleep(3.0)
+        kept.sendall(b"x")
+        results.put((rank, "left", shut, client.recv(1) == b"x"))
+        _end(results)
+
+    def interrupted() -> None:  # what the heartbeat does when the run says a round is open
+        time.sleep(1.5)
+        connections.shut(store_ports=[port])
+
+    threading.Thread(target=interrupted, daemon=True).start()
+    started = time.monotonic()
+    try:
+        dist.all_reduce(tensor, group=subgroup if rank == 0 else None)
+        outcome = "returned"
+    except RuntimeError as error:
+        outcome = str(error)
+    results.put((rank, outcome, time.monotonic() - started, subgroup is not None))
+    _end(results)
+
+
+def _end(results: Any) -> None:
+    """Hand the results over, then exit without torch's exit-time teardown of a broken group."""
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_once() -> None:
+    """Rank 1 leaves a collective that ranks 0 (on a subgroup) and 2 (on WORLD) are blocked in;
+    it shuts the gloo connections it accepted, they shut theirs half a second later: both
+    collectives fail within seconds of the leave (not the 60 s timeout) with gloo's closed
+    connection, every process lives on, and a connection accepted on an older listener works."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = [context.Process(target=_rank, args=(rank, port, results)) for rank in range(3)]
+    for process in ranks:
+        process.start()
+    try:
+        found = {}
+        for _ in range(3):
+            item = results.get(timeout=120)
+            found[item[0]] = item[1:]
+    finally:
+        for process in ranks:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    _, shut, kept_works = found[1]
+    assert shut >= 1 and kept_works, found
+    for rank in (0, 2):
+        outcome, waited_s, _ = found[rank]
+        assert "Connection closed by peer" in outcome or "closed" in outcome.lower(), found
+        assert waited_s < 10.0, found
+    assert all(process.exitcode == 0 for process in ranks), [p.exitcode for p in ranks]
+
+
+def test_without_a_process_group_there_is_nothing_to_shut() -> None:
+    from ray_ckpt.train.gloo_connections import GlooConnections
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        connections = GlooConnections()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                assert connections.accepted() == [] and connections.shut() == 0
+                client.sendall(b"y")
+                assert accepted.recv(1) == b"y"
+
+
+def test_a_listener_opened_after_the_baseline_is_taken_for_gloos() -> None:
+    """The rule is the age of the listener: one opened after the baseline counts (its accepted
+    connections are shut), unless it is a rendezvous store's port."""
+    from ray_ckpt.train.gloo_connections import GlooConnections
+
+    connections = GlooConnections()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                assert connections.shut(store_ports=[port]) == 0
+                assert [p for _, p, _ in connections.accepted()] == [port]
+                assert connections.shut() == 1
+                assert client.recv(1) == b""  # the peer sees the connection closed
