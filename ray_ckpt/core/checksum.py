@@ -6,7 +6,7 @@ from typing import Any
 
 import xxhash
 
-from ray_ckpt.core.codec import as_bytes
+from ray_ckpt.core.hostmem import as_bytes
 
 
 def checksum(buffer: Any) -> int:

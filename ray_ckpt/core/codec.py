@@ -16,6 +16,7 @@ import numpy as np
 
 from ray_ckpt import settings
 from ray_ckpt.core import gf256, workpool
+from ray_ckpt.core.hostmem import as_bytes
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
 
 try:
@@ -33,35 +34,6 @@ except ImportError:  # pragma: no cover - only without a compiler at install tim
     )
 
 _ALIGN = 64  # split work between threads on cache-line boundaries
-
-
-def as_bytes(buffer: Any) -> np.ndarray:
-    """A flat uint8 view (no copy) of a C-contiguous buffer: bytes, bytearray, memoryview,
-    numpy array of any dtype, or CPU torch tensor of any dtype."""
-    if isinstance(buffer, np.ndarray):
-        if not buffer.flags.c_contiguous:
-            raise ValueError("numpy array must be C-contiguous; call np.ascontiguousarray first")
-        return buffer.reshape(-1).view(np.uint8)
-    if type(buffer).__module__.startswith("torch"):
-        if buffer.device.type != "cpu":
-            raise ValueError(
-                f"tensor lives on {buffer.device}; use ray_ckpt.core.codec_torch for device tensors "
-                "or copy it to the CPU first"
-            )
-        if not buffer.is_contiguous():
-            raise ValueError("tensor must be contiguous; call .contiguous() first")
-        import torch
-
-        return buffer.detach().reshape(-1).view(torch.uint8).numpy()
-    try:
-        view = memoryview(buffer)
-    except TypeError:
-        raise TypeError(
-            f"expected a bytes-like buffer, numpy array or CPU tensor, got {type(buffer).__name__}"
-        ) from None
-    if not view.c_contiguous:
-        raise ValueError("buffer must be C-contiguous")
-    return np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, dtype=np.uint8)
 
 
 class ReedSolomon:

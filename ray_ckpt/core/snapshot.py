@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from ray_ckpt import settings
-from ray_ckpt.core import dtensor, workpool
+from ray_ckpt.core import dtensor, hostmem, workpool
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
 MAGIC = "ray_ckpt.core.snapshot"
@@ -391,7 +391,7 @@ def restore(header: bytes, payload: Any, *, copy: bool = True) -> State:
 
 def _restore(header: Any, payload: Any, copy: bool) -> State:
     version, payload_size, specs, tree = _parse_header(header)
-    data = _readable_bytes(payload)
+    data = hostmem.as_bytes(payload, "payload")
     if data.size < payload_size:
         raise SnapshotFormatError(
             f"payload holds {data.size} bytes, the header says {payload_size}: truncated payload",
@@ -620,24 +620,3 @@ def _writable_bytes(out: Any) -> torch.Tensor:
             raise ValueError("out must be a writable C-contiguous buffer")
         array = np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, dtype=np.uint8)
     return torch.from_numpy(array)
-
-
-def _readable_bytes(payload: Any) -> np.ndarray:
-    """A flat uint8 numpy view (no copy) of ``payload``."""
-    if isinstance(payload, torch.Tensor):
-        if payload.device.type != "cpu" or not payload.is_contiguous():
-            raise ValueError("payload tensor must be a contiguous CPU tensor")
-        return payload.detach().reshape(-1).view(torch.uint8).numpy()
-    if isinstance(payload, np.ndarray):
-        if not payload.flags.c_contiguous:
-            raise ValueError("payload array must be C-contiguous")
-        return payload.reshape(-1).view(np.uint8)
-    try:
-        view = memoryview(payload)
-    except TypeError:
-        raise TypeError(
-            f"payload must be a numpy array, CPU tensor or bytes-like, got {type(payload).__name__}"
-        ) from None
-    if not view.c_contiguous:
-        raise ValueError("payload buffer must be C-contiguous")
-    return np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, dtype=np.uint8)
