@@ -7,6 +7,11 @@ import math
 
 from ray_ckpt.errors import ConfigError
 
+MAX_SHARDS = 256
+"""The most shards one rank's payload is coded into (k + m): a Reed-Solomon code over GF(2^8)
+has 256 distinct points. Here, in the foundation, so the config, the codec and the shard
+format's readers (``ray_ckpt.core.shard``, ``ray_ckpt.core.wire``) all check the one limit."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
@@ -53,10 +58,10 @@ class CheckpointConfig:
         _check_int("data_shards", self.data_shards, 1)
         _check_int("parity_shards", self.parity_shards, 0)
         _check_int("keep_committed", self.keep_committed, 1)
-        if self.data_shards + self.parity_shards > 256:
+        if self.data_shards + self.parity_shards > MAX_SHARDS:
             raise ConfigError(
                 f"data_shards + parity_shards = {self.data_shards + self.parity_shards} exceeds "
-                "256, the most a code over GF(2^8) supports"
+                f"{MAX_SHARDS}, the most a code over GF(2^8) supports"
             )
         if self.failure_domain_label is not None and (
             not isinstance(self.failure_domain_label, str) or not self.failure_domain_label

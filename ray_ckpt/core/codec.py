@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ray_ckpt import settings
+from ray_ckpt.config import MAX_SHARDS
 from ray_ckpt.core import gf256, workpool
 from ray_ckpt.core.hostmem import as_bytes
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
@@ -38,7 +39,7 @@ _ALIGN = 64  # split work between threads on cache-line boundaries
 
 class ReedSolomon:
     """RS(k, m): ``data_shards`` = k, ``parity_shards`` = m, ``1 <= k``, ``0 <= m``,
-    ``k + m <= 256``. Systematic: shards 0..k-1 are the payload split in k equal slices
+    ``k + m <= MAX_SHARDS`` (256). Systematic: shards 0..k-1 are the payload split in k equal slices
     (the last one zero-padded), shards k..k+m-1 are parity. m = 1 is plain XOR, m = 0 a split.
 
     Shards are equal-length uint8 arrays of ``shard_size(size)`` bytes; the caller keeps the
@@ -49,9 +50,9 @@ class ReedSolomon:
         for name, value, low in (("data_shards", data_shards, 1), ("parity_shards", parity_shards, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
-        if data_shards + parity_shards > 256:
+        if data_shards + parity_shards > MAX_SHARDS:
             raise ConfigError(
-                f"data_shards + parity_shards = {data_shards + parity_shards} exceeds 256, "
+                f"data_shards + parity_shards = {data_shards + parity_shards} exceeds {MAX_SHARDS}, "
                 "the most a code over GF(2^8) supports; lower one of them"
             )
         if threads is not None and threads < 1:

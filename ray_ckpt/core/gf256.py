@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ray_ckpt.config import MAX_SHARDS
+
 POLYNOMIAL = 0x11D
 
 
@@ -83,8 +85,8 @@ def parity_matrix(data_shards: int, parity_shards: int) -> np.ndarray:
     parity of every code an XOR too (the cheapest row to encode).
     """
     k, m = data_shards, parity_shards
-    if k + m > 256:
-        raise ValueError("data_shards + parity_shards must be <= 256 in GF(2^8)")
+    if k + m > MAX_SHARDS:
+        raise ValueError(f"data_shards + parity_shards must be <= {MAX_SHARDS} in GF(2^8)")
     cauchy = np.zeros((m, k), dtype=np.uint8)
     for i in range(m):
         for j in range(k):

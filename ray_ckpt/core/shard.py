@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ray_ckpt.config import MAX_SHARDS
 from ray_ckpt.errors import ConfigError, SnapshotFormatError
 
 ShardKey = tuple[str, int, int, int, str]  # (job, step, rank, index, writer)
@@ -73,7 +74,7 @@ class ShardMeta:
                 raise SnapshotFormatError(f"shard metadata field {name} must be an int >= 0, got {value!r}")
         meta = cls(**values)
         k, m = meta.data_shards, meta.parity_shards
-        if k < 1 or k + m > 256 or meta.index >= k + m or meta.rank >= meta.world_size:
+        if k < 1 or k + m > MAX_SHARDS or meta.index >= k + m or meta.rank >= meta.world_size:
             raise SnapshotFormatError(f"shard metadata is inconsistent: {values}")
         if meta.shard_size != -(-meta.payload_size // k):
             raise SnapshotFormatError(

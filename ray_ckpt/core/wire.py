@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from ray_ckpt import errors
+from ray_ckpt.config import MAX_SHARDS
 from ray_ckpt.core.protection import rank_protection
 from ray_ckpt.core.shard import SAVE_ID_MAX, ShardMeta
 
@@ -340,7 +341,7 @@ def _checked_shared(shared: Any) -> tuple[Any, ...]:
         raise errors.SnapshotFormatError(f"shard metadata fields attempt and writer are over {SAVE_ID_MAX} characters")
     if not all(type(n) is int and n >= 0 for n in shared[1:8]):
         raise errors.SnapshotFormatError(f"shard metadata fields must be ints >= 0, got {shared}")
-    if k < 1 or k + m > 256 or rank >= world_size or shard_size != -(-payload_size // k):
+    if k < 1 or k + m > MAX_SHARDS or rank >= world_size or shard_size != -(-payload_size // k):
         raise errors.SnapshotFormatError(f"shard metadata is inconsistent: {shared}")
     return tuple(shared)
 
