@@ -141,7 +141,7 @@ class Checkpointer:
         if self._last_step is not None and step <= self._last_step:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
-        layout = snapshot.plan(state)  # validates before anything is waited for or touched
+        layout = snapshot.build_layout(state)  # validates before anything is waited for or touched
         self._saves.check_placement()
         if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
             self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}

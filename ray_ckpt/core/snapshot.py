@@ -106,7 +106,7 @@ _Path = tuple[Any, ...]  # (parent path, key) linked pairs; () is the root
 
 @dataclass(frozen=True, eq=False)
 class SnapshotLayout:
-    """The result of :func:`plan`: everything needed to write the payload, nothing copied yet.
+    """The result of :func:`build_layout`: everything needed to write the payload, nothing copied yet.
 
     ``tensors[i]`` (detached references to the state's tensors, on any device) go to payload
     bytes ``offsets[i] : offsets[i] + tensors[i].nbytes``. The payload is ``payload_size``
@@ -123,17 +123,17 @@ class SnapshotLayout:
 # ---- state -> header + payload ----------------------------------------------------------------
 
 
-def plan(state: State) -> SnapshotLayout:
+def build_layout(state: State) -> SnapshotLayout:
     """Walk ``state``, validate every container, key and leaf, lay the tensors out and build the
     header. Touches no tensor data (device tensors are not synchronised). Raises
     UnsupportedLeafError (``details``: ``key_path``, ``leaf_type``) for anything not supported:
     other types, dict keys that are not str/int, sparse, quantized, meta or subclassed tensors."""
     with _gc_paused():
-        return _plan(state)
+        return _build_layout(state)
 
 
-def _plan(state: State) -> SnapshotLayout:
-    walker = _Planner()
+def _build_layout(state: State) -> SnapshotLayout:
+    walker = _TreeEncoder()
     tree = walker.encode(state, (), 0)
     offsets: list[int] = []
     specs: list[list[Any]] = []
@@ -247,15 +247,17 @@ def _copy_span(span: list[tuple[np.ndarray, np.ndarray]]) -> None:
 
 
 def snapshot(state: State) -> tuple[bytes, np.ndarray]:
-    """``(header, payload)`` of ``state``: :func:`plan`, then :func:`write_payload` into a new
+    """``(header, payload)`` of ``state``: :func:`build_layout`, then :func:`write_payload` into a new
     uint8 array of exactly ``payload_size`` bytes."""
-    layout = plan(state)
+    layout = build_layout(state)
     payload = np.empty(layout.payload_size, dtype=np.uint8)
     write_payload(layout, payload)
     return layout.header, payload
 
 
-class _Planner:
+class _TreeEncoder:
+    """A state tree -> the header's node tree, collecting its tensors in payload order (once each)."""
+
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self._index: dict[int, int] = {}
@@ -295,7 +297,7 @@ class _Planner:
         except ValueError as error:
             raise _unsupported(path, tensor, f"DTensor: {error}") from None
         self.sharded = True
-        self._locals.append(shard.local)  # alive while planning: _index is keyed by id()
+        self._locals.append(shard.local)  # alive while encoding: _index is keyed by id()
         return {"local": self._tensor(shard.local, path), **shard.layout()}
 
     def _tensor(self, tensor: torch.Tensor, path: _Path) -> int:
@@ -360,7 +362,7 @@ def _unsupported(path: _Path, obj: Any, reason: str) -> UnsupportedLeafError:
 
 
 def _format_path(path: _Path) -> str:
-    """Render a planner path as ``state['a'][0]['b']``."""
+    """Render a key path as ``state['a'][0]['b']``."""
     keys = []
     while path:
         path, key = path
@@ -403,7 +405,7 @@ def _restore(header: Any, payload: Any, copy: bool) -> State:
         if not data.flags.writeable:
             raise ValueError("restore(copy=False) needs a writable payload; pass copy=True or a writable copy")
         base = torch.from_numpy(data)
-    return _Restorer(specs, data, base, sharded=version >= 2).decode(tree, (), 0)
+    return _TreeDecoder(specs, data, base, sharded=version >= 2).decode(tree, (), 0)
 
 
 _Spec = tuple[torch.dtype, tuple[int, ...], int, int]
@@ -425,7 +427,7 @@ def read_layout(header: bytes) -> State:
     SavedShard whose ``local`` is one): for reading only the bytes needed. Checked as
     :func:`restore` checks (SnapshotFormatError)."""
     version, _, specs, tree = _parse_header(header)
-    return _Restorer(specs, None, None, sharded=version >= 2).decode(tree, (), 0)
+    return _TreeDecoder(specs, None, None, sharded=version >= 2).decode(tree, (), 0)
 
 
 def _parse_header(header: Any) -> tuple[int, int, list[_Spec], Any]:
@@ -492,7 +494,10 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
-class _Restorer:
+class _TreeDecoder:
+    """The header's node tree -> a state tree: tensors over the payload (or TensorRefs without one),
+    every node checked."""
+
     def __init__(self, specs: list[_Spec], data: np.ndarray | None, base: torch.Tensor | None, sharded: bool) -> None:
         self.specs = specs
         self.sharded = sharded
@@ -579,7 +584,7 @@ def _bad_node(path: _Path, problem: str) -> SnapshotFormatError:
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while building many small containers that all survive:
-    otherwise they trigger repeated full collections (plan and restore of a 40k-tensor state
+    otherwise they trigger repeated full collections (build_layout and restore of a 40k-tensor state
     run about 2-3x faster)."""
     if not gc.isenabled():
         yield

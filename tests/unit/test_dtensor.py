@@ -161,7 +161,7 @@ def test_partial_placements_are_refused_naming_the_key(one_rank: None) -> None:
     mesh = init_device_mesh("cpu", (1,))
     partial = DTensor.from_local(torch.ones(4), mesh, [Partial()])
     with pytest.raises(UnsupportedLeafError, match=r"state\['grad'\].*placement P\(sum\) is not supported"):
-        snap.plan({"grad": partial})
+        snap.build_layout({"grad": partial})
 
 
 def test_a_plain_state_still_writes_version_1_and_a_version_1_header_with_a_dtensor_node_is_refused() -> None:

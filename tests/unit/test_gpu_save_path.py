@@ -48,7 +48,7 @@ def test_cuda_state_snapshots_into_pinned_memory_and_decodes_bit_exact(k: int, m
     }
     expected = digest({key: v.cpu() if isinstance(v, torch.Tensor) else v for key, v in state.items()})
     saver = pipeline(k, m)
-    buffer, size, copied = saver.snapshot(snapshot.plan(state))
+    buffer, size, copied = saver.snapshot(snapshot.build_layout(state))
     assert len(copied) == 1 and saver._buffer.is_pinned()  # one device: one event
     state["w"].mul_(0)  # queued after the copies on the same stream: must not reach the snapshot
     copied[0].synchronize()
@@ -65,6 +65,6 @@ def test_cuda_state_snapshots_into_pinned_memory_and_decodes_bit_exact(k: int, m
 def test_a_cpu_save_after_a_cuda_save_reuses_the_pinned_buffer() -> None:
     """The buffer stays pinned once a CUDA state needed it; a CPU state then needs no event."""
     saver = pipeline(2, 1)
-    saver.snapshot(snapshot.plan({"w": torch.ones(1000, device="cuda")}))
-    _, _, copied = saver.snapshot(snapshot.plan({"w": torch.ones(100)}))
+    saver.snapshot(snapshot.build_layout({"w": torch.ones(1000, device="cuda")}))
+    _, _, copied = saver.snapshot(snapshot.build_layout({"w": torch.ones(100)}))
     assert copied == [] and saver._buffer.is_pinned()

@@ -151,7 +151,7 @@ def test_tensor_appearing_twice_is_stored_once_and_restored_shared() -> None:
     """Tied weights: one tensor object referenced twice occupies the payload once and stays shared."""
     weight = torch.randn(16, 4)
     state = {"embed": weight, "head": weight, "other": weight.clone()}
-    layout = snap.plan(state)
+    layout = snap.build_layout(state)
     assert len(layout.tensors) == 2
     restored = round_trip(state)
     assert restored["embed"] is restored["head"]
@@ -167,7 +167,7 @@ def test_views_sharing_storage_are_saved_apart_and_restored_as_independent_tenso
     model = torch.nn.Sequential(torch.nn.Embedding(4, 3), torch.nn.Linear(3, 4, bias=False))
     model[1].weight = model[0].weight
     state = {"a": base, "view": base[10:20], "t": base.view(4, 10).t(), "tied": model.state_dict()}
-    assert len(snap.plan(state).tensors) == 5
+    assert len(snap.build_layout(state).tensors) == 5
     restored = round_trip(state)
     assert_same(state, restored)
     restored["a"][10] = -1.0
@@ -245,7 +245,7 @@ def test_restore_accepts_payload_buffer_kinds_and_extra_tail(kind: str) -> None:
 def test_write_payload_into_torch_tensor_at_odd_storage_offset() -> None:
     """A uint8 tensor slice at an odd storage offset is a valid output buffer."""
     state = {"x": torch.randn(7, 3, dtype=torch.float64).t(), "y": torch.randn(5)}
-    layout = snap.plan(state)
+    layout = snap.build_layout(state)
     big = torch.full((layout.payload_size + 3,), 0xAB, dtype=torch.uint8)
     out = big[3:]
     snap.write_payload(layout, out)
@@ -256,7 +256,7 @@ def test_write_payload_into_torch_tensor_at_odd_storage_offset() -> None:
 
 def test_write_payload_rejects_small_or_read_only_buffers() -> None:
     """Too-small, read-only and device-less outputs raise ValueError before copying anything."""
-    layout = snap.plan({"x": torch.randn(100)})
+    layout = snap.build_layout({"x": torch.randn(100)})
     with pytest.raises(ValueError, match="needs"):
         snap.write_payload(layout, np.empty(layout.payload_size - 1, dtype=np.uint8))
     read_only = np.empty(layout.payload_size, dtype=np.uint8)
@@ -278,7 +278,7 @@ def test_offsets_are_aligned_and_header_describes_the_layout() -> None:
         "c": torch.empty(0),
         "d": torch.ones(1),
     }
-    layout = snap.plan(state)
+    layout = snap.build_layout(state)
     assert all(o % snap.ALIGNMENT == 0 for o in layout.offsets)
     meta = msgpack.unpackb(layout.header, raw=False, strict_map_key=False)
     assert meta["magic"] == snap.MAGIC and meta["version"] == 1  # no DTensor: readable by older ray_ckpt
@@ -302,7 +302,7 @@ def test_same_state_gives_identical_bytes_with_zeroed_padding() -> None:
         }
 
     header1, payload1 = snap.snapshot(build())
-    layout = snap.plan(build())
+    layout = snap.build_layout(build())
     garbage = np.full(layout.payload_size, 0xFF, dtype=np.uint8)
     snap.write_payload(layout, garbage)
     assert layout.header == header1
@@ -324,7 +324,7 @@ def test_parallel_copy_writes_the_same_bytes_as_one_thread(threads: int) -> None
         "empty": torch.empty(0, 3),
         "tail": make_tensor(torch.int16, (4099,), seed=6),
     }
-    layout = snap.plan(state)
+    layout = snap.build_layout(state)
     with settings_knobs.override(RAY_CKPT_COPY_THREADS=1):
         expected = np.full(layout.payload_size, 0xAB, dtype=np.uint8)
         snap.write_payload(layout, expected)
@@ -337,10 +337,10 @@ def test_parallel_copy_writes_the_same_bytes_as_one_thread(threads: int) -> None
         assert tensor_bytes(restored[key]) == tensor_bytes(tensor.resolve_conj().resolve_neg()), key
 
 
-def test_plan_references_tensors_without_copying() -> None:
-    """plan keeps detached references to the source tensors (same storage), copying no data."""
+def test_build_layout_references_tensors_without_copying() -> None:
+    """build_layout keeps detached references to the source tensors (same storage), copying no data."""
     tensor = torch.randn(4, 4, requires_grad=True)
-    layout = snap.plan({"t": tensor})
+    layout = snap.build_layout({"t": tensor})
     assert layout.tensors[0].data_ptr() == tensor.data_ptr()
     assert not layout.tensors[0].requires_grad
 
@@ -375,17 +375,17 @@ UNSUPPORTED: list[tuple[Callable[[], Any], str, str]] = [
 def test_unsupported_leaf_names_its_key_path(make_state: Callable[[], Any], path: str, words: str) -> None:
     """Each unsupported leaf or key raises UnsupportedLeafError naming the path and what is supported."""
     with pytest.raises(UnsupportedLeafError) as info:
-        snap.plan(make_state())
+        snap.build_layout(make_state())
     assert info.value.details["key_path"] == path
     assert path in str(info.value) and words in str(info.value)
     assert "torch tensors" in str(info.value)
 
 
 def test_garbage_collector_is_re_enabled_after_errors() -> None:
-    """plan and restore pause the cyclic GC only while they run, also when they raise."""
+    """build_layout and restore pause the cyclic GC only while they run, also when they raise."""
     assert gc.isenabled()
     with pytest.raises(UnsupportedLeafError):
-        snap.plan({"x": {1, 2}})
+        snap.build_layout({"x": {1, 2}})
     with pytest.raises(SnapshotFormatError):
         snap.restore(b"\xc1", b"")
     assert gc.isenabled()
@@ -396,7 +396,7 @@ def test_reference_cycle_is_refused_not_infinite() -> None:
     loop: list[Any] = []
     loop.append(loop)
     with pytest.raises(UnsupportedLeafError, match="nested deeper"):
-        snap.plan({"loop": loop})
+        snap.build_layout({"loop": loop})
 
 
 # ---- malformed input --------------------------------------------------------------------------
@@ -621,7 +621,7 @@ _BAD_LEAVES = st.sampled_from(
 @given(state=_STATES, steps=st.lists(_KEYS, min_size=1, max_size=4), bad=_BAD_LEAVES)
 def test_an_unsupported_leaf_anywhere_is_refused_naming_its_path(state: Any, steps: list[Any], bad: Any) -> None:
     """Property: one unsupported value put at a random key path in a valid state fails at
-    plan time with UnsupportedLeafError, and the message names that path."""
+    build_layout time with UnsupportedLeafError, and the message names that path."""
     tree: dict[Any, Any] = {"ok": state}
     node = tree
     for key in steps[:-1]:
@@ -630,5 +630,5 @@ def test_an_unsupported_leaf_anywhere_is_refused_naming_its_path(state: Any, ste
     node[steps[-1]] = bad()
     path = "state" + "".join(f"[{key!r}]" for key in steps)
     with pytest.raises(UnsupportedLeafError) as raised:
-        snap.plan(tree)
+        snap.build_layout(tree)
     assert str(raised.value).startswith(path) or path in str(raised.value)
