@@ -1,4 +1,8 @@
-"""The Ray Train internals in-place recovery needs, all in one place.
+"""The Ray internals ray_ckpt relies on, all in one place.
+
+Most are Ray Train's, for in-place recovery; the rest are core Ray's, for the tools and the
+service: the head node's internal resource, the function a driver prints the cluster's
+messages with, and the connected node's log folder (at the end of this module).
 
 In-place recovery rides on Ray Train's replica-group path: a backend whose
 ``has_replica_groups`` is True makes the controller replace only the failed workers (each worker
@@ -15,6 +19,7 @@ import functools
 import importlib
 import inspect
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -232,3 +237,42 @@ def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float 
         internal_kv._internal_kv_put(key, repr(started).encode(), overwrite=True, namespace=_WARM_NAMESPACE)
     else:
         internal_kv._internal_kv_del(key, namespace=_WARM_NAMESPACE)
+
+
+# ---- the driver and the cluster: core Ray internals for the tools and the service -------------
+
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
+
+
+def is_head_node(node: Mapping[str, Any]) -> bool:
+    """Whether ``node`` (a record of ``ray.nodes()``) is the head node: Ray marks it with an
+    internal resource, not a field."""
+    return HEAD_NODE_RESOURCE in node.get("Resources", {})
+
+
+def driver_printer() -> Callable[..., Any] | None:
+    """The function this driver prints the messages the cluster publishes to drivers with
+    (``ray._private.worker.print_to_stdstream``, which Ray's listener thread looks up for every
+    message), or None where this Ray has none."""
+    from ray._private import worker
+
+    return getattr(worker, "print_to_stdstream", None)
+
+
+def set_driver_printer(printer: Callable[..., Any]) -> None:
+    """Make ``printer`` the function :func:`driver_printer` returns, used for every later message."""
+    from ray._private import worker
+
+    worker.print_to_stdstream = printer
+
+
+def ray_logs_dir() -> str | None:
+    """Ray's log folder on this host for the connected cluster (the session's ``logs``), or None
+    when this process is not connected or Ray does not say; never raises."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        return None if node is None else str(node.get_logs_dir_path())
+    except Exception:  # not connected, or an internal name moved
+        return None

@@ -10,7 +10,8 @@ them in its own log files as well (``logs_dir()``).
   the ``ray_ckpt.ray`` logger at DEBUG instead of stdout, and Ray's Python loggers in this
   process print errors only. It replaces one internal function of Ray,
   ``ray._private.worker.print_to_stdstream``, which Ray's listener thread looks up for every
-  message; where a Ray version lacks it, nothing is changed and the messages print as before.
+  message (reached through ``ray_ckpt._ray_compat``, with Ray's other internals); where a Ray
+  version lacks it, nothing is changed and the messages print as before.
 - ``logs_dir()``: the folder of Ray's logs on this host for the cluster this process is
   connected to, for tools to say where Ray's messages went.
 
@@ -51,23 +52,19 @@ def quiet_driver(level: int = logging.ERROR) -> bool:
     for name in RAY_LOGGERS:
         ray_logger = logging.getLogger(name)
         ray_logger.setLevel(max(level, ray_logger.getEffectiveLevel()))
-    from ray._private import worker
+    from ray_ckpt import _ray_compat
 
-    original = getattr(worker, "print_to_stdstream", None)
+    original = _ray_compat.driver_printer()
     if original is None:
         return False
     if not getattr(original, _MARK, False):
-        worker.print_to_stdstream = _divert(original)
+        _ray_compat.set_driver_printer(_divert(original))
     return True
 
 
 def logs_dir() -> str | None:
     """Ray's log folder on this host for the connected cluster (the session's ``logs``), or None
     when this process is not connected or Ray does not say."""
-    try:
-        from ray._private import worker
+    from ray_ckpt import _ray_compat
 
-        node = worker._global_node
-        return None if node is None else str(node.get_logs_dir_path())
-    except Exception:  # not connected, or an internal name moved
-        return None
+    return _ray_compat.ray_logs_dir()

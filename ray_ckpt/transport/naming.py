@@ -6,6 +6,8 @@ from typing import Any
 
 import ray
 
+from ray_ckpt import _ray_compat
+
 REGISTRY_NAME = "registry"
 STORE_PREFIX = "store:"
 
@@ -20,8 +22,9 @@ def alive_nodes() -> list[dict[str, Any]]:
 
 
 def head_node_id() -> str | None:
+    """The id of the head node if it is alive, else None."""
     for node in alive_nodes():
-        if "node:__internal_head__" in node.get("Resources", {}):
+        if _ray_compat.is_head_node(node):
             return str(node["NodeID"])
     return None
 

@@ -1,4 +1,5 @@
-"""The Ray Train internals in-place recovery relies on: this fails when a Ray upgrade moves them."""
+"""The Ray internals ray_ckpt relies on (Ray Train's for in-place recovery, core Ray's for the
+tools): this fails when a Ray upgrade moves them."""
 
 from __future__ import annotations
 
@@ -116,3 +117,20 @@ def test_train_workers_get_the_warm_up_hook_in_their_runtime_env_once() -> None:
     assert env["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "ray_ckpt.train.inplace.warm_up"
     theirs = WorkerGroup._get_worker_runtime_env({"env_vars": {_ray_compat.SETUP_HOOK_ENV_VAR: "job.hook"}})
     assert theirs["env_vars"][_ray_compat.SETUP_HOOK_ENV_VAR] == "job.hook"
+
+
+def test_the_driver_printer_head_resource_and_log_folder_are_where_ray_keeps_them() -> None:
+    """quiet_driver's hook is the function Ray's error listener calls by name for each cluster
+    message (pid "raylet"); logs_dir reads the connected node's log folder; the head node is the
+    one with Ray's internal head resource."""
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+    from ray._private import node, worker
+
+    assert _ray_compat.driver_printer() is worker.print_to_stdstream
+    assert next(iter(inspect.signature(worker.print_to_stdstream).parameters)) == "data"
+    listener = inspect.getsource(worker.listen_error_messages)
+    assert "print_to_stdstream(" in listener and '"pid": "raylet"' in listener
+    assert hasattr(worker, "_global_node") and callable(node.Node.get_logs_dir_path)
+    assert HEAD_NODE_RESOURCE_NAME == _ray_compat.HEAD_NODE_RESOURCE
+    assert _ray_compat.is_head_node({"Resources": {HEAD_NODE_RESOURCE_NAME: 1.0, "CPU": 2.0}})
+    assert not _ray_compat.is_head_node({"Resources": {"CPU": 2.0}})
