@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -244,59 +243,9 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-# ---- recoveries: assembled from the events the registry sees ------------------------------
+# ---- recoveries: assembled from the events the registry sees (ray_ckpt.core.timeline) --------
 
-
-class _Recoveries:
-    """Keeps the events a recovery is assembled from (kills, node deaths, restores, each rank's
-    first save of an attempt) and reports each recovery once, when every restored rank has
-    finished its first step of the new attempt."""
-
-    def __init__(self, capacity: int = 5000) -> None:
-        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
-        self._first_saves: set[tuple[str, str, int]] = set()
-        self._restored: dict[tuple[str, str], set[int]] = {}
-        self._steps_lost: dict[tuple[str, str], int] = {}  # (job, attempt) -> steps lost counted so far
-        self._reported: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
-
-    def add(self, event: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
-        """(steps lost to count now, recoveries completed by this event)."""
-        kind = event.get("kind")
-        with self._lock:
-            if kind in ("kill", "node_dead"):
-                self._events.append(event)
-                return 0, []
-            key = (str(event.get("job")), str(event.get("attempt")))
-            if kind == "restore":
-                step = event.get("step")
-                if step is None or int(step) < 0:
-                    return 0, []
-                self._events.append(event)
-                self._restored.setdefault(key, set()).add(int(event.get("rank", 0)))
-                lost = int(event.get("steps_lost") or 0)
-                counted = self._steps_lost.get(key, 0)
-                self._steps_lost[key] = max(counted, lost)
-                return max(0, lost - counted), []
-            if kind != "save":
-                return 0, []
-            first = (key[0], key[1], int(event.get("rank", 0)))
-            if first in self._first_saves:
-                return 0, []
-            self._first_saves.add(first)
-            self._events.append(event)
-            ranks = self._restored.get(key)
-            if key in self._reported or not ranks:
-                return 0, []
-            saved = {rank for job, attempt, rank in self._first_saves if (job, attempt) == key}
-            if not ranks <= saved:
-                return 0, []
-            self._reported.add(key)
-            done = [r for r in timeline.recoveries(list(self._events)) if (r["job"], str(r["attempt"])) == key]
-            return 0, done[-1:]
-
-
-_recoveries = _Recoveries()
+_recoveries = timeline.LiveRecoveries()
 
 
 # ---- the API --------------------------------------------------------------------------------

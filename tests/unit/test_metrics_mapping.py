@@ -31,7 +31,7 @@ class _Fake:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, float, dict[str, str]]]:
     recorded: list[tuple[str, str, float, dict[str, str]]] = []
     monkeypatch.setattr(metrics, "_metrics", {d.name: _Fake(d.name, recorded) for d in metrics.DEFINITIONS})
-    monkeypatch.setattr(metrics, "_recoveries", metrics._Recoveries())
+    monkeypatch.setattr(metrics, "_recoveries", timeline.LiveRecoveries())
     monkeypatch.setattr(metrics, "_store_jobs", {})
     monkeypatch.setattr(metrics, "_gauges", {})
     monkeypatch.setattr(metrics, "_start_refresher", lambda: None)
@@ -116,7 +116,7 @@ def test_broken_metric_objects_never_raise(monkeypatch: pytest.MonkeyPatch) -> N
             raise RuntimeError("metrics backend down")
 
     monkeypatch.setattr(metrics, "_metrics", {name: Broken() for name in metrics.NAMES})
-    monkeypatch.setattr(metrics, "_recoveries", metrics._Recoveries())
+    monkeypatch.setattr(metrics, "_recoveries", timeline.LiveRecoveries())
     monkeypatch.setattr(metrics, "_gauges", {})
     monkeypatch.setattr(metrics, "_start_refresher", lambda: None)
     for event in recorded_events.records():
