@@ -31,10 +31,8 @@ the ``ray_ckpt`` threads=1 rows.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
 import statistics
 import sys
 import time
@@ -42,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from benchutil import BenchError
+from benchutil import BenchError, add_json_flag, make_parser
 
 from ray_ckpt import settings
 from ray_ckpt.core import codec
@@ -208,10 +206,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").splitlines()[0],
-        epilog="See the module docstring for exactly what each row times.",
-    )
+    parser = make_parser(__doc__, "See the module docstring for exactly what each row times.")
     parser.add_argument("--size-mib", type=int, default=64, help="payload size in MiB (default 64)")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (default 7)")
     parser.add_argument(
@@ -220,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.cpu_count() or 1,
         help="threads for the multi-threaded ray_ckpt rows (default: all cores)",
     )
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    add_json_flag(parser)
     parser.add_argument("--quick", action="store_true", help="4 MiB payload, 3 repeats (for tests)")
     args = parser.parse_args(argv)
     if args.quick:

@@ -53,20 +53,27 @@ run); each side has ``failures`` (the demo's records plus
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
 import os
 import pathlib
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 from typing import Any
 
-from benchutil import render_table
+from benchutil import (
+    add_json_flag,
+    add_plots_flag,
+    keep_ray_logs_unless,
+    make_parser,
+    private_ray_tmpdir,
+    pyplot,
+    render_table,
+    save_figure,
+    shown,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIN_GAP = 5
@@ -226,10 +233,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     parts = ("lost work", "detect", "restart / replace", "restore", "first step")
     sides = (
@@ -264,16 +268,11 @@ def plot(result: dict[str, Any], path: pathlib.Path) -> None:
         fontsize=9,
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").splitlines()[0], epilog="See the module docstring for what is measured."
-    )
+    parser = make_parser(__doc__, "See the module docstring for what is measured.")
     parser.add_argument("--steps", type=int, default=90, help="training steps per run (default 90)")
     parser.add_argument("--mtbf-steps", type=float, default=25.0, help="mean steps between failures (default 25)")
     parser.add_argument("--max-failures", type=int, default=3, help="at most this many failures (default 3)")
@@ -286,10 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
     )
     parser.add_argument("--quick", action="store_true", help="30 steps, 1 failure, 0.05 s steps, no plot (tests)")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the report as JSON")
-    parser.add_argument(
-        "--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder (default docs/img)"
-    )
+    add_json_flag(parser, "the report")
+    add_plots_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 30, 12.0, 1, 0.05, 0.0
@@ -307,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if not schedule:
         parser.error("the schedule has no failure: raise --steps or lower --mtbf-steps")
 
-    tmpdir = tempfile.mkdtemp(prefix="rckg")  # short: Ray's socket paths must stay under ~107 bytes
-    os.environ["RAY_TMPDIR"] = tmpdir
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    tmpdir = private_ray_tmpdir("rckg")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -379,10 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = True
     finally:
         sim.shutdown()
-        if ok:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        else:
-            print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+        keep_ray_logs_unless(ok, tmpdir)
     ours_w = result["ray_ckpt"]["wasted_per_failure_s"]
     base_w = result["ray_train"]["wasted_per_failure_s"]
     result["ratio"] = base_w / ours_w if ours_w and base_w else None
@@ -433,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick and ratio is not None:
         target = args.plots / "bench_goodput.png"
         plot(result, target)
-        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        print(f"plot: {shown(target)}")
     sides = ("in_place", "ray_ckpt", "ray_train")
     measured = [f for side in sides for f in result[side]["failures"] if f["wasted_s"] is not None]
     return 0 if len(measured) == len(sides) * failures else 1

@@ -21,20 +21,27 @@ JSON: ``{"benchmark": "memory", "state_bytes", "rows": [{"scheme", "data_shards"
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from typing import Any
 
-from benchutil import BenchError, on_node, render_table
+from benchutil import (
+    BenchError,
+    add_json_flag,
+    add_plots_flag,
+    keep_ray_logs_unless,
+    make_parser,
+    on_node,
+    private_ray_tmpdir,
+    pyplot,
+    render_table,
+    save_figure,
+    shown,
+)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 WORKERS = 10  # RS(8,2): 10 shards on distinct nodes other than the rank's (the head has a store too)
 CODES = ((2, 1), (4, 2), (6, 3), (8, 2))
@@ -160,10 +167,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     replication = {r["parity_shards"]: r for r in rows if r["scheme"] == "replication"}
     coded = [r for r in rows if r["scheme"] == "rs"]
@@ -187,29 +191,20 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     ax.set_title(f"Peer memory per step ({coded[0]['state_bytes'] / MIB:.0f} MiB state, keep_committed=1)")
     ax.legend(fontsize=8)
     ax.set_ylim(0, max(r["multiple"] for r in rows) * 1.15)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").splitlines()[0], epilog="See the module docstring for what is measured."
-    )
+    parser = make_parser(__doc__, "See the module docstring for what is measured.")
     parser.add_argument("--state-mib", type=int, default=64, help="state size in MiB (default 64)")
     parser.add_argument("--quick", action="store_true", help="4 MiB state, no plot (for tests)")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
-    parser.add_argument(
-        "--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder (default docs/img)"
-    )
+    add_json_flag(parser)
+    add_plots_flag(parser)
     args = parser.parse_args(argv)
     if args.state_mib < 1:
         parser.error("--state-mib must be >= 1")
     size = (4 if args.quick else args.state_mib) * MIB
-    tmpdir = tempfile.mkdtemp(prefix="rckm")  # short: Ray's socket paths must stay under ~107 bytes
-    os.environ["RAY_TMPDIR"] = tmpdir
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    tmpdir = private_ray_tmpdir("rckm")
     print(
         f"1 head + {WORKERS} worker nodes (0 CPUs each) on one machine; state {size // MIB} MiB; "
         "keep_committed=1, no local copy"
@@ -222,10 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
-        if ok:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        else:
-            print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+        keep_ray_logs_unless(ok, tmpdir)
     print(format_table(rows))
     print("multiple = bytes used by all stores for one committed step / state bytes (metadata included)")
     if args.json is not None:
@@ -234,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         target = args.plots / "bench_memory.png"
         plot(rows, target)
-        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        print(f"plot: {shown(target)}")
     return 0
 
 

@@ -49,7 +49,6 @@ from other Ray nodes: all of it shares this machine's cores and memory bandwidth
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -60,9 +59,24 @@ import time
 import uuid
 from typing import Any
 
-from benchutil import BenchError, kill, on_node, render_table, restore_cluster, sizes_mib, transfer_actors
+from benchutil import (
+    BenchError,
+    add_json_flag,
+    add_plots_flag,
+    keep_ray_logs_unless,
+    kill,
+    make_parser,
+    on_node,
+    private_ray_tmpdir,
+    pyplot,
+    render_table,
+    restore_cluster,
+    save_figure,
+    shown,
+    sizes_mib,
+    transfer_actors,
+)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 WORKERS = 7
 RANKS = 2
@@ -363,10 +377,7 @@ def format_tables(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> s
 
 
 def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     sizes = sorted({r["size_bytes"] for r in rows})
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
@@ -382,16 +393,11 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
         ax.set_ylabel("seconds (2 ranks, slowest)")
         ax.set_title(f"{size / MIB:.0f} MiB per rank, RS(4,2)")
     fig.suptitle("Restore all ranks vs raw transfer, Ray Train storage, DCP (one 2-core machine)", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").splitlines()[0], epilog="See the module docstring for exactly what is timed."
-    )
+    parser = make_parser(__doc__, "See the module docstring for exactly what is timed.")
     parser.add_argument(
         "--sizes-mib",
         type=sizes_mib,
@@ -400,10 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated per-rank state sizes in MiB (default 256,1024); one fresh cluster each",
     )
     parser.add_argument("--quick", action="store_true", help="8 MiB only, no plot (for tests)")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write rows and ratios as JSON")
-    parser.add_argument(
-        "--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder (default docs/img)"
-    )
+    add_json_flag(parser, "rows and ratios")
+    add_plots_flag(parser)
     parser.add_argument(
         "--replot", type=pathlib.Path, metavar="JSON", help="print the tables and redraw the plot of an earlier --json"
     )
@@ -413,15 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         print(format_tables(document["rows"], document["ratios"]))
         target = args.plots / "bench_recovery.png"
         plot(document["rows"], target)
-        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        print(f"plot: {shown(target)}")
         return 0
     sizes = [8] if args.quick else args.sizes_mib
 
-    # A private Ray temp dir (short: Ray's socket paths must stay under ~107 bytes), set before
-    # Ray is imported; Ray's processes inherit the environment.
-    tmpdir = tempfile.mkdtemp(prefix="rckr")
-    os.environ["RAY_TMPDIR"] = tmpdir
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    tmpdir = private_ray_tmpdir("rckr")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     print(
         f"RS({CODE['data_shards']},{CODE['parity_shards']}), {RANKS} ranks, 1 head (0 CPUs) + {WORKERS} one-CPU "
@@ -455,10 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
-        if ok and not skipped:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        else:
-            print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+        keep_ray_logs_unless(ok and not skipped, tmpdir)
     if not results:
         print("error: no size could be measured", file=sys.stderr)
         return 1
@@ -477,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         target = args.plots / "bench_recovery.png"
         plot(rows, target)
-        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        print(f"plot: {shown(target)}")
     return 0
 
 

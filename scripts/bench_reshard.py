@@ -27,10 +27,8 @@ are comparable only within one run.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import pathlib
 import shutil
 import statistics
@@ -39,7 +37,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchutil import BenchError, on_node, render_table
+from benchutil import BenchError, add_json_flag, make_parser, on_node, private_ray_tmpdir, render_table
 
 MIB = 1 << 20
 NODES = 4
@@ -174,11 +172,11 @@ def _free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--state-mib", type=int, default=256, help="parameters plus Adam moments, all ranks (MiB)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of restores of every pair (median)")
     parser.add_argument("--quick", action="store_true", help="24 MiB and one round (for tests)")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.state_mib, args.repeats = 24, 1
@@ -186,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be >= 1")
     if not 12 <= args.state_mib <= 4096:
         parser.error("--state-mib must be in 12..4096")
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rckr")
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    private_ray_tmpdir("rckr")
     import ray
 
     from ray_ckpt.testing import SimulatedCluster

@@ -37,17 +37,25 @@ share this machine's cores and memory.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
-import shutil
 import sys
-import tempfile
 import uuid
 from typing import Any
 
-from benchutil import BenchError, kill, on_node, render_table, restore_cluster, sizes_mib, transfer_actors
+from benchutil import (
+    BenchError,
+    add_json_flag,
+    keep_ray_logs_unless,
+    kill,
+    make_parser,
+    on_node,
+    private_ray_tmpdir,
+    render_table,
+    restore_cluster,
+    sizes_mib,
+    transfer_actors,
+)
 
 MIB = 1 << 20
 WORKERS = 7
@@ -190,10 +198,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").splitlines()[0],
-        epilog="See the module docstring for exactly what is timed.",
-    )
+    parser = make_parser(__doc__, "See the module docstring for exactly what is timed.")
     parser.add_argument(
         "--sizes-mib",
         type=sizes_mib,
@@ -202,15 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated payload sizes in MiB (default 256,1024); one fresh cluster each",
     )
     parser.add_argument("--quick", action="store_true", help="16 MiB only (for tests)")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
     sizes = [16] if args.quick else args.sizes_mib
 
-    # A private Ray temp dir (short: Ray's socket paths must stay under ~107 bytes), set before
-    # Ray is imported; Ray's worker processes inherit the environment.
-    tmpdir = tempfile.mkdtemp(prefix="rckb")
-    os.environ["RAY_TMPDIR"] = tmpdir
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    tmpdir = private_ray_tmpdir("rckb")
     print(
         f"RS({CODE['data_shards']},{CODE['parity_shards']}), 1 head (0 CPUs) + {WORKERS} one-CPU workers "
         f"on one machine ({os.cpu_count()} cores); {KILLED} data-shard holders hard-killed before restore"
@@ -235,10 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
-        if ok:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        else:
-            print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+        keep_ray_logs_unless(ok, tmpdir)
     print(format_table(results))
     print(
         "raw = ray.get of an array an actor holds in memory (the goal's baseline); pull = ray.get of an\n"

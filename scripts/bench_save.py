@@ -73,7 +73,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from benchutil import BenchError, on_node, render_table, sizes_mib
+from benchutil import (
+    BenchError,
+    add_json_flag,
+    keep_ray_logs_unless,
+    make_parser,
+    on_node,
+    private_ray_tmpdir,
+    render_table,
+    sizes_mib,
+)
 
 from ray_ckpt.testing import float_state, touch
 
@@ -436,10 +445,7 @@ def run_all(sizes: list[int], repeats: int, rows: list[dict[str, Any]], details:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").splitlines()[0],
-        epilog="See the module docstring for exactly what is timed and the goals.",
-    )
+    parser = make_parser(__doc__, "See the module docstring for exactly what is timed and the goals.")
     parser.add_argument(
         "--sizes-mib",
         type=sizes_mib,
@@ -451,16 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=_repeats, default=5, metavar="N", help="timed saves per impl and size (default 5)"
     )
     parser.add_argument("--quick", action="store_true", help="16 MiB, 2 repeats (for tests; under 90 s)")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
     sizes = [16 * MIB] if args.quick else [mib * MIB for mib in args.sizes_mib]
     repeats = 2 if args.quick else args.repeats
 
-    # A private Ray temp dir (short: Ray's socket paths must stay under ~107 bytes), set before
-    # Ray is imported; Ray's worker processes inherit the environment.
-    tmpdir = tempfile.mkdtemp(prefix="rcks")
-    os.environ["RAY_TMPDIR"] = tmpdir
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    tmpdir = private_ray_tmpdir("rcks")
     poll = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     print(
         f"RS({CODE['data_shards']},{CODE['parity_shards']}); 1 head (0 CPUs) + {WORKERS} one-CPU workers on one "
@@ -492,10 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         finally:
-            if ok:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-            else:
-                print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+            keep_ray_logs_unless(ok, tmpdir)
     order = {impl: n for n, impl in enumerate(IMPLS)}
     rows.sort(key=lambda r: (r["size_bytes"], order[r["impl"]]))
     print()

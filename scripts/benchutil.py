@@ -1,5 +1,5 @@
-"""Helpers the benchmark scripts share: errors, node pinning, the restore benchmarks' cluster, killing
-nodes, tables.
+"""Helpers the benchmark scripts share: errors, flags, a private Ray temp dir and its logs, node
+pinning, the restore benchmarks' cluster, killing nodes, tables, figures.
 
 Registered with Ray's pickler by value: the scripts' actors (defined in ``__main__``) may refer
 to what is here, and Ray workers cannot import this folder.
@@ -8,7 +8,11 @@ to what is here, and Ray workers cannot import this folder.
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -17,10 +21,72 @@ import ray.cloudpickle
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MIB = 1 << 20
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 class BenchError(RuntimeError):
     """A result differs from what was saved, or the cluster misbehaved: the run is void."""
+
+
+def make_parser(doc: str | None, epilog: str | None = None) -> argparse.ArgumentParser:
+    """A script's parser: its docstring's first line as the description."""
+    return argparse.ArgumentParser(description=(doc or "").splitlines()[0], epilog=epilog)
+
+
+def add_json_flag(parser: argparse.ArgumentParser, what: str = "the rows") -> None:
+    """``--json PATH``: also write ``what`` as JSON."""
+    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help=f"also write {what} as JSON")
+
+
+def add_plots_flag(parser: argparse.ArgumentParser) -> None:
+    """``--plots DIR``: where the PNGs go (default docs/img)."""
+    parser.add_argument(
+        "--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder (default docs/img)"
+    )
+
+
+def private_ray_tmpdir(prefix: str) -> str:
+    """A new Ray temp dir for this run, set as RAY_TMPDIR (Ray's processes inherit the
+    environment), with usage stats off unless set. ``prefix`` short: Ray's socket paths must
+    stay under ~107 bytes."""
+    tmpdir = tempfile.mkdtemp(prefix=prefix)
+    os.environ["RAY_TMPDIR"] = tmpdir
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    return tmpdir
+
+
+def keep_ray_logs_unless(ok: bool, tmpdir: str) -> None:
+    """After the run: delete its Ray temp dir if ``ok``, else keep it for Ray's logs and say
+    where (stderr)."""
+    if ok:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    else:
+        print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: pathlib.Path) -> None:
+    """Lay ``fig`` out tight, write it to ``path`` (folders made) at 110 dpi, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def shown(path: pathlib.Path) -> pathlib.Path:
+    """``path`` relative to the repository when it lies in it (for printing)."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def on_node(node_id: str) -> Any:
