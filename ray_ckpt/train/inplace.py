@@ -126,6 +126,7 @@ def _leave_when_superseded(started: float) -> None:
     spare of a job however often they are renewed, during the run and after it. A process that
     became a worker (an actor runs in it) is never touched."""
     missing_after = time.monotonic() + SPARE_GRACE_S  # a mark is written once the start was asked
+    time.sleep(SPARE_CHECK_S)  # Ray's worker is still connecting while its setup hook runs
     try:
         runtime = ray.get_runtime_context()
         job, env, node = runtime.get_job_id(), runtime.get_runtime_env_string(), runtime.get_node_id()
