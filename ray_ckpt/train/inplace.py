@@ -83,8 +83,6 @@ class _Settings:
 
 
 WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts
-SPARE_GRACE_S = 10.0  # how long after warming up a spare waits for its node's mark before a missing one ends it
-SPARE_CHECK_S = 5.0  # how often an idle spare checks that it is still its node's
 WARM_STAGGER_S = 1.0  # between two spares' starts
 WARM_MODULES = (
     _ray_compat.train_worker_module(),
@@ -114,33 +112,6 @@ def warm_up() -> None:
     for module in WARM_MODULES:
         importlib.import_module(module)
     _warmed_at = time.time()
-    if ray.is_initialized():  # a Ray worker process: it may wait as a spare
-        started = psutil.Process().create_time()
-        threading.Thread(target=_leave_when_superseded, args=(started,), name="ray_ckpt-spare", daemon=True).start()
-
-
-def _leave_when_superseded(started: float) -> None:
-    """While this process waits as a warm spare (no actor runs in it), end it once it is not its
-    node's spare any more: a newer spare was started there (the mark names a later start: a
-    renewal) or a worker took the node (the mark is gone). So a node holds at most one warm
-    spare of a job however often they are renewed, during the run and after it. A process that
-    became a worker (an actor runs in it) is never touched."""
-    missing_after = time.monotonic() + SPARE_GRACE_S  # a mark is written once the start was asked
-    time.sleep(SPARE_CHECK_S)  # Ray's worker is still connecting while its setup hook runs
-    try:
-        runtime = ray.get_runtime_context()
-        job, env, node = runtime.get_job_id(), runtime.get_runtime_env_string(), runtime.get_node_id()
-        while _role is None and runtime.get_actor_id() is None:
-            mark = _ray_compat.warm_spare_started(job, env, node)
-            gone = mark is None and time.monotonic() > missing_after
-            # a process's start time is coarse (a clock tick); renewals are minutes apart
-            newer = mark is not None and mark > started + 1.0
-            if (gone or newer) and _role is None and runtime.get_actor_id() is None:
-                logger.info("ray_ckpt: this warm spare on node %s was superseded; it exits", node[:8])
-                os._exit(0)
-            time.sleep(SPARE_CHECK_S)
-    except Exception as error:  # never end a process on a doubt: at worst a spare waits too long
-        logger.debug("warm spare watch: %s", error)
 
 
 def _may_renice() -> bool:
@@ -227,7 +198,7 @@ class InPlaceRecovery(TorchConfig):
     without a worker of the run keep one warm spare process waiting (started, with torch and
     Ray Train imported), so that a replacement Ray schedules there starts in it instead of in a
     new process; 0 turns them off. warm_keep_alive_s: how long Ray keeps a spare waiting; the
-    run starts a new one on each free node at half of it, and the one it replaces exits.
+    run starts a new one on each free node at half of it.
     ``backend`` and the remaining keyword arguments are TorchConfig's.
     """
 
@@ -357,10 +328,8 @@ class _WarmSpares:
     on each node that has room for a worker and runs none of the run's, up to the number asked
     for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
     spares belong to the job and outlive one run, so a later run of the same job counts them
-    and starts none twice; a worker starting on a node clears its mark (``_Worker``). A spare
-    whose mark names a later start, or is gone, exits by itself (``_leave_when_superseded``), so
-    renewals never leave two on a node; Ray reaps a spare its keep-alive ran out on, once its
-    node has more idle workers than CPUs."""
+    and starts none twice; a worker starting on a node clears its mark (``_Worker``). Ray reaps
+    a spare its keep-alive ran out on, once its node has more idle workers than CPUs."""
 
     def __init__(self) -> None:
         self.workers: dict[int, str] = {}  # world rank -> node id
@@ -428,7 +397,7 @@ class _WarmSpares:
             waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
             chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
             for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                asked = time.time()  # before the process starts: a spare started earlier is superseded
+                asked = time.time()
                 if _ray_compat.prestart_worker(room[node], env, job, math.ceil(self._keep_alive_s)):
                     _ray_compat.mark_warm_spare(job, env, node, asked)
                 time.sleep(WARM_STAGGER_S)

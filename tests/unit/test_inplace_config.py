@@ -4,7 +4,6 @@ wrapper giving a recurring or too frequent error to Ray Train instead of re-runn
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -173,62 +172,3 @@ def test_a_recovered_run_returns_the_functions_result() -> None:
         return "done"
 
     assert worker(lambda: [1]).run(train, ()) == "done" and len(runs) == 2
-
-
-class _Runtime:
-    def __init__(self, actor_id: str | None) -> None:
-        self.actor_id = actor_id
-
-    def get_job_id(self) -> str:
-        return "01000000"
-
-    def get_runtime_env_string(self) -> str:
-        return "{}"
-
-    def get_node_id(self) -> str:
-        return "node-a"
-
-    def get_actor_id(self) -> str | None:
-        return self.actor_id
-
-
-class _Exited(BaseException):  # os._exit ends the process: nothing catches it
-    pass
-
-
-@pytest.mark.parametrize(
-    ("mark", "actor_id", "exits"),
-    [
-        (150.0, None, True),  # a newer spare was started on the node: this one is superseded
-        (None, None, True),  # a worker took the node: no spare is needed there
-        (100.5, None, False),  # its own mark (asked just before it started; start times are coarse): it stays
-        (150.0, "actor", False),  # an actor runs in it: it is a worker now, never ended
-    ],
-)
-def test_a_warm_spare_leaves_only_when_superseded_and_never_once_a_worker(
-    monkeypatch: pytest.MonkeyPatch, mark: float | None, actor_id: str | None, exits: bool
-) -> None:
-    """A node keeps at most one warm spare of a job through renewals: an idle spare whose node's
-    mark names a later start, or none, exits; its own mark keeps it; a worker is never touched."""
-
-    def exit_(code: int) -> None:
-        raise _Exited(code)
-
-    checks: list[int] = []
-
-    def sleep(seconds: float) -> None:
-        checks.append(1)
-        if len(checks) > 3:  # the loop would go on: stop it as "stayed"
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(inplace.time, "sleep", sleep)
-    monkeypatch.setattr(inplace, "SPARE_GRACE_S", -1.0)  # a missing mark counts at once
-    monkeypatch.setattr(inplace.ray, "get_runtime_context", lambda: _Runtime(actor_id))
-    monkeypatch.setattr(inplace._ray_compat, "warm_spare_started", lambda job, env, node: mark)
-    monkeypatch.setattr(inplace.os, "_exit", exit_)
-    if exits:
-        with pytest.raises(_Exited):
-            inplace._leave_when_superseded(started=100.0)
-    else:
-        with pytest.raises(KeyboardInterrupt) if actor_id is None else contextlib.nullcontext():
-            inplace._leave_when_superseded(started=100.0)
