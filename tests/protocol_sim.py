@@ -34,6 +34,7 @@ from ray_ckpt.core.registry import Registry
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import (
     PlanAnswer,
+    PlanMark,
     PlanQuery,
     RankLocation,
     RankRecord,
@@ -102,6 +103,8 @@ class World:
         self.restores: dict[tuple[int, str | None], dict[int, int]] = {}  # see _group: rank -> step restored
         self.marks: list[tuple[int, tuple[int, ...]]] = []  # commit marks not yet pushed to the stores
         self.log: list[str] = []
+        self.plan_seq = 0  # the newest plan mark handed to the stores
+        self.amnesic: set[tuple[int, str | None]] = set()  # groups whose plan no store kept over a registry restart
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -125,6 +128,7 @@ class World:
             for node in self.alive:
                 self.stores[node].drop(gone.job, list(gone.steps), gone.attempts, gone.writers)
         for job, mark in self.registry.take_plan_marks().items():
+            self.plan_seq = mark.seq
             for node in self.alive:
                 self.stores[node].note_plan(job, mark.to_wire())
 
@@ -349,8 +353,13 @@ class World:
         """The registry actor restarts and rebuilds from the live stores (it asks a slow store
         again until it answers). The commit marks in flight are lost with it."""
         self.marks.clear()
+        kept = [PlanMark.from_wire(m).seq for n in self.alive if (m := self.stores[n].plan_marks().get(JOB))]
+        if max(kept, default=0) < self.plan_seq:  # no live store kept the newest plan: it is gone
+            self.amnesic.update(self.restores)
+            self.log.append("the newest plan mark died with every store that held it")
         self.registry = self._new_registry()
         self.registry.rebuild(self._holdings(sorted(self.alive)))
+        self.plan_seq = max(kept, default=0)
         self.log.append("restart registry")
 
     def _holdings(self, nodes: Iterable[str]) -> list[StoreHoldings]:
@@ -388,9 +397,10 @@ class World:
                 raise Violation(f"rank {process.rank} restored step {step}, which no incarnation completed (torn)")
 
     def check(self) -> None:
-        # 2: one step per incarnation
+        # 2: one step per incarnation (unless its plan died with every store and the registry:
+        # a loss beyond the failure model, see docs/commit-protocol.md)
         for incarnation, steps in self.restores.items():
-            if len(set(steps.values())) > 1:
+            if len(set(steps.values())) > 1 and incarnation not in self.amnesic:
                 raise Violation(f"incarnation {incarnation}'s ranks restored different steps: {steps}")
         # 1: a committed step whose ranks each keep k holders (no loss or restart since the
         # commit) stays in the stores, and the registry keeps it or a newer commit
