@@ -397,9 +397,8 @@ class _WarmSpares:
             waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
             chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
             for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                asked = time.time()
                 if _ray_compat.prestart_worker(room[node], env, job, math.ceil(self._keep_alive_s)):
-                    _ray_compat.mark_warm_spare(job, env, node, asked)
+                    _ray_compat.mark_warm_spare(job, env, node, time.time())
                 time.sleep(WARM_STAGGER_S)
         if chosen:
             logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
