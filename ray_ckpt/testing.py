@@ -134,11 +134,13 @@ class SimulatedCluster:
         self.wait_alive(added)
         return added
 
-    def wait_alive(self, nodes: Iterable[Any], timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    def wait_alive(self, nodes: Iterable[Any], timeout_s: float | None = None) -> None:
         """Wait until Ray lists every one of these node handles alive (other nodes may be dead
-        or still dying meanwhile); TimeoutError naming the missing ones past ``timeout_s``."""
+        or still dying meanwhile); TimeoutError naming the missing ones past ``timeout_s``
+        (default ``JOIN_TIMEOUT_S``)."""
         import ray
 
+        timeout_s = JOIN_TIMEOUT_S if timeout_s is None else timeout_s
         if not ray.is_initialized():  # not connected: Ray's own wait (every node must be alive)
             self.cluster.wait_for_nodes(timeout_s)
             return
@@ -152,12 +154,12 @@ class SimulatedCluster:
                 raise TimeoutError(f"nodes {sorted(missing)} did not join the cluster within {timeout_s:.0f} s")
             time.sleep(0.2)
 
-    def kill(self, node_ids: Iterable[str], timeout_s: float = DEAD_TIMEOUT_S) -> float:
+    def kill(self, node_ids: Iterable[str], timeout_s: float | None = None) -> float:
         """Hard-kill the given worker nodes at once (the ``ClusterNodeRemoval`` fault through
         ``chaos.inject``: ``remove_node(allow_graceful=False)``, kept out of the registry's
         events) and wait until Ray declares them all dead; the seconds that took. ValueError for a node that
         is not a live worker of this cluster (the head is never killed); TimeoutError past
-        ``timeout_s``."""
+        ``timeout_s`` (default ``DEAD_TIMEOUT_S``)."""
         from ray_ckpt.tools import chaos
         from ray_ckpt.tools.faults import ClusterNodeRemoval
 
@@ -167,7 +169,8 @@ class SimulatedCluster:
             raise ValueError(f"only worker nodes can be killed; {wanted} includes another node")
         started = time.monotonic()
         fault = ClusterNodeRemoval(self.cluster)
-        chaos.inject(fault, wanted, namespace=self.namespace, wait_dead_s=timeout_s, record=False)
+        wait_s = DEAD_TIMEOUT_S if timeout_s is None else timeout_s
+        chaos.inject(fault, wanted, namespace=self.namespace, wait_dead_s=wait_s, record=False)
         for node in doomed:
             self.workers.remove(node)
         return time.monotonic() - started

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import Any
 
+import pace
 import pytest
 
 # Short Unix socket paths: Ray's socket names must stay under ~107 bytes.
@@ -21,6 +23,33 @@ def ray_tmpdir(monkeypatch: pytest.MonkeyPatch) -> str:
     path = tempfile.mkdtemp(prefix="rck")
     monkeypatch.setenv("RAY_TMPDIR", path)
     return path
+
+
+def _needs_pace(item: pytest.Item) -> bool:
+    """Tests that start Ray (the cluster and actor folders) wait on the machine's speed."""
+    return item.path.parent.name in ("cluster", "actors")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Stretch the per-test timeouts of the tests that start Ray, and the simulated cluster's
+    waits for nodes, to this machine's pace."""
+    slow = [item for item in items if _needs_pace(item)]
+    if not slow or pace.pace() == 1.0:
+        return
+    import ray_ckpt.testing
+
+    ray_ckpt.testing.JOIN_TIMEOUT_S = pace.bound(ray_ckpt.testing.JOIN_TIMEOUT_S)
+    ray_ckpt.testing.DEAD_TIMEOUT_S = pace.bound(ray_ckpt.testing.DEAD_TIMEOUT_S)
+    default_s = float(config.getini("timeout"))
+    for item in slow:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker and marker.args else default_s
+        item.add_marker(pytest.mark.timeout(pace.bound(seconds)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if pace.measured() is not None:
+        terminalreporter.write_line(f"machine pace {pace.measured():.2f}: bounds that depend on speed stretched by it")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import pace
 import pytest
 import ray
 
@@ -124,7 +125,7 @@ def save_one_step(job: str, namespace: str) -> None:
         job=job, rank=0, world_size=1, config=CheckpointConfig(data_shards=1, parity_shards=1), namespace=namespace
     )
     try:
-        ckpt.save(0, {"w": torch.arange(1000, dtype=torch.float32)}).wait(timeout_s=60)
+        ckpt.save(0, {"w": torch.arange(1000, dtype=torch.float32)}).wait(timeout_s=pace.bound(60))
     finally:
         ckpt.close()
 
@@ -196,7 +197,7 @@ def test_cli_process_connects_by_address(local_ray: str, namespace: str) -> None
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*command, *args, *common], capture_output=True, text=True, timeout=120, env=env, check=False
+            [*command, *args, *common], capture_output=True, text=True, timeout=pace.bound(120), env=env, check=False
         )
 
     started = run("start", "--budget-bytes", "32MiB")

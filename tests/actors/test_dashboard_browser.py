@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
 
+import pace
 import pytest
 import recorded_events
 
@@ -36,7 +37,7 @@ def _install_chromium() -> str | None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
         try:
-            subprocess.run(command, env=env, check=True, capture_output=True, timeout=900)
+            subprocess.run(command, env=env, check=True, capture_output=True, timeout=pace.bound(900))
         except (subprocess.SubprocessError, OSError) as error:
             print(f"could not install chromium ({' '.join(command)}): {error}", file=sys.stderr)
             return None
@@ -70,7 +71,7 @@ def dashboard_url(tmp_path: pathlib.Path) -> Iterator[str]:
         seen = []
         while True:
             try:
-                line = lines.get(timeout=60)
+                line = lines.get(timeout=pace.bound(60))
             except queue.Empty:
                 pytest.fail(f"the dashboard did not start within 60 s; output: {''.join(seen)}")
             seen.append(line)
@@ -108,7 +109,7 @@ def _run_chromium(chromium: str, profile: pathlib.Path, *args: str) -> subproces
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=pace.bound(180),
     )
 
 
@@ -303,7 +304,7 @@ def test_exported_report_renders_without_a_server(chromium: str, tmp_path: pathl
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=pace.bound(120),
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -333,7 +334,7 @@ def test_single_point_charts_have_axes_around_the_point(chromium: str, tmp_path:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=pace.bound(120),
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr

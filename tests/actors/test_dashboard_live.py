@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import pace
 import pytest
 import ray
 import torch
@@ -46,7 +47,7 @@ def test_live_data_and_export(local_ray: str, tmp_path: pathlib.Path) -> None:
     config = CheckpointConfig(data_shards=1, parity_shards=0, local_copy=True)
     ckpt = ray_ckpt.Checkpointer(job="live", rank=0, world_size=1, config=config, namespace=namespace)
     for step in range(3):
-        ckpt.save(step, {"w": torch.full((1024,), float(step))}).wait(timeout_s=60)
+        ckpt.save(step, {"w": torch.full((1024,), float(step))}).wait(timeout_s=pace.bound(60))
     ckpt.close()
 
     dashboard = server.Dashboard(live=server.LiveCluster(namespace))

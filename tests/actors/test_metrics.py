@@ -10,6 +10,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 
+import pace
 import pytest
 import ray
 import torch
@@ -47,7 +48,7 @@ def metrics_port(ray_tmpdir: str) -> Iterator[int]:
 
 
 def _scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=pace.bound(5)).read().decode()
     series = []
     for line in text.splitlines():
         match = _SERIES.match(line)
@@ -57,7 +58,9 @@ def _scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
     return series
 
 
-def _wait_for(port: int, wanted: dict[str, dict[str, str]], timeout_s: float = 45.0) -> list[tuple[str, dict, float]]:
+def _wait_for(
+    port: int, wanted: dict[str, dict[str, str]], timeout_s: float = pace.bound(45.0)
+) -> list[tuple[str, dict, float]]:
     """Scrape until every wanted series name has a sample with the wanted labels."""
     deadline = time.monotonic() + timeout_s
     missing: list[str] = list(wanted)
@@ -93,7 +96,7 @@ def test_save_and_restore_are_exported(metrics_port: int) -> None:
     config = CheckpointConfig(data_shards=1, parity_shards=0, local_copy=True)
     state = {"w": torch.arange(4096, dtype=torch.float32)}
     saver = ray_ckpt.Checkpointer(job=job, rank=0, world_size=1, config=config, namespace=namespace)
-    saver.save(0, state).wait(timeout_s=60)
+    saver.save(0, state).wait(timeout_s=pace.bound(60))
     saver.close()
     restorer = ray_ckpt.Checkpointer(job=job, rank=0, world_size=1, config=config, namespace=namespace)
     restored = restorer.restore()

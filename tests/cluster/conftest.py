@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+import pace
 import pytest
 import ray
 import sim
@@ -109,7 +110,7 @@ CLUSTER_ARGS: dict[str, Any] = {
 }
 
 
-def _wait_alive(nodes: int, timeout_s: float = 60.0) -> None:
+def _wait_alive(nodes: int, timeout_s: float = pace.bound(60.0)) -> None:
     """Wait until Ray counts exactly ``nodes`` alive nodes (removed ones declared dead)."""
     deadline = time.monotonic() + timeout_s
     while len(naming.alive_nodes()) != nodes:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pace
 import pytest
 import ray
 from conftest import SimCluster
@@ -50,7 +51,7 @@ def save_and_wait(namespace: str, job: str, rank: int, world_size: int, steps: i
         job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
     ) as checkpointer:
         for step in range(steps):
-            checkpointer.save(step, make_state(rank, step, 2_000)).wait(timeout_s=120)
+            checkpointer.save(step, make_state(rank, step, 2_000)).wait(timeout_s=pace.bound(120))
             seen.append(step)
     return seen
 
@@ -75,7 +76,7 @@ class CommitWatch:
                 self.seen.append(latest)
             time.sleep(0.02)
 
-    def wait_for(self, step: int, timeout_s: float = 120) -> None:
+    def wait_for(self, step: int, timeout_s: float = pace.bound(120)) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.seen or self.seen[-1] < step:
             if time.monotonic() > deadline:
@@ -132,7 +133,7 @@ def test_a_registry_killed_during_batched_commits_loses_no_step_and_commits_none
     pid_of = lambda _actor: os.getpid()  # noqa: E731 (a lambda ships by value)
     old_pid = ray.get(registry.__ray_call__.remote(pid_of))
     ray.kill(registry, no_restart=False)  # stages of the next steps are in flight
-    results = ray.get(ranks, timeout=300)
+    results = ray.get(ranks, timeout=pace.bound(300))
     seen = watch.stop()
     assert ray.get(naming.registry_handle(namespace).__ray_call__.remote(pid_of)) != old_pid
     check_every_step_committed_once(sim_cluster, client, world_size, results, seen)
@@ -154,7 +155,7 @@ def test_a_relay_killed_during_batched_commits_loses_no_step_and_commits_none_tw
     chain = sorted(naming.store_node_ids(namespace))
     assert len(chain) == 4  # the head's store and three workers'
     ray.kill(naming.store_handles(namespace, [chain[1]])[chain[1]], no_restart=True)
-    results = ray.get(ranks, timeout=300)
+    results = ray.get(ranks, timeout=pace.bound(300))
     seen = watch.stop()
     check_every_step_committed_once(sim_cluster, client, world_size, results, seen)
     stats = {node: ray.get(h.stats.remote()) for node, h in naming.store_handles(namespace).items()}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pace
 import pytest
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
@@ -44,7 +45,7 @@ def _positive(value: Any) -> bool:
 @pytest.mark.timeout(600)
 def test_bench_recovery_quick(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "out" / "recovery.json"
-    result = _run("bench_recovery.py", target, 540)
+    result = _run("bench_recovery.py", target, pace.bound(540))
     assert "restored bit-exact" in result.stdout
     document = json.loads(target.read_text())
     assert document["benchmark"] == "recovery"
@@ -79,7 +80,7 @@ def test_bench_recovery_quick(tmp_path: pathlib.Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_memory_quick(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "out" / "memory.json"
-    _run("bench_memory.py", target, 540)
+    _run("bench_memory.py", target, pace.bound(540))
     document = json.loads(target.read_text())
     assert document["benchmark"] == "memory"
     assert document["state_bytes"] == 4 << 20
@@ -111,7 +112,7 @@ def test_bench_memory_quick(tmp_path: pathlib.Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "out" / "goodput.json"
-    _run("bench_goodput.py", target, 540)
+    _run("bench_goodput.py", target, pace.bound(540))
     document = json.loads(target.read_text())
     assert document["benchmark"] == "goodput"
     assert len(document["schedule"]) == 1
@@ -162,7 +163,11 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, str(SCRIPTS / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=pace.bound(120),
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     for option in options:

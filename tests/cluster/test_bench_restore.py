@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import pace
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_restore.py"
@@ -28,7 +29,7 @@ def test_quick_run_restores_bit_exact_and_writes_rows(tmp_path: pathlib.Path) ->
         [sys.executable, str(SCRIPT), "--quick", "--json", str(target)],
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=pace.bound(540),
         env=_env(),
         check=False,
     )
@@ -52,7 +53,7 @@ def test_quick_run_restores_bit_exact_and_writes_rows(tmp_path: pathlib.Path) ->
 
 def test_help() -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=pace.bound(60), check=False
     )
     assert result.returncode == 0
     for option in ("--sizes-mib", "--quick", "--json"):

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import pace
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_save.py"
@@ -29,7 +30,7 @@ def test_quick_run_writes_a_row_per_impl(tmp_path: pathlib.Path) -> None:
         [sys.executable, str(SCRIPT), "--quick", "--json", str(target)],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=pace.bound(280),
         env=_env(),
         check=False,
     )
@@ -49,7 +50,7 @@ def test_quick_run_writes_a_row_per_impl(tmp_path: pathlib.Path) -> None:
 
 def test_help() -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=pace.bound(60), check=False
     )
     assert result.returncode == 0
     for option in ("--sizes-mib", "--repeats", "--quick", "--json"):

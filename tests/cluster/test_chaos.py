@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pace
 import pytest
 import ray
 from conftest import SimCluster
@@ -41,7 +42,7 @@ def raylet_exit_code(sim: SimCluster, node_id: str) -> int | None:
     return node.all_processes["raylet"][0].process.poll()
 
 
-def store_gone(sim: SimCluster, node_id: str, timeout_s: float = 10.0) -> bool:
+def store_gone(sim: SimCluster, node_id: str, timeout_s: float = pace.bound(10.0)) -> bool:
     deadline = time.monotonic() + timeout_s
     while naming.store_handles(sim.namespace, [node_id]):
         if time.monotonic() >= deadline:
@@ -114,7 +115,7 @@ def test_kill_store_only_leaves_the_node_alive_without_its_store(
     time.sleep(2)  # longer than the fixture's node failure detection
     assert victim in alive()
     assert raylet_exit_code(sim_cluster, victim) is None
-    assert ray.get(where.options(scheduling_strategy=on_node(victim)).remote(), timeout=60) == victim
+    assert ray.get(where.options(scheduling_strategy=on_node(victim)).remote(), timeout=pace.bound(60)) == victim
     events = kill_events(sim_cluster)
     assert [(e["kind"], e["node_id"], e["mode"]) for e in events] == [("kill", victim, "store")]
 
@@ -153,12 +154,12 @@ def test_kill_during_save_kills_a_shard_holder_of_a_partially_staged_step(sim_cl
     )
     partial = save_steps.options(scheduling_strategy=on_node(saver)).remote(ns, JOB, 0, 2, [1], CODE, 20_000)
     spared = {saver} | ({sim_cluster.node_id(i) for i in range(3)} - set(spare_workers(sim_cluster)))
-    result = chaos.kill_during_save(JOB, namespace=ns, min_step=1, exclude=spared, seed=3, timeout_s=120)
+    result = chaos.kill_during_save(JOB, namespace=ns, min_step=1, exclude=spared, seed=3, timeout_s=pace.bound(120))
     assert (result.details["step"], result.details["staged_ranks"], result.details["world_size"]) == (1, [0], 2)
     assert result.details["shards_on_victim"] >= 1
     assert result.node_id not in (saver, naming.head_node_id())
     assert result.node_id not in alive()
-    assert ray.get(partial, timeout=60) == saver
+    assert ray.get(partial, timeout=pace.bound(60)) == saver
     registry = naming.registry_handle(ns)
     assert ray.get(registry.latest_committed.remote(JOB)) == 0
     assert ray.get(registry.staged_ranks.remote(JOB, 1)) == [0]
@@ -185,7 +186,9 @@ def test_the_head_node_and_the_own_node_are_refused_and_never_picked(
 
 
 def test_kill_nodes_script_runs_and_rejects_misplaced_options() -> None:
-    script = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    script = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=pace.bound(60)
+    )
     assert script.returncode == 0 and "--during-save JOB" in script.stdout
     with pytest.raises(SystemExit) as exit_info:
         main(["kill-node", "--random", "--node", "abc"])

@@ -6,6 +6,7 @@ import os
 import tempfile
 import time
 
+import pace
 import pytest
 import ray
 from conftest import SimCluster
@@ -121,7 +122,7 @@ def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimClust
     committed step stays restorable."""
     config = ray_ckpt.CheckpointConfig(data_shards=4, parity_shards=2, local_copy=False)
     checkpointer = Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace)
-    checkpointer.save(0, make_state(0, 0, 100)).wait(timeout_s=60)
+    checkpointer.save(0, make_state(0, 0, 100)).wait(timeout_s=pace.bound(60))
     for store in naming.store_handles(sim_cluster.namespace).values():
         ray.get(store.set_budget.remote(1))  # below what step 0 holds: every further put fails
     checkpointer.save(1, make_state(0, 1, 100))
@@ -129,7 +130,7 @@ def test_a_background_save_error_surfaces_on_the_next_call(sim_cluster: SimClust
         checkpointer.save(2, make_state(0, 2, 100))
     handle = checkpointer.save(3, make_state(0, 3, 100))
     with pytest.raises(StoreFullError):
-        handle.wait(timeout_s=60)
+        handle.wait(timeout_s=pace.bound(60))
     with pytest.raises(StoreFullError):
         checkpointer.close()
     with Checkpointer(job=JOB, rank=0, world_size=1, config=config, namespace=sim_cluster.namespace) as fresh:

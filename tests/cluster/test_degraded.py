@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pace
 import pytest
 import ray
 from conftest import SimCluster
@@ -20,7 +21,7 @@ from ray_ckpt.transport import naming
 pytestmark = pytest.mark.cluster
 
 
-def wait_for_stores(namespace: str, count: int, timeout_s: float = 60.0) -> None:
+def wait_for_stores(namespace: str, count: int, timeout_s: float = pace.bound(60.0)) -> None:
     """Wait until ``count`` alive nodes run a store (the registry starts them by itself)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -51,7 +52,7 @@ def test_a_shrinking_cluster_keeps_saving_with_real_protection_and_recovers_full
     def save(step: int) -> None:
         expected[step] = make_state(0, step, 20_000)
         with settings.override(RAY_CKPT_SAVE_EVENT_EVERY=1):  # every save sends its event
-            ckpt.save(step, expected[step]).wait(timeout_s=60)
+            ckpt.save(step, expected[step]).wait(timeout_s=pace.bound(60))
 
     save(0)
     assert ckpt.last_protection == 2

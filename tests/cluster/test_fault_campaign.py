@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import pace
 import pytest
 
 pytestmark = pytest.mark.cluster
@@ -43,7 +44,7 @@ def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathl
         ],
         capture_output=True,
         text=True,
-        timeout=560,
+        timeout=pace.bound(560),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())

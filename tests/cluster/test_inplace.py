@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pace
 import psutil
 import pytest
 import ray
@@ -154,7 +155,7 @@ def run_with(
         in_place=in_place,
         fsdp2=fsdp2,
     )
-    thread.join(timeout=30)
+    thread.join(timeout=pace.bound(30))
     assert not failures, failures
     return {
         "restores": example.read_restores(events),
@@ -246,7 +247,7 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
             busy = {example.rank_node("warm", rank) for rank in (0, 1)}
             alive = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1]
             spare = {str(n["NodeID"]) for n in alive} - busy
-            bound_s = max(180.0, 4 * len(spare) * clusters.start_s)
+            bound_s = max(pace.bound(180.0), 4 * len(spare) * clusters.start_s)
             deadline = time.monotonic() + bound_s
             while not spare <= nodes_with_a_warm_spare(started):
                 if time.monotonic() > deadline:
@@ -355,7 +356,7 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
         fsdp2=True,
         fsdp2_per_layer=True,
     )
-    thread.join(timeout=30)
+    thread.join(timeout=pace.bound(30))
     groups = by_attempt(example.read_restores(events))
     assert len(groups) == 2, (groups, recovery_log())  # one failure, one recovery
     first, second = groups
@@ -384,7 +385,7 @@ def test_two_kills_in_sequence_and_a_kill_during_a_recovery_end_bit_exact(cluste
         time.sleep(0.3)
         example.remove_node(sim, example.rank_node("sequence", 2))
 
-    report = run_with(cluster, "sequence", 3, faults, {"timeout_s": 90})
+    report = run_with(cluster, "sequence", 3, faults, {"timeout_s": pace.bound(90)})
     attempts = by_attempt(report["restores"])
     assert len(attempts) >= 3
     first, second = attempts[0], attempts[1]
@@ -407,7 +408,7 @@ def test_a_survivor_lost_while_it_waits_falls_back_to_new_workers_that_restore_f
         time.sleep(1.5)
         example.remove_node(sim, survivor)
 
-    report = run_with(cluster, "fallback", 2, faults, {"timeout_s": 60})
+    report = run_with(cluster, "fallback", 2, faults, {"timeout_s": pace.bound(60)})
     attempts = by_attempt(report["restores"])
     first, last = attempts[0], attempts[-1]
     assert all(last[r]["pid"] != first[r]["pid"] for r in (0, 1))
@@ -434,7 +435,7 @@ def test_a_hung_peer_is_killed_within_the_bound_and_recovered_in_place(cluster: 
             time.sleep(0.05)
         hung["killed_after_s"] = time.monotonic() - stopped
 
-    report = run_with(cluster, "hung", 2, faults, {"timeout_s": 60, "hang_timeout_s": HANG_TIMEOUT_S})
+    report = run_with(cluster, "hung", 2, faults, {"timeout_s": pace.bound(60), "hang_timeout_s": HANG_TIMEOUT_S})
     assert HANG_TIMEOUT_S * 0.75 <= hung["killed_after_s"] <= HANG_TIMEOUT_S + 3.0, hung
     first, second = by_attempt(report["restores"])[:2]
     assert second[0]["pid"] == first[0]["pid"] and second[0]["source"] == "local"

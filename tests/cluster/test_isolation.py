@@ -9,6 +9,7 @@ import sys
 import uuid
 
 import numpy as np
+import pace
 import pytest
 import ray
 from conftest import SimCluster
@@ -133,7 +134,12 @@ def test_everything_works_with_token_authentication(ray_tmpdir: str) -> None:
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex, "RAY_TMPDIR": ray_tmpdir}
     here = pathlib.Path(__file__).parent
     done = subprocess.run(
-        [sys.executable, "-c", TOKEN_AUTH_SCRIPT], cwd=here, env=env, capture_output=True, text=True, timeout=280
+        [sys.executable, "-c", TOKEN_AUTH_SCRIPT],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=pace.bound(280),
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "RESTORED 1 peers True" in done.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pace
 import pytest
 import ray
 from conftest import SimCluster
@@ -137,7 +138,7 @@ def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world
 
 def _direct_reads_served(namespace: str) -> int:
     handles = naming.store_handles(namespace).values()
-    return sum(stats["direct_reads"] for stats in ray.get([h.stats.remote() for h in handles], timeout=30))
+    return sum(stats["direct_reads"] for stats in ray.get([h.stats.remote() for h in handles], timeout=pace.bound(30)))
 
 
 def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is_closed(
@@ -178,7 +179,12 @@ def test_killed_registry_restarts_with_the_same_view(sim_cluster: SimCluster) ->
     # ray.kill is asynchronous: wait until a new registry process answers, not the dying one.
     for _ in range(100):
         try:
-            if ray.get(naming.registry_handle(sim_cluster.namespace).__ray_call__.remote(pid_of), timeout=5) != old_pid:
+            if (
+                ray.get(
+                    naming.registry_handle(sim_cluster.namespace).__ray_call__.remote(pid_of), timeout=pace.bound(5)
+                )
+                != old_pid
+            ):
                 break
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass
@@ -267,7 +273,7 @@ def test_checkpointer_rejects_bad_input_at_the_call_and_loses_nothing(sim_cluste
     with pytest.raises(ray_ckpt.UnsupportedLeafError, match="opt"):
         checkpointer.save(0, {"opt": {1, 2}})
     assert checkpointer.latest_step() is None
-    checkpointer.save(3, make_state(0, 3)).wait(timeout_s=60)
+    checkpointer.save(3, make_state(0, 3)).wait(timeout_s=pace.bound(60))
     for step, words in [(-1, "step must be"), ("4", "step must be"), (True, "step must be"), (3, "not newer")]:
         with pytest.raises(ray_ckpt.ConfigError, match=words):
             checkpointer.save(step, make_state(0, 9))
