@@ -13,10 +13,12 @@ import ray
 
 from ray_ckpt import settings
 from ray_ckpt.backup import ArrowBackup
-from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.config import EVERY_AUTO, CheckpointConfig
 from ray_ckpt.core import dtensor, events, snapshot
+from ray_ckpt.core.interval import Decision, IntervalPolicy
 from ray_ckpt.core.shard import SAVE_ID_MAX, check_step
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableError
+from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer
 from ray_ckpt.save import SaveHandle, SavePipeline
 from ray_ckpt.transport.registry_client import RegistryClient
@@ -35,7 +37,13 @@ class Checkpointer:
     shards to peer stores, the local copy, staging and backups run on a background thread. At
     most one save is in flight: the next ``save`` waits for the previous one (recorded in
     ``last_save_phases_s["wait_previous"]``), or is skipped with ``on_busy="skip"``. A
-    background failure is re-raised by the next ``save``, ``wait`` or ``close``.
+    background failure is re-raised by a later ``save`` (at the latest the next one that saves),
+    ``wait`` or ``close``.
+
+    ``CheckpointConfig.every`` picks the steps saved: those divisible by an int, or by the
+    interval ``every="auto"`` chooses (``ray_ckpt.core.interval``; under "auto" a step that
+    finds the previous save still running is skipped, never waited for). Any other step
+    returns a skipped ``SaveHandle`` without looking at the state.
 
     ``attempt`` names the incarnation of the job (one worker group): all ranks of one
     incarnation must pass the same value, and a new incarnation must pass a new one
@@ -109,6 +117,15 @@ class Checkpointer:
             timeout_s=settings.peer_timeout_s,
         )
         self._in_flight: Future[bool] | None = None
+        self._in_flight_blocking = 0.0  # the in-flight save's blocking time
+        self._in_flight_since = 0.0  # when it was handed to the background (perf_counter)
+        self._background_ended = 0.0  # when the background work of the last save ended (its thread writes it)
+        self._policy = (
+            IntervalPolicy(max_interval_s=settings.auto_max_interval_s(), mtbf_prior_s=settings.auto_mtbf_s())
+            if self.config.every == EVERY_AUTO
+            else None
+        )
+        self._previous_call: tuple[int, float, bool] | None = None  # (step, when save returned, a save ran then)
         self._last_step: int | None = None
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
@@ -141,11 +158,13 @@ class Checkpointer:
         if self._last_step is not None and step <= self._last_step:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
+        reason = self._skip_reason(step, started)
+        if reason is not None:
+            return self._skip(step, started, reason)
         layout = snapshot.build_layout(state)  # validates before anything is waited for or touched
         self._saves.check_placement()
         if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
-            self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
-            return self._handle(step, None)
+            return self._skip(step, started, "busy")
         self._finish_in_flight()
         copy_start = time.perf_counter()
         buffer, size, copied = self._saves.snapshot(layout)
@@ -154,11 +173,78 @@ class Checkpointer:
         phases["blocking"] = time.perf_counter() - started
         self.last_save_phases_s = phases
         returned = time.time()  # training goes on from here; the event says so after the commit
-        self._in_flight = self._background.submit(self._saves.complete, step, buffer, size, copied, phases, returned)
+        self._in_flight_blocking = phases["blocking"]
+        self._in_flight_since = time.perf_counter()
+        self._in_flight = self._background.submit(self._complete, step, buffer, size, copied, phases, returned)
+        self._previous_call = (step, time.perf_counter(), True)
         return self._handle(step, self._in_flight)
 
-    def _handle(self, step: int, staged: Future[bool] | None) -> SaveHandle:
-        return SaveHandle(step, staged, self._wait_committed, self.config.commit_timeout_s)
+    def _complete(self, *args: Any) -> bool:
+        """The background work of one save (``SavePipeline.complete``), its end time noted."""
+        try:
+            return self._saves.complete(*args)
+        finally:
+            self._background_ended = time.perf_counter()
+
+    def _skip_reason(self, step: int, now: float) -> str | None:
+        """Why ``step`` is not saved ("not due" by ``CheckpointConfig.every``, or "busy" under
+        "auto"), None when it is. Under "auto" this also feeds the policy: the training time
+        per step since the previous call, and the last save's cost once it completed
+        (re-raising its background error, as the next save would)."""
+        every = self.config.every
+        if self._policy is None:
+            return None if isinstance(every, int) and step % every == 0 else "not due"
+        previous = self._previous_call
+        if previous is not None and step > previous[0]:
+            self._policy.observe_step((now - previous[1]) / (step - previous[0]), during_save=previous[2])
+        busy = self._in_flight is not None and not self._in_flight.done()
+        if self._in_flight is not None and not busy:
+            self._finish_in_flight()
+            background_s = max(0.0, self._background_ended - self._in_flight_since)
+            self._announce(step, self._policy.observe_save(self._in_flight_blocking, background_s))
+        if self._policy.due(step, busy=busy):
+            return None
+        return "busy" if busy else "not due"
+
+    def _skip(self, step: int, started: float, reason: str) -> SaveHandle:
+        self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
+        busy = self._in_flight is not None and not self._in_flight.done()
+        self._previous_call = (step, time.perf_counter(), busy)
+        return self._handle(step, None, reason)
+
+    def _announce(self, step: int, decision: Decision | None) -> None:
+        """Log a new interval with its numbers and send it as an ``interval`` event."""
+        if decision is None:
+            return
+        logger.log(
+            logging.INFO if self.rank == 0 else logging.DEBUG,
+            "job %r rank %d: saving every %d step(s) from step %d on; %s",
+            self.job,
+            self.rank,
+            decision.interval,
+            step,
+            decision.describe(),
+        )
+        measured = decision.measured()
+        self._record("interval", step=step, interval=decision.interval, reason=decision.reason, measured=measured)
+
+    @property
+    def interval(self) -> int:
+        """The steps between saves: ``every`` as configured, or what "auto" chose so far (1
+        during its warm-up)."""
+        return self._policy.interval if self._policy is not None else int(self.config.every)
+
+    def failures_seen(self, count: int, job_s: float | None = None) -> None:
+        """Tell ``every="auto"`` that the job has seen ``count`` failures (restarts) in ``job_s``
+        seconds of running (None: estimated as the step number times the measured step time).
+        Until a count above 0 arrives, the MTBF is RAY_CKPT_AUTO_MTBF_S. No effect otherwise."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"count must be the number of failures the job has seen, an int >= 0, got {count!r}")
+        if self._policy is not None:
+            self._announce(self._last_step or 0, self._policy.observe_failures(count, job_s))
+
+    def _handle(self, step: int, staged: Future[bool] | None, skip_reason: str | None = None) -> SaveHandle:
+        return SaveHandle(step, staged, self._wait_committed, self.config.commit_timeout_s, skip_reason=skip_reason)
 
     def _finish_in_flight(self) -> None:
         if self._in_flight is not None:
@@ -207,6 +293,14 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         """The newest step committed by all ranks of this job, or None if none is."""
         return self._registry.latest_committed(self.job)
+
+    def range_readers(self, step: int) -> dict[int, RangeReader]:
+        """Byte-range readers of every rank's blob of the committed ``step`` (rank -> reader; see
+        ``Restorer.range_readers``), for callers that read other ranks' payloads themselves (the
+        DCP backend). NoCheckpointError when ``step`` is not committed."""
+        self._check_open()
+        check_step(step)
+        return self._restorer.range_readers(step)
 
     def restore(self, step: int | None = None, *, into: Any = None) -> Restored | None:
         """Rebuild this rank's state of the newest step every rank can restore (or of ``step``),

@@ -343,11 +343,39 @@ class Restorer:
     def _resharded(self, step: int, into: Any, t0: float) -> Restored:
         """This rank's new shards of ``step`` (saved at another world size or sharding), read as byte
         ranges from every old rank's checkpoint and copied into ``into``."""
+        by_rank = self.range_readers(step)
+        t1 = time.perf_counter()
+        readers = [by_rank[r] for r in sorted(by_rank)]
+        result = reshard.restore_into(reshard.read_old_ranks(readers), into, rank=self.rank)
+        self.restored_bytes = sum(reader.fetched_bytes for reader in readers)
+        t2 = time.perf_counter()
+        logger.info(
+            "job %r rank %d: step %d resharded from %d ranks, %d bytes read for %d needed",
+            self.job,
+            self.rank,
+            step,
+            len(readers),
+            self.restored_bytes,
+            result.needed_bytes,
+        )
+        return Restored(
+            step,
+            result.state,
+            "peers",
+            _phases(t0, t1, t2, t2, t2),
+            from_world_size=len(readers),
+            values_by_rank=result.values_by_rank,
+        )
+
+    def range_readers(self, step: int) -> dict[int, RangeReader]:
+        """A ``RangeReader`` per rank that saved the committed ``step`` (rank -> reader), over the
+        stores alive now (looked up once for all): byte ranges of any rank's blob, a lost data
+        shard's positions decoded from k others. NoCheckpointError when ``step`` is not committed.
+        Plans nothing and joins no attempt: reading a step changes no registry state."""
         records = self.registry.locate(self.job, step)
         live = self.stores.live({node for record in records.values() for node in record.nodes.values()})
-        t1 = time.perf_counter()
-        readers = [
-            RangeReader(
+        return {
+            r: RangeReader(
                 self.stores,
                 records[r],
                 job=self.job,
@@ -358,27 +386,7 @@ class Restorer:
                 live_nodes=live,
             )
             for r in sorted(records)
-        ]
-        result = reshard.restore_into(reshard.read_old_ranks(readers), into, rank=self.rank)
-        self.restored_bytes = sum(reader.fetched_bytes for reader in readers)
-        t2 = time.perf_counter()
-        logger.info(
-            "job %r rank %d: step %d resharded from %d ranks, %d bytes read for %d needed",
-            self.job,
-            self.rank,
-            step,
-            len(records),
-            self.restored_bytes,
-            result.needed_bytes,
-        )
-        return Restored(
-            step,
-            result.state,
-            "peers",
-            _phases(t0, t1, t2, t2, t2),
-            from_world_size=len(records),
-            values_by_rank=result.values_by_rank,
-        )
+        }
 
     def _local_copy(self, step: int, record: RankRecord) -> np.ndarray | None:
         """This rank's local copy, if it lives on this node and is intact."""
