@@ -29,7 +29,11 @@ class CheckpointConfig:
     process restarted on the same node restores with no network (costs 1x the state there).
     on_busy: what ``save`` does while the previous save is still in the background: "wait"
     for it (the wait counts as stall) or "skip" this step.
-    backup_every: write a persistent backup of steps divisible by this (0: never).
+    every: which steps ``save`` saves: an int N saves the steps divisible by N (1, the default:
+    every call), "auto" lets ray_ckpt choose a power-of-two interval from what it measures
+    (``ray_ckpt.core.interval``; a rank whose previous save still runs then skips, whatever
+    ``on_busy`` says). A step that is not saved returns a skipped ``SaveHandle`` at once.
+    backup_every: write a persistent backup of saved steps divisible by this (0: never).
     backup_uri: where backups go: a local path or a pyarrow.fs URI (s3://, gs://, ...).
     ``ray_ckpt.train.Checkpointer`` defaults it to the run's storage path.
     backup_keep: complete backup steps kept (older ones are deleted).
@@ -42,11 +46,13 @@ class CheckpointConfig:
     commit_timeout_s: float = 300.0
     local_copy: bool = True
     on_busy: str = "wait"
+    every: int | str = 1
     backup_every: int = 0
     backup_uri: str | None = None
     backup_keep: int = 2
 
     def __post_init__(self) -> None:
+        check_every(self.every)
         _check_int("backup_every", self.backup_every, 0)
         _check_int("backup_keep", self.backup_keep, 1)
         if not isinstance(self.local_copy, bool):
@@ -96,6 +102,20 @@ class CheckpointConfig:
                 f"{', '.join(f.name for f in dataclasses.fields(cls))}"
             )
         return cls(**values)  # type: ignore[arg-type]
+
+
+EVERY_AUTO = "auto"
+
+
+def check_every(value: object) -> None:
+    """ConfigError unless ``value`` is an int >= 1 (not a bool) or "auto"."""
+    if isinstance(value, str) and value == EVERY_AUTO:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"every must be an int >= 1 (save the steps divisible by it; 1 saves every call) or "
+            f"{EVERY_AUTO!r} (ray_ckpt picks the interval), got {value!r}"
+        )
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -113,7 +113,9 @@ def record_copies(tensors: Iterable[torch.Tensor], cuda: Any = torch.cuda) -> li
 class SaveHandle:
     """The future of one ``save``: ``staged()`` once this rank's shards are stored and staged,
     ``wait()`` once every rank staged the step (it committed). ``skipped`` is True when the
-    save was dropped because the previous one was still running (``on_busy="skip"``)."""
+    step was not saved; ``skip_reason`` then says why: "busy" (the previous save was still
+    running: ``on_busy="skip"`` or ``every="auto"``) or "not due" (``CheckpointConfig.every``
+    does not save this step). ``staged`` and ``wait`` of a skipped handle return at once."""
 
     def __init__(
         self,
@@ -121,9 +123,12 @@ class SaveHandle:
         staged: Future[bool] | None,
         wait_committed: Callable[[int, float], None],
         commit_timeout_s: float,
+        *,
+        skip_reason: str | None = None,
     ) -> None:
         self.step = step
         self.skipped = staged is None
+        self.skip_reason = skip_reason if staged is None else None
         self._staged = staged
         self._wait_committed = wait_committed
         self._commit_timeout_s = commit_timeout_s

@@ -157,6 +157,26 @@ def direct_reads() -> bool:
     return _read("RAY_CKPT_DIRECT_READS", True, lambda raw: raw.strip().lower() not in ("0", "false", "no", "off"))
 
 
+def _positive_seconds(name: str, default: float) -> float:
+    value = _read(name, default, float)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
+    return value
+
+
+def auto_mtbf_s() -> float:
+    """RAY_CKPT_AUTO_MTBF_S: the mean time between failures ``every="auto"`` assumes for a job
+    until it has seen one (or for as long as the job has run without one, if that is longer)."""
+    return _positive_seconds("RAY_CKPT_AUTO_MTBF_S", 3600.0)
+
+
+def auto_max_interval_s() -> float:
+    """RAY_CKPT_AUTO_MAX_INTERVAL_S: the longest stretch of training ``every="auto"`` leaves
+    without a save (its interval is capped at the power of two of steps that fits), unless the
+    background work of one save takes longer than that."""
+    return _positive_seconds("RAY_CKPT_AUTO_MAX_INTERVAL_S", 600.0)
+
+
 @contextlib.contextmanager
 def override(**values: object) -> Iterator[None]:
     """Temporarily set knobs by env-var name, e.g. ``override(RAY_CKPT_CODEC_THREADS=1)``."""

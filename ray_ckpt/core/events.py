@@ -34,6 +34,11 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   (a survivor had dropped the failed generation's checkpointers and process group), joined (it
   asked to join), round_started (the first rank asked), formed (every rank had joined), ready
   (its process group was up).
+- ``interval``: job, rank, attempt, step, interval (the steps between saves a rank of an
+  ``every="auto"`` job chose, a power of two), reason ("warm-up", "optimum", "keep-up", "cap"),
+  measured {step_s, blocking_s, slowdown_s, background_s, cost_s, mtbf_s, failures,
+  optimum_steps, floor_steps, cap_steps} (the known ones; ``ray_ckpt.core.interval``). Sent when
+  the rank's interval changes.
 
 ``check`` states what a well-formed event is: the fields above with their types (numbers
 finite, ranks and counts ints >= 0, phases numbers), the ones its kind needs present. The
@@ -67,8 +72,8 @@ from ray_ckpt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("save", "kill", "node_dead", "restore", "status", "rejoin")
-CALLER_KINDS = ("save", "kill", "node_dead", "restore", "rejoin")  # status events are the registry's own
+KINDS = ("save", "kill", "node_dead", "restore", "status", "rejoin", "interval")
+CALLER_KINDS = ("save", "kill", "node_dead", "restore", "rejoin", "interval")  # status events are the registry's own
 STATUS_EVERY_S = 1.0  # the most frequent status snapshots of one job
 STATUS_FULL_EVERY_S = 600.0  # a job's status events are whole at least this often (else deltas)
 PLACEMENT_MAX_RANKS = 512  # a status event lists the placement of jobs up to this many ranks
@@ -135,7 +140,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step": _OPTIONAL_INT,
     "attempt": _OPTIONAL_TEXT,
     "node_id": _OPTIONAL_TEXT,
-    **dict.fromkeys(("mode", "by", "source", "role", "error"), _OPTIONAL_TEXT),
+    **dict.fromkeys(("mode", "by", "source", "role", "error", "reason"), _OPTIONAL_TEXT),
     **dict.fromkeys(("bytes", "pid", "generation", "world_size", "data_shards", "parity_shards"), _OPTIONAL_COUNT),
     **dict.fromkeys(("steps_lost", "protection"), _OPTIONAL_INT),
     **dict.fromkeys(("returned", "started", "worker_started", "joined", "base"), _TIME),
@@ -143,6 +148,8 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         ("process_started", "warmed", "detected", "torn_down", "round_started", "formed", "ready"), _OPTIONAL_TIME
     ),
     "phases_s": (_is_phases, "an object of phase name -> finite number (seconds)"),
+    "interval": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    "measured": (_is_phases, "an object of name -> finite number"),
 }
 
 # kind -> the fields it must have (not null)
@@ -153,6 +160,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "restore": ("job", "rank"),
     "status": ("job", "step"),
     "rejoin": ("job", "rank", "role", "worker_started", "joined"),
+    "interval": ("job", "rank", "interval", "reason"),
 }
 
 

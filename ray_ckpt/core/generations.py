@@ -54,6 +54,18 @@ class Formed:
     address: str | None = None
 
 
+def generation_of(attempt: str | None) -> int | None:
+    """The generation number in an attempt id of ``Generations.attempt`` (``<run>.g<n>``), or
+    None for any other attempt id. Generation 1 is a run's first; every later one follows a
+    failure (a full restart or an in-place recovery)."""
+    if not isinstance(attempt, str):
+        return None
+    run, dot, tail = attempt.rpartition(".g")
+    if not dot or not run or not tail.isdecimal() or not tail.isascii():
+        return None
+    return int(tail)
+
+
 class Generations:
     """The generations of one run. Not thread-safe (the actor runs one coroutine at a time)."""
 

@@ -11,6 +11,7 @@ from ray.train.collective import broadcast_from_rank_zero
 
 from ray_ckpt import checkpointer
 from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.core.generations import generation_of
 from ray_ckpt.errors import ConfigError
 from ray_ckpt.train import inplace
 
@@ -52,6 +53,10 @@ class Checkpointer(checkpointer.Checkpointer):
     ``InPlaceRecovery`` the attempt is the generation's (no broadcast), and a failure of the
     generation abandons this checkpointer. Must be constructed by every rank, with the same
     ``job`` (the broadcast is a collective). ``backup_uri`` defaults to the run's storage path.
+    ``config.every`` is used as given; under ``InPlaceRecovery`` an ``every="auto"`` interval
+    counts the run's failures from the generation number (every generation after the first
+    follows one); outside it, restarts are not counted and the prior RAY_CKPT_AUTO_MTBF_S
+    stands (``failures_seen`` takes a count from the caller).
     """
 
     def __init__(
@@ -81,6 +86,9 @@ class Checkpointer(checkpointer.Checkpointer):
             namespace=namespace,
             attempt=attempt,
         )
+        generation = generation_of(inplace.current_attempt())
+        if generation is not None:
+            self.failures_seen(max(0, generation - 1))
         if inplace.current_attempt() is not None:
             inplace.track(self)
             rejoin = inplace.take_rejoin()

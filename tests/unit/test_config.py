@@ -28,7 +28,7 @@ ANY_VALUE = (
     | st.none()
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=8)
-    | st.sampled_from(["wait", "skip", "zone", "/tmp/backups", "s3://bucket/run"])
+    | st.sampled_from(["wait", "skip", "zone", "/tmp/backups", "s3://bucket/run", "auto", "Auto"])
     | st.lists(st.integers(), max_size=2)
 )
 
@@ -47,6 +47,7 @@ def _valid(config: CheckpointConfig) -> None:
     assert is_int(config.backup_keep) and config.backup_keep >= 1
     assert isinstance(config.local_copy, bool)
     assert config.on_busy in ("wait", "skip")
+    assert config.every == "auto" or (is_int(config.every) and config.every >= 1)
     assert config.failure_domain_label is None or (
         isinstance(config.failure_domain_label, str) and config.failure_domain_label
     )
@@ -84,6 +85,23 @@ def test_drawn_configs_are_valid_or_rejected_naming_the_field(values: dict[str, 
 def test_each_bad_field_is_named(values: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         CheckpointConfig(**values)
+
+
+@pytest.mark.parametrize("every", [True, False, 0, -1, 2.0, 1.5, float("nan"), "Auto", "always", "", "4", None, [2]])
+def test_every_is_a_positive_int_or_auto(every: Any) -> None:
+    """Anything else is refused with the accepted values named."""
+    with pytest.raises(ConfigError, match=r"every must be an int >= 1 .* or 'auto'"):
+        CheckpointConfig(every=every)
+
+
+@pytest.mark.parametrize("every", [1, 2, 7, 1024, "auto"])
+def test_every_accepts_ints_from_1_and_auto(every: int | str) -> None:
+    config = CheckpointConfig(every=every)
+    assert config.every == every and CheckpointConfig.from_dict(config.to_dict()) == config
+
+
+def test_every_defaults_to_every_call() -> None:
+    assert CheckpointConfig().every == 1
 
 
 def test_from_dict_rejects_unknown_keys_naming_them() -> None:

@@ -1,0 +1,160 @@
+"""``CheckpointConfig.every`` in ``Checkpointer.save``, over a fake save pipeline (no Ray): a step
+that is not due returns a skipped handle without looking at the state; under "auto" the first
+steps are saved, a busy rank skips instead of waiting, and a new interval is logged as an event."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ray_ckpt import CheckpointConfig, ConfigError
+from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.core import events
+from ray_ckpt.core.interval import IntervalPolicy
+
+STATE = {"w": torch.zeros(4)}
+NOT_A_STATE = object()  # build_layout refuses it: a step that got that far would raise
+
+
+class FakeSaves:
+    """The SavePipeline's part a save touches; ``complete`` waits for ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.snapshots: list[int] = []
+        self.completed: list[int] = []
+
+    def check_placement(self) -> None:
+        pass
+
+    def snapshot(self, layout: Any) -> tuple[np.ndarray, int, list[Any]]:
+        self.snapshots.append(len(layout.tensors))
+        return np.zeros(8, dtype=np.uint8), 8, []
+
+    def complete(self, step: int, *_: Any) -> bool:
+        if not self.gate.wait(30):  # a safety net against a hang, not a timing assert
+            raise TimeoutError("the test never opened the gate")
+        self.completed.append(step)
+        return True
+
+
+class FakeRegistry:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def record(self, event: dict[str, Any]) -> None:
+        events.check(event)
+        self.events.append(event)
+
+    def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
+        return True
+
+
+def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegistry]:
+    """A Checkpointer past its constructor with fakes for the pipeline and the registry."""
+    ckpt = object.__new__(Checkpointer)
+    saves, registry = FakeSaves(), FakeRegistry()
+    ckpt.job, ckpt.rank, ckpt.world_size, ckpt.attempt, ckpt.node_id = "job", 0, 1, "a", "node"
+    ckpt.config = config
+    ckpt._closed, ckpt._last_step, ckpt._in_flight, ckpt._previous_call = False, None, None, None
+    ckpt._in_flight_blocking = ckpt._in_flight_since = ckpt._background_ended = 0.0
+    ckpt._policy = IntervalPolicy(max_interval_s=600, mtbf_prior_s=3600) if config.every == "auto" else None
+    ckpt._saves = saves  # type: ignore[assignment]
+    ckpt._registry = registry  # type: ignore[assignment]
+    ckpt._background = ThreadPoolExecutor(max_workers=1)
+    ckpt.last_save_phases_s = {}
+    return ckpt, saves, registry
+
+
+def test_an_int_saves_only_the_steps_divisible_by_it() -> None:
+    ckpt, saves, _ = wired(CheckpointConfig(every=4))
+    assert ckpt.interval == 4
+    for step in range(1, 9):
+        handle = ckpt.save(step, STATE if step % 4 == 0 else NOT_A_STATE)
+        assert handle.skipped == (step % 4 != 0), step
+        assert handle.skip_reason == (None if step % 4 == 0 else "not due")
+        assert ("skipped" in ckpt.last_save_phases_s) == handle.skipped
+        handle.wait()  # a skipped handle returns at once
+    assert len(saves.snapshots) == 2 and saves.completed == [4, 8]
+    ckpt._background.shutdown()
+
+
+def test_the_default_saves_every_call() -> None:
+    ckpt, saves, _ = wired(CheckpointConfig())
+    for step in range(3):
+        assert not ckpt.save(step, STATE).skipped
+        ckpt.wait()
+    assert saves.completed == [0, 1, 2]
+    ckpt._background.shutdown()
+
+
+def test_a_step_that_is_not_due_still_checks_the_step_number() -> None:
+    ckpt, _, _ = wired(CheckpointConfig(every=4))
+    ckpt.save(4, STATE).wait()
+    with pytest.raises(ConfigError, match="not newer"):
+        ckpt.save(3, NOT_A_STATE)
+    ckpt._background.shutdown()
+
+
+def test_auto_saves_the_first_step_and_skips_while_busy_without_waiting() -> None:
+    ckpt, saves, _ = wired(CheckpointConfig(every="auto"))
+    saves.gate.clear()
+    first = ckpt.save(0, STATE)
+    assert not first.skipped
+    busy = ckpt.save(1, NOT_A_STATE)  # returned while the first save is held: it did not wait
+    assert busy.skipped and busy.skip_reason == "busy" and saves.completed == []
+    saves.gate.set()
+    first.wait()
+    assert not ckpt.save(2, STATE).skipped  # still warming up: every step that finds no save running
+    ckpt._background.shutdown()
+
+
+def test_auto_adapts_after_warm_up_records_the_interval_and_follows_its_grid() -> None:
+    ckpt, _, registry = wired(CheckpointConfig(every="auto"))
+    step = 0
+    while not any(e["kind"] == "interval" for e in registry.events):
+        handle = ckpt.save(step, STATE)
+        handle.wait()
+        step += 1
+        assert step < 50, "the warm-up never ended"
+    (event,) = [e for e in registry.events if e["kind"] == "interval"]
+    interval = ckpt.interval
+    assert event["interval"] == interval and interval & (interval - 1) == 0
+    assert event["reason"] in ("optimum", "keep-up", "cap") and event["measured"]["step_s"] > 0
+    # the next multiple of the interval is saved, a step between two multiples is not
+    due = (step // interval + 1) * interval
+    if interval > 1:
+        assert ckpt.save(due - 1, NOT_A_STATE).skip_reason == "not due"
+    handle = ckpt.save(due, STATE)
+    assert not handle.skipped or ckpt.interval != interval
+    ckpt._background.shutdown()
+
+
+def test_a_background_error_is_raised_by_a_later_auto_call() -> None:
+    ckpt, saves, _ = wired(CheckpointConfig(every="auto"))
+
+    def fail(step: int, *_: Any) -> bool:
+        raise RuntimeError("scatter failed")
+
+    saves.complete = fail  # type: ignore[method-assign]
+    handle = ckpt.save(0, STATE)
+    with pytest.raises(RuntimeError, match="scatter failed"):
+        handle.staged()
+    with pytest.raises(RuntimeError, match="scatter failed"):
+        ckpt.save(1, NOT_A_STATE)
+    ckpt._background.shutdown()
+
+
+@pytest.mark.parametrize("count", [-1, True, 1.0, "2"])
+def test_failures_seen_takes_a_count(count: Any) -> None:
+    ckpt, _, _ = wired(CheckpointConfig(every="auto"))
+    with pytest.raises(ConfigError, match="int >= 0"):
+        ckpt.failures_seen(count)
+    ckpt.failures_seen(3)
+    ckpt._background.shutdown()
