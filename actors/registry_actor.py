@@ -11,7 +11,7 @@ import ray
 
 from actors import store_actor
 from ray_ckpt import settings
-from ray_ckpt.core import events
+from ray_ckpt.core import events, interval
 from ray_ckpt.core.registry import Registry
 from ray_ckpt.core.wire import (
     GroupResult,
@@ -68,6 +68,8 @@ class RegistryActor:
         self._handles: dict[str, Any] = {}
         self._handles_at = float("-inf")
         self._stage_calls = 0
+        self._intervals_lock = threading.Lock()
+        self._intervals: dict[str, dict[int, tuple[int, str]]] = {}  # job -> rank -> its newest "auto" interval
         self._rebuild(rebuild_timeout_s)
         if settings.store_watch_interval_s() > 0:
             threading.Thread(target=self._watch_stores, name="ray_ckpt-store-watch", daemon=True).start()
@@ -120,6 +122,9 @@ class RegistryActor:
         and nothing is recorded."""
         self._events.append(event, max_bytes=settings.event_max_bytes(), kinds=events.CALLER_KINDS)
         metrics.observe_event(event)
+        if event.get("kind") == "interval":
+            with self._intervals_lock:
+                self._intervals.setdefault(event["job"], {})[event["rank"]] = (event["interval"], event["reason"])
         if event.get("kind") == "node_dead":
             self._observe_jobs(live_only=True)
 
@@ -363,11 +368,21 @@ class RegistryActor:
         return self._registry.locate_rank(job, step, rank).to_wire()
 
     def jobs(self) -> dict[str, dict[str, Any]]:
-        return self._registry.jobs()
+        """The registry's jobs; with ``interval`` (``ray_ckpt.core.interval.summarize``) for a
+        job whose ranks sent ``interval`` events since this actor started."""
+        jobs = self._registry.jobs()
+        with self._intervals_lock:
+            for job, info in jobs.items():
+                summary = interval.summarize(self._intervals.get(job, {}))
+                if summary is not None:
+                    info["interval"] = summary
+        return jobs
 
     def forget(self, job: str, timeout_s: float = 10.0) -> None:
         """Forget ``job`` and wait until every live store dropped its shards (a store that does
         not answer within ``timeout_s`` is skipped: its shards are unreachable anyway)."""
         self._registry.forget(job)
+        with self._intervals_lock:
+            self._intervals.pop(job, None)
         refs = [handle.drop.remote(job, None) for handle in naming.store_handles(self._namespace).values()]
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

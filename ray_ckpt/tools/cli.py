@@ -243,6 +243,15 @@ def _protection(value: int | None, full: int | None = None) -> str:
     return f"{value}{degraded}"
 
 
+def _interval(summary: Any) -> str:
+    """A job's ``every="auto"`` interval summary as "16 (optimum)" or "8-16 (keep-up)"."""
+    if not isinstance(summary, dict) or summary.get("low") is None:
+        return "-"
+    low, high = summary["low"], summary.get("high", summary["low"])
+    steps = str(low) if low == high else f"{low}-{high}"
+    return f"{steps} ({_shown(summary.get('reason'))})"
+
+
 def _steps(steps: Sequence[int]) -> str:
     if not steps:
         return "-"
@@ -297,13 +306,19 @@ def format_status(report: dict[str, Any], nodes_without_store: int = 0) -> str:
                 str(info["latest_committed"]) if info.get("latest_committed") is not None else "-",
                 _mib(info.get("payload_bytes_per_step")),
                 _protection(info.get("protection"), info.get("full_protection")),
+                _interval(info.get("interval")),
                 in_flight or "-",
             )
         )
-    header = ("JOB", "RANKS", "COMMITTED", "LATEST", "MiB/STEP", "PROTECTION", "STAGED ONLY")
+    header = ("JOB", "RANKS", "COMMITTED", "LATEST", "MiB/STEP", "PROTECTION", "AUTO EVERY", "STAGED ONLY")
     lines += _table(header, job_rows, {1, 3, 4})
     lines.append("")
     lines.append("PROTECTION: how many more node failures the latest committed step survives")
+    if any(info.get("interval") for info in report["jobs"].values()):
+        lines.append(
+            'AUTO EVERY: the steps between saves that every="auto" chose (a range when ranks differ; '
+            "all of them save the multiples of the larger), and why"
+        )
     return "\n".join(lines)
 
 

@@ -42,3 +42,18 @@ def test_plain_and_non_ascii_names_are_shown_as_they_are() -> None:
     for name in ("exp-1", "Übung 2", "实验"):
         rows = format_status(report(name)).splitlines()
         assert any(line.startswith(name + " ") for line in rows)
+
+
+def test_the_auto_interval_is_shown_per_job() -> None:
+    """A job whose ranks chose an ``every="auto"`` interval shows it (a range when they differ)
+    and why; a job without one shows "-" and no explanation line."""
+    plain = format_status(report("exp"))
+    assert "AUTO EVERY" in plain and "AUTO EVERY:" not in plain
+    auto = report("exp")
+    auto["jobs"]["exp"]["interval"] = {"low": 8, "high": 16, "reason": "keep-up"}
+    text = format_status(auto)
+    (row,) = [line for line in text.splitlines() if line.startswith("exp ")]
+    assert "8-16 (keep-up)" in row
+    assert "AUTO EVERY:" in text
+    auto["jobs"]["exp"]["interval"] = {"low": 32, "high": 32, "reason": "optimum"}
+    assert "32 (optimum)" in format_status(auto)
