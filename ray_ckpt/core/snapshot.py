@@ -1,10 +1,13 @@
 """The no-pickle snapshot format: a nested training state <-> (msgpack header, one byte payload).
 
-A *state* is a tree of dicts (``dict`` or ``collections.OrderedDict``, keys ``str`` or ``int``),
-lists and tuples whose leaves are torch tensors or plain values (``None``, ``bool``, ``int`` in
-[-2**63, 2**64), ``float``, ``str``, ``bytes``). Exact container and leaf types are required so
-that everything comes back as it went in: a tuple subclass (named tuple), another dict subclass,
-a numpy array or a set is refused with :class:`UnsupportedLeafError` naming its key path.
+A *state* is a tree of dicts (``dict`` or ``collections.OrderedDict``, keys ``str`` or ``int``
+in [-2**63, 2**64)), lists and tuples whose leaves are torch tensors, numpy arrays and scalars
+(fixed-size dtypes, below) or plain values (``None``, ``bool``, ``int`` of any size, ``float``,
+``str``, ``bytes``). Exact container and leaf types are required so that everything comes back
+as it went in: a tuple subclass (named tuple), another dict subclass, a set or any other object
+is refused with :class:`UnsupportedLeafError` naming its key path, its type and what to convert
+it to. RNG states (``random.getstate()``, ``np.random.get_state()``, a numpy bit generator's
+``state``, ``torch.get_rng_state()``) and data loader or LR scheduler state dicts are such trees.
 
 Key paths are Python subscripts from the root, named ``state``: ``state['optim']['state'][3]
 ['exp_avg']`` (dict keys as ``repr``, list and tuple positions as ints).
@@ -20,8 +23,22 @@ with each node a ``[tag, body]`` pair: ``["d", [[key, node], ...]]`` (dict, inse
 ``["T", tensor index]``, ``["v", plain value]`` and, from version 2, ``["D", {"local": tensor
 index, "shape", "placements", "mesh", "mesh_dims", "coordinate", "offsets"}]`` for a DTensor:
 this rank's local shard plus its global layout (see :mod:`ray_ckpt.core.dtensor`; restored as a
-:class:`~ray_ckpt.core.dtensor.SavedShard`). A state without DTensors is written as version 1, which
-ray_ckpt versions before DTensor support read too; both versions are read.
+:class:`~ray_ckpt.core.dtensor.SavedShard`). Version 3 adds three value nodes, kept in the header:
+``["I", bytes]`` an int outside [-2**63, 2**64) (two's complement, little-endian, as few bytes as
+hold it: a numpy PCG64 state holds 128-bit ints), ``["A", [dtype, shape, bytes]]`` a numpy array
+and ``["S", [dtype, bytes]]`` a numpy scalar (``dtype`` is numpy's ``dtype.str``, byte order
+included, e.g. ``"<u4"``; ``bytes`` its values in C order). Each header is written with the
+lowest version that holds its state: 1 without DTensors and version-3 nodes (what ray_ckpt
+before DTensor support reads), 2 with DTensors only, else 3; every version up to 3 is read, and a
+reader that knows fewer versions refuses a newer header with a message that says to upgrade.
+
+Numpy arrays of kinds bool, int, uint, float, complex, datetime, timedelta, bytes (``S``) and
+str (``U``), of at most :data:`MAX_ARRAY_BYTES` each, are copied into the header when the layout
+is built and come back as new, writable arrays of the same dtype and shape (one array found
+twice comes back as two). Numpy scalars of those kinds but bytes and str come back as the same
+numpy type. Object, structured and void arrays, larger arrays (``torch.from_numpy`` makes them a
+tensor, which comes back as a tensor), numpy ``str_``/``bytes_`` scalars and array subclasses are
+refused.
 
 Tensor bytes lie in the payload at offsets that are multiples of :data:`ALIGNMENT`; gaps
 between them are zero, so the same state always gives the same header and payload bytes (empty
@@ -56,11 +73,12 @@ from ray_ckpt.core import dtensor, hostmem, workpool
 from ray_ckpt.errors import SnapshotFormatError, UnsupportedLeafError
 
 MAGIC = "ray_ckpt.core.snapshot"
-FORMAT_VERSION = 2  # the newest version written; 1 when the state holds no DTensor
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # the newest version written; each header gets the lowest that holds its state
+READ_VERSIONS = (1, 2, 3)
 ALIGNMENT = 64  # byte alignment of every tensor inside the payload
 MAX_DEPTH = 100  # containers nested deeper than this are refused (also stops reference cycles)
 MAX_DIMS = 64
+MAX_ARRAY_BYTES = 1 << 20  # the largest numpy array kept (in the header); larger ones: torch.from_numpy
 
 _DTYPE_CANDIDATES = (
     "bool",
@@ -95,8 +113,10 @@ DTYPES: Mapping[str, torch.dtype] = types.MappingProxyType(
 _NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 _PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_ARRAY_KINDS = "biufcmMSU"  # numpy dtype kinds an array may have
+_SCALAR_KINDS = "biufcmM"  # and a numpy scalar (np.str_ / np.bytes_ would lose trailing NULs)
 _SUPPORTED = (
-    "supported: dicts, lists, tuples, torch tensors, plain values; "
+    "supported: dicts, lists, tuples, torch tensors, numpy arrays and scalars, plain values; "
     "every type and dtype: docs/operations.md#what-a-checkpoint-state-may-hold"
 )
 
@@ -150,7 +170,7 @@ def _build_layout(state: State) -> SnapshotLayout:
     header = msgpack.packb(
         {
             "magic": MAGIC,
-            "version": FORMAT_VERSION if walker.sharded else 1,
+            "version": walker.version,
             "payload_size": cursor,
             "tensors": specs,
             "tree": tree,
@@ -261,18 +281,26 @@ class _TreeEncoder:
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self._index: dict[int, int] = {}
-        self.sharded = False  # a DTensor was seen: the header needs version 2
+        self.version = 1  # the lowest format version that holds what was seen so far
         self._locals: list[torch.Tensor] = []
 
     def encode(self, obj: Any, path: _Path, depth: int) -> list[Any]:
         kind = type(obj)
         if kind in _PLAIN_TYPES:
+            if kind is int and not _INT_MIN <= obj <= _INT_MAX:
+                self.version = 3
+                return ["I", obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True)]
             _check_plain(obj, path)
             return ["v", obj]
         if isinstance(obj, torch.Tensor):
             if dtensor.is_dtensor(obj):
                 return ["D", self._dtensor(obj, path)]
             return ["T", self._tensor(obj, path)]
+        if kind is np.ndarray:
+            return ["A", self._array(obj, path)]
+        if isinstance(obj, np.generic) and kind is obj.dtype.type and obj.dtype.kind in _SCALAR_KINDS:
+            self.version = 3
+            return ["S", [obj.dtype.str, obj.tobytes()]]
         if depth >= MAX_DEPTH:
             raise _unsupported(path, obj, f"containers are nested deeper than {MAX_DEPTH} levels (a cycle?)")
         if kind is dict or kind is collections.OrderedDict:
@@ -296,9 +324,25 @@ class _TreeEncoder:
             shard = dtensor.describe(tensor)
         except ValueError as error:
             raise _unsupported(path, tensor, f"DTensor: {error}") from None
-        self.sharded = True
+        self.version = max(self.version, 2)
         self._locals.append(shard.local)  # alive while encoding: _index is keyed by id()
         return {"local": self._tensor(shard.local, path), **shard.layout()}
+
+    def _array(self, array: np.ndarray, path: _Path) -> list[Any]:
+        dtype = array.dtype
+        if not _keepable(dtype, _ARRAY_KINDS):
+            raise _unsupported(
+                path, array, f"numpy array of dtype {dtype}: convert it to a list, or to an array of a numeric dtype"
+            )
+        if array.nbytes > MAX_ARRAY_BYTES:
+            raise _unsupported(
+                path,
+                array,
+                f"numpy array of {array.nbytes} bytes, more than the {MAX_ARRAY_BYTES} kept as a value: convert "
+                "it with torch.from_numpy (it then comes back as a tensor)",
+            )
+        self.version = 3
+        return [dtype.str, list(array.shape), array.tobytes()]
 
     def _tensor(self, tensor: torch.Tensor, path: _Path) -> int:
         index = self._index.get(id(tensor))
@@ -318,9 +362,14 @@ class _TreeEncoder:
         return index
 
 
+def _keepable(dtype: np.dtype[Any], kinds: str) -> bool:
+    """Whether a numpy dtype is one of ``kinds``, fixed-size and unstructured (its bytes are its values)."""
+    return dtype.kind in kinds and dtype.itemsize > 0 and dtype.fields is None and dtype.subdtype is None
+
+
 def _check_plain(value: Any, path: _Path, what: str = "value") -> None:
     if type(value) is int and not _INT_MIN <= value <= _INT_MAX:
-        raise _unsupported(path, value, f"{what} {value} is outside the 64-bit int range")
+        raise _unsupported(path, value, f"{what} {value} is outside the 64-bit int range: use str({what})")
     if type(value) is str and not value.isascii():
         try:
             value.encode("utf-8")
@@ -331,18 +380,31 @@ def _check_plain(value: Any, path: _Path, what: str = "value") -> None:
 def _hint(obj: Any) -> str:
     name = type(obj).__name__
     if isinstance(obj, np.ndarray):
-        return "numpy array: convert it with torch.from_numpy"
+        return f"numpy array subclass {name}: convert it with np.asarray"
     if isinstance(obj, np.generic):
         return f"numpy scalar {name}: convert it with .item()"
     if isinstance(obj, (set, frozenset)):
-        return f"{name}: use a list or tuple"
+        return f"{name}: use a sorted list or a tuple"
+    if isinstance(obj, (bytearray, memoryview)):
+        return f"{name}: convert it with bytes()"
+    if isinstance(obj, torch.Generator):
+        return "torch.Generator: save generator.get_state() (a tensor) and restore it with set_state()"
+    if isinstance(obj, (np.random.Generator, np.random.BitGenerator)):
+        return f"numpy {name}: save its bit_generator.state (a dict) and set it back on restore"
+    if isinstance(obj, np.random.RandomState):
+        return "numpy RandomState: save its get_state() and restore it with set_state()"
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return f"{name}: save str() of it"
     if isinstance(obj, tuple):
         return f"tuple subclass {name}: convert it to a plain tuple or dict"
     if isinstance(obj, (dict, Mapping)):
         return f"mapping type {name}: convert it to a dict"
     if isinstance(obj, list):
         return f"list subclass {name}: convert it to a list"
-    return f"unsupported type {type(obj).__module__}.{type(obj).__qualname__}"
+    return (
+        f"unsupported type {type(obj).__module__}.{type(obj).__qualname__} (nothing is pickled): save its "
+        "state_dict(), or a dict of its fields, and rebuild it on restore"
+    )
 
 
 def _unsupported(path: _Path, obj: Any, reason: str) -> UnsupportedLeafError:
@@ -405,7 +467,7 @@ def _restore(header: Any, payload: Any, copy: bool) -> State:
         if not data.flags.writeable:
             raise ValueError("restore(copy=False) needs a writable payload; pass copy=True or a writable copy")
         base = torch.from_numpy(data)
-    return _TreeDecoder(specs, data, base, sharded=version >= 2).decode(tree, (), 0)
+    return _TreeDecoder(specs, data, base, version).decode(tree, (), 0)
 
 
 _Spec = tuple[torch.dtype, tuple[int, ...], int, int]
@@ -427,7 +489,7 @@ def read_layout(header: bytes) -> State:
     SavedShard whose ``local`` is one): for reading only the bytes needed. Checked as
     :func:`restore` checks (SnapshotFormatError)."""
     version, _, specs, tree = _parse_header(header)
-    return _TreeDecoder(specs, None, None, sharded=version >= 2).decode(tree, (), 0)
+    return _TreeDecoder(specs, None, None, version).decode(tree, (), 0)
 
 
 def _parse_header(header: Any) -> tuple[int, int, list[_Spec], Any]:
@@ -498,9 +560,9 @@ class _TreeDecoder:
     """The header's node tree -> a state tree: tensors over the payload (or TensorRefs without one),
     every node checked."""
 
-    def __init__(self, specs: list[_Spec], data: np.ndarray | None, base: torch.Tensor | None, sharded: bool) -> None:
+    def __init__(self, specs: list[_Spec], data: np.ndarray | None, base: torch.Tensor | None, version: int) -> None:
         self.specs = specs
-        self.sharded = sharded
+        self.version = version
         self.data = data
         self.base = base
         self.tensors: list[Any] = [None] * len(specs)
@@ -519,8 +581,10 @@ class _TreeDecoder:
             if type(body) is not int or not 0 <= body < len(self.specs):
                 raise _bad_node(path, f"tensor index {body!r:.100} out of range 0..{len(self.specs) - 1}")
             return self.tensor(body)
-        if tag == "D" and self.sharded:
+        if tag == "D" and self.version >= 2:
             return self.shard(body, path)
+        if self.version >= 3 and tag in ("I", "A", "S"):
+            return self.value(tag, body, path)
         if type(body) is not list:
             raise _bad_node(path, f"body of a {tag!r:.20} node must be a list")
         if tag == "l" or tag == "t":
@@ -535,6 +599,38 @@ class _TreeDecoder:
                 result[key] = self.decode(value, (path, key), depth + 1)
             return result
         raise _bad_node(path, f"unknown node tag {tag!r:.20}")
+
+    def value(self, tag: str, body: Any, path: _Path) -> Any:
+        """A version-3 value node: a big int, a numpy array (new and writable) or a numpy scalar."""
+        if tag == "I":
+            if type(body) is not bytes or not body:
+                raise _bad_node(path, f"int node must hold bytes, got {body!r:.100}")
+            return int.from_bytes(body, "little", signed=True)
+        fields = 3 if tag == "A" else 2
+        if type(body) is not list or len(body) != fields or type(body[-1]) is not bytes:
+            raise _bad_node(
+                path, f"numpy node must be [dtype, {'shape, ' if tag == 'A' else ''}bytes], got {body!r:.100}"
+            )
+        dtype = _numpy_dtype(body[0], _ARRAY_KINDS if tag == "A" else _SCALAR_KINDS)
+        if dtype is None:
+            raise _bad_node(path, f"numpy dtype {body[0]!r:.50} is not one a snapshot holds")
+        raw: bytes = body[-1]
+        if tag == "S":
+            if len(raw) != dtype.itemsize:
+                raise _bad_node(path, f"numpy scalar of {dtype} holds {len(raw)} bytes, not {dtype.itemsize}")
+            return np.frombuffer(raw, dtype=dtype)[0]
+        shape = body[1]
+        if type(shape) is not list or len(shape) > MAX_DIMS or any(type(d) is not int or d < 0 for d in shape):
+            raise _bad_node(path, f"numpy shape must be a list of at most {MAX_DIMS} non-negative ints")
+        if len(raw) != math.prod(shape) * dtype.itemsize or math.prod(max(d, 1) for d in shape) >= 2**63:
+            raise _bad_node(path, f"numpy array of {dtype} {shape!s:.100} cannot hold {len(raw)} bytes")
+        try:
+            array = np.empty(shape, dtype=dtype)
+        except (ValueError, MemoryError) as exc:
+            raise _bad_node(path, f"numpy array of {dtype} {shape!s:.100} cannot be made: {exc}") from None
+        if raw:
+            array.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
+        return array
 
     def shard(self, body: Any, path: _Path) -> dtensor.SavedShard:
         if type(body) is not dict:
@@ -575,6 +671,17 @@ class _TreeDecoder:
                 raise _bad_spec(index, f"cannot be rebuilt: {exc}") from None
             self.tensors[index] = made
         return made
+
+
+def _numpy_dtype(name: Any, kinds: str) -> np.dtype[Any] | None:
+    """The numpy dtype a header names (its ``dtype.str``), or None when it names none of ``kinds``."""
+    if type(name) is not str or len(name) > 32:
+        return None
+    try:
+        dtype = np.dtype(name)
+    except Exception:  # numpy's parser raises several types for malformed names
+        return None
+    return dtype if dtype.str == name and _keepable(dtype, kinds) else None
 
 
 def _bad_node(path: _Path, problem: str) -> SnapshotFormatError:

@@ -354,14 +354,22 @@ class Point(NamedTuple):
 
 
 UNSUPPORTED: list[tuple[Callable[[], Any], str, str]] = [
-    (lambda: {"model": {"w": np.zeros(3)}}, "state['model']['w']", "torch.from_numpy"),
+    (lambda: {"model": {"w": np.zeros(3, dtype=object)}}, "state['model']['w']", "dtype object"),
+    (lambda: {"w": np.zeros(snap.MAX_ARRAY_BYTES // 8 + 1)}, "state['w']", "torch.from_numpy"),
+    (lambda: {"m": np.ma.masked_array([1, 2])}, "state['m']", "np.asarray"),
+    (lambda: {"rec": np.zeros(2, dtype=[("a", "i4")])}, "state['rec']", "convert it to a list"),
     (lambda: {"optim": {"state": {3: {"exp_avg": {1, 2}}}}}, "state['optim']['state'][3]['exp_avg']", "set"),
     (lambda: {"a": [0, object()]}, "state['a'][1]", "object"),
     (lambda: {"a": {1.5: 2}}, "state['a']", "dict key 1.5"),
     (lambda: {"a": {(1, 2): 2}}, "state['a']", "keys must be str or int"),
     (lambda: {"p": Point(1, 2)}, "state['p']", "tuple subclass Point"),
-    (lambda: {"s": np.float64(1.0)}, "state['s']", ".item()"),
-    (lambda: {"big": [2**64]}, "state['big'][0]", "64-bit"),
+    (lambda: {"s": np.str_("x")}, "state['s']", ".item()"),
+    (lambda: {"big": {2**64: 1}}, "state['big']", "64-bit"),
+    (lambda: {"g": torch.Generator()}, "state['g']", "get_state()"),
+    (lambda: {"g": np.random.default_rng(0)}, "state['g']", "bit_generator.state"),
+    (lambda: {"b": bytearray(b"x")}, "state['b']", "bytes()"),
+    (lambda: {"o": collections.Counter()}, "state['o']", "dict"),
+    (lambda: {"f": Point}, "state['f']", "state_dict()"),
     (lambda: {"d": collections.defaultdict(int)}, "state['d']", "convert it to a dict"),
     (lambda: {"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}, "state['q']", "qint8"),
     (lambda: {"m": torch.empty(2, device="meta")}, "state['m']", "meta"),
@@ -607,10 +615,10 @@ def test_random_nested_states_round_trip(state: Any) -> None:
 _BAD_LEAVES = st.sampled_from(
     [
         lambda: {1, 2},
-        lambda: np.zeros(2),
+        lambda: np.zeros(2, dtype=object),
         lambda: object(),
         lambda: Point(1, 2),
-        lambda: 2**64,
+        lambda: {2**64: "big key"},
         lambda: collections.defaultdict(list),
         lambda: {(1, 2): "tuple key"},
     ]
