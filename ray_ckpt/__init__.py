@@ -1,8 +1,8 @@
 """ray_ckpt: erasure-coded checkpoints in the host memory of peer nodes, for Ray Train.
 
 Importing the package is cheap: only the errors and ``CheckpointConfig`` load with it. The
-names that need Ray or torch (``Checkpointer``, ``start``, ``status``, ``train``, ...) and
-every submodule (``ray_ckpt.service``, ...) load on first attribute access, so the pure
+names that need Ray or torch (``Checkpointer``, ``start``, ``status``, ``train``, ``rng_state``,
+...) and every submodule (``ray_ckpt.service``, ...) load on first attribute access, so the pure
 modules (``ray_ckpt.core``: codec, snapshot, placement, registry, store, ...) and the
 processes that need only them (store actors, the node crasher, the command line) never pay for
 torch.distributed or Ray Train. ``from ray_ckpt import X`` works for every name in ``__all__``.
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ray_ckpt import train
     from ray_ckpt.checkpointer import Checkpointer, Restored, SaveHandle
     from ray_ckpt.core.codec import ReedSolomon
+    from ray_ckpt.core.rng import rng_state, set_rng_state
     from ray_ckpt.service import drop, shutdown, start, status
 
 # name -> the module that defines it (loaded on first access)
@@ -44,6 +45,8 @@ _LAZY = {
     "SaveHandle": "ray_ckpt.checkpointer",
     "ReedSolomon": "ray_ckpt.core.codec",
     "drop": "ray_ckpt.service",
+    "rng_state": "ray_ckpt.core.rng",
+    "set_rng_state": "ray_ckpt.core.rng",
     "shutdown": "ray_ckpt.service",
     "start": "ray_ckpt.service",
     "status": "ray_ckpt.service",
@@ -85,6 +88,8 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedLeafError",
     "drop",
+    "rng_state",
+    "set_rng_state",
     "shutdown",
     "start",
     "status",
