@@ -24,6 +24,7 @@ FOUNDATION = {
     "ray_ckpt.config",
     "ray_ckpt._lazy",
     "ray_ckpt._moved",
+    "ray_ckpt._optional",
 }
 STACK = {"checkpointer", "save", "restore", "reshard", "ranges", "backup", "service"}
 FLOORS = ["foundation", "core", "transport", "actors", "stack", "train", "tools"]
