@@ -39,6 +39,8 @@ def floor_of(module: str) -> str:
         return "actors"
     if len(parts) > 1 and parts[1] in ("core", "transport", "train", "tools"):
         return parts[1]
+    if len(parts) > 1 and parts[1] == "integrations":
+        return "train"  # frameworks' checkpoint seams: the train floor's rule, beside it
     if module == "ray_ckpt._ray_compat":
         return "transport"  # Ray's internal names, fenced; used from transport upwards
     if len(parts) > 1 and parts[1] in STACK:
