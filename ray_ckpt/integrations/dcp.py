@@ -283,7 +283,7 @@ class PeerMemoryReader(StorageReader):
     saving run's; ``checkpoint_id``: the step, unless ``dcp.load`` passes one; neither loads
     the newest committed step (every rank asks on its own: pass the step when saves may be
     committing meanwhile). ``read_data`` reads each item's bytes from the old rank that wrote
-    it, ``threads`` old ranks at a time."""
+    it, ``threads`` old ranks at a time. ``loaded_step``: the step the last load read."""
 
     def __init__(self, checkpointer: Any, checkpoint_id: int | str | None = None, *, threads: int = 8) -> None:
         super().__init__()
@@ -291,6 +291,7 @@ class PeerMemoryReader(StorageReader):
         self.step: int | None = None if checkpoint_id is None else step_of(checkpoint_id)
         self.threads = threads
         self.fetched_bytes = 0  # what the last load read from peer memory
+        self.loaded_step: int | None = None
         self._opened: tuple[int, SavedStep] | None = None
         self._spans: dict[MetadataIndex, Any] = {}
 
@@ -325,6 +326,7 @@ class PeerMemoryReader(StorageReader):
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta(checkpoint_id=str(step))
         self._opened = (step, saved)
+        self.loaded_step = step
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:

@@ -112,7 +112,9 @@ def test_async_save_writes_on_its_thread_and_a_later_save_is_the_one_loaded(tmp_
     second.result(timeout=120)  # type: ignore[union-attr]
     latest, older = zeros_like(rich_state(0)), zeros_like(rich_state(0))
     dcp.load(latest, storage_reader=PeerMemoryReader(peers))
-    dcp.load(older, storage_reader=PeerMemoryReader(peers), checkpoint_id=1)
+    reader = PeerMemoryReader(peers)
+    dcp.load(older, storage_reader=reader, checkpoint_id=1)
+    assert reader.loaded_step == 1
     assert_same(latest, rich_state(2))
     assert_same(older, rich_state(1))
 
