@@ -322,3 +322,23 @@ def test_fsdp2_saved_by_two_ranks_loads_into_one_process_as_plain_tensors(saved_
 
 def test_fsdp2_saved_by_two_ranks_loads_into_three_with_two_nodes_lost(saved_by_two: pathlib.Path) -> None:
     assert spawn(3, saved_by_two, _load_rank) == [(rank, True, True) for rank in range(3)]
+
+
+class SkippingCheckpointer:
+    """A Checkpointer whose every save is skipped, as with every= on a step not due."""
+
+    rank, world_size = 0, 1
+
+    def save(self, step: int, state: Any) -> Any:
+        return type("Handle", (), {"skipped": True, "skip_reason": "not due"})()
+
+    def range_readers(self, step: int) -> dict[int, Any]:
+        return {}
+
+
+def test_a_checkpointer_is_wrapped_once_and_a_skipped_save_fails_the_dcp_save() -> None:
+    ckpt = SkippingCheckpointer()
+    writer, reader = PeerMemoryWriter(ckpt), PeerMemoryReader(ckpt)
+    assert writer.peers is reader.peers  # one lock for the Checkpointer
+    with pytest.raises(CheckpointException, match=r"skipped step 4 \(not due\)"):
+        dcp.save({"w": torch.randn(3)}, storage_writer=writer, checkpoint_id=4)
