@@ -44,14 +44,15 @@ def chain_of_relays() -> Iterator[None]:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def save_and_wait(namespace: str, job: str, rank: int, world_size: int, steps: int) -> list[int]:
-    """Save steps 0..steps-1 as one rank, waiting for each commit; the steps this rank saw commit."""
+def save_and_wait(namespace: str, job: str, rank: int, world_size: int, steps: int, wait_s: float) -> list[int]:
+    """Save steps 0..steps-1 as one rank, waiting up to ``wait_s`` for each commit; the steps
+    this rank saw commit."""
     seen = []
     with Checkpointer(
         job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
     ) as checkpointer:
         for step in range(steps):
-            checkpointer.save(step, make_state(rank, step, 2_000)).wait(timeout_s=pace.bound(120))
+            checkpointer.save(step, make_state(rank, step, 2_000)).wait(timeout_s=wait_s)
             seen.append(step)
     return seen
 
@@ -89,11 +90,22 @@ class CommitWatch:
         return self.seen
 
 
+@pytest.fixture
+def commit_watch(sim_cluster: SimCluster) -> Iterator[CommitWatch]:
+    """A CommitWatch on the test's job, stopped before the cluster is given back even when the
+    test fails: a thread still calling Ray while the driver disconnects ends the whole process."""
+    watch = CommitWatch(RegistryClient(sim_cluster.namespace))
+    try:
+        yield watch
+    finally:
+        watch.stop()
+
+
 def start_ranks(sim_cluster: SimCluster) -> tuple[int, list[Any]]:
     world_size = RANKS_PER_NODE * len(sim_cluster.workers)
     ranks = [
         save_and_wait.options(scheduling_strategy=on_node(sim_cluster.node_id(rank // RANKS_PER_NODE))).remote(
-            sim_cluster.namespace, JOB, rank, world_size, STEPS
+            sim_cluster.namespace, JOB, rank, world_size, STEPS, pace.bound(120)
         )
         for rank in range(world_size)
     ]
@@ -119,14 +131,16 @@ def check_every_step_committed_once(
 
 
 @pytest.mark.nodes(3)
-def test_a_registry_killed_during_batched_commits_loses_no_step_and_commits_none_twice(sim_cluster: SimCluster) -> None:
+def test_a_registry_killed_during_batched_commits_loses_no_step_and_commits_none_twice(
+    sim_cluster: SimCluster, commit_watch: CommitWatch
+) -> None:
     """Six ranks (two per node, batched by their store) save 24 steps, each waiting for its commit;
     the registry is killed mid-run. Every save still commits (a retried batch is acknowledged,
     never refused as an old step), the newest committed step seen never goes back (no commit
     lost), the stores' commit marks end at the last step, and every rank restores it bit-exact."""
     namespace = sim_cluster.namespace
     client = RegistryClient(namespace)
-    watch = CommitWatch(client)
+    watch = commit_watch
     world_size, ranks = start_ranks(sim_cluster)
     watch.wait_for(4)
     registry = naming.registry_handle(namespace)
@@ -140,7 +154,9 @@ def test_a_registry_killed_during_batched_commits_loses_no_step_and_commits_none
 
 
 @pytest.mark.nodes(3)
-def test_a_relay_killed_during_batched_commits_loses_no_step_and_commits_none_twice(sim_cluster: SimCluster) -> None:
+def test_a_relay_killed_during_batched_commits_loses_no_step_and_commits_none_twice(
+    sim_cluster: SimCluster, commit_watch: CommitWatch
+) -> None:
     """Six ranks save 24 steps through a chain of relay stores; the second store of the chain
     (a relay with a child) is killed mid-run. Its child and its node's ranks stage with the
     registry directly until the next commit draws the tree again, and the registry starts a
@@ -149,7 +165,7 @@ def test_a_relay_killed_during_batched_commits_loses_no_step_and_commits_none_tw
     commit after it registered), and every store below which a store sent took relay calls."""
     namespace = sim_cluster.namespace
     client = RegistryClient(namespace)
-    watch = CommitWatch(client)
+    watch = commit_watch
     world_size, ranks = start_ranks(sim_cluster)
     watch.wait_for(4)
     chain = sorted(naming.store_node_ids(namespace))
