@@ -53,7 +53,6 @@ run); each side has ``failures`` (the demo's records plus
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -67,6 +66,7 @@ from benchutil import (
     add_json_flag,
     add_plots_flag,
     keep_ray_logs_unless,
+    load_demo,
     make_parser,
     private_ray_tmpdir,
     pyplot,
@@ -78,22 +78,6 @@ from benchutil import (
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIN_GAP = 5
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
-
-
-def load_demo() -> Any:
-    """scripts/demo.py as a module, pickled by value so Ray workers can run its train_loop."""
-    import ray
-
-    name = "ray_ckpt_demo_for_goodput"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    ray.cloudpickle.register_pickle_by_value(module)
-    return module
 
 
 def kill_schedule(

@@ -64,6 +64,23 @@ def keep_ray_logs_unless(ok: bool, tmpdir: str) -> None:
         print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
 
 
+def load_demo() -> Any:
+    """scripts/demo.py as a module, pickled by value so Ray workers can run its train_loop."""
+    import importlib.util
+
+    name = "ray_ckpt_demo_for_benchmarks"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "demo.py")
+    if spec is None or spec.loader is None:
+        raise BenchError(f"cannot load {ROOT / 'scripts' / 'demo.py'}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
+    return module
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (no display)."""
     import matplotlib

@@ -23,9 +23,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(script: str, target: pathlib.Path, timeout: int) -> subprocess.CompletedProcess[str]:
+def _run(script: str, target: pathlib.Path, timeout: float, plots: bool = True) -> subprocess.CompletedProcess[str]:
+    options = ["--plots", str(target.parent)] if plots else []
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--quick", "--json", str(target), "--plots", str(target.parent)],
+        [sys.executable, str(SCRIPTS / script), "--quick", "--json", str(target), *options],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -151,6 +152,25 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
     )
 
 
+@pytest.mark.timeout(600)
+def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
+    """Every mode runs the same job; ray_ckpt saves every step, every N-th, and at the interval
+    every="auto" chose (recorded, fewer saves than steps once it adapts past its warm-up)."""
+    target = tmp_path / "out" / "overhead.json"
+    _run("bench_overhead.py", target, pace.bound(540), plots=False)
+    document = json.loads(target.read_text())
+    assert document["benchmark"] == "overhead"
+    rows = {row["mode"]: row for row in document["rows"]}
+    assert list(rows) == ["none", "ray_ckpt/1", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N"]
+    steps, every = document["steps"], document["every"]
+    assert all(row["steps"] == steps for row in rows.values())
+    assert rows["ray_ckpt/1"]["saves"] == steps
+    assert rows["ray_ckpt/N"]["saves"] == len(range(0, steps, every))
+    assert 1 <= rows["ray_ckpt/auto"]["saves"] < steps, rows["ray_ckpt/auto"]
+    assert rows["ray_ckpt/auto"]["intervals"], "every='auto' recorded no interval"
+    assert all(row["step_ratio"] > 0 and row["cpu_per_step_s"] > 0 for row in rows.values())
+
+
 @pytest.mark.parametrize(
     "script, options",
     [
@@ -159,6 +179,7 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
         ("bench_goodput.py", ("--steps", "--mtbf-steps", "--seed", "--quick", "--json", "--plots")),
         ("scale_model.py", ("--calibration", "--nodes", "--quick", "--json", "--plots")),
         ("bench_reshard.py", ("--state-mib", "--repeats", "--quick", "--json")),
+        ("bench_overhead.py", ("--steps", "--every", "--state-mib", "--compute-s", "--shapes", "--quick", "--json")),
     ],
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:
