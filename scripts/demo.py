@@ -511,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckdemo"))
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"
+    # every="auto" assumes this mean time between failures until the job has seen one: about the
+    # demo's own rate (a cluster's history gives a real job's; the default is an hour)
+    os.environ.setdefault("RAY_CKPT_AUTO_MTBF_S", "30")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray_ckpt
     from ray_ckpt.core import events
