@@ -49,7 +49,8 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     "error", "errors", "mode", "survivor_pids", "replacement_pids", "warm_replacements"}``
     (``warm_replacements``: rank -> whether its replacement started in a process that had warmed
     up before the kill, a warm spare). ``step`` and ``steps_lost`` are None when no rank restored
-    a step. Malformed events (``ray_ckpt.core.events.check``) are skipped."""
+    a step. A start that restored nothing (step None, or -1: started from scratch) is a
+    recovery only after a kill. Malformed events (``ray_ckpt.core.events.check``) are skipped."""
     ordered: list[dict[str, Any]] = sorted(
         (e for e in events if isinstance(e, dict) and e.get("kind") != "status" and valid(e)),
         key=lambda e: float(e["time"]),
@@ -86,6 +87,8 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         errors = {str(r["rank"]): str(r["error"]) for r in restores if r.get("error")}
         restored_ranks = [r for r in restores if r.get("step") is not None and not r.get("error")]
         failed = bool(errors)
+        if not burst and not failed and not any(int(r["step"]) >= 0 for r in restored_ranks):
+            continue  # a start from scratch (step -1) with no kill before it: a first start, not a recovery
         if not failed:
             previous[job] = restored
         phases: dict[str, float | None] = dict.fromkeys(PHASES)

@@ -33,7 +33,8 @@ def build(
     now: float | None = None,
 ) -> dict[str, Any]:
     """The dashboard's data: recoveries (one per failure, from ``timeline.recoveries``; failed
-    ones flagged), time to resume over time, save stall per step, kills and node deaths, the
+    ones flagged), time to resume over time, save stall per step, the newest interval
+    ``every="auto"`` chose per job, kills and node deaths, the
     nodes (host, ranks running there), and memory per node, shard placement of each job's
     newest committed step and protection per job (live, else from ``status`` snapshots).
     Malformed events (``ray_ckpt.core.events.check``) are skipped; status deltas are made whole
@@ -69,6 +70,10 @@ def build(
     ]
     deaths = [{"time": e.get("time"), "node_id": e.get("node_id")} for e in ordered if e.get("kind") == "node_dead"]
     jobs = sorted({str(e["job"]) for e in ordered if e.get("job") is not None})
+    intervals: dict[str, dict[str, Any]] = {}  # job -> the newest interval every="auto" chose
+    for e in ordered:
+        if e.get("kind") == "interval":
+            intervals[str(e["job"])] = {k: e.get(k) for k in ("interval", "reason", "rank", "time")}
     failed = sum(1 for r in recoveries if r["failed"])
     data: dict[str, Any] = {
         "version": VERSION,
@@ -96,6 +101,7 @@ def build(
             if r["time_to_resume_s"] is not None
         ],
         "save_stall": stall,
+        "intervals": intervals,
         "kills": kills,
         "node_deaths": deaths,
         "nodes": {},

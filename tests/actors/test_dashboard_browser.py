@@ -220,6 +220,9 @@ def _check_page(dom: str, stderr: str) -> _Element:
     cards = {c.find(cls="label").text(): c.find(cls="value") for c in page.find_all("div", cls="card")}
     assert cards["Recoveries"].text() == "2"  # resumed ones only
     assert cards["Failed recoveries"].text() == "1" and "bad" in cards["Failed recoveries"].classes
+    assert f"Time to resume, {job}" in cards and "Median time to resume" not in cards  # per job, never pooled
+    subs = {c.find(cls="label").text(): c.find(cls="sub").text() for c in page.find_all("div", cls="card")}
+    assert subs[f"Time to resume, {job}"] == "median over 2 recoveries"
     outcomes = [row.find("td", cls="outcome").text() for row in page.find_all("tr", cls="recovery-row")]
     assert outcomes[:2] == ["resumed", "resumed"] and outcomes[2].startswith("failed: ConfigError")
 

@@ -357,7 +357,8 @@ def test_kill_without_node_dead_measures_restart_from_the_kill() -> None:
 def test_kills_of_another_job_before_this_job_began_are_not_its_failure() -> None:
     """A job's first start is not a recovery from kills that hit an earlier job."""
     history = [kill(1, "n0"), save(5, 0, 0, "X", job="other"), restore(10, 0, "A", started=9, step=-1)]
-    (record,) = recoveries(history)
+    assert recoveries(history) == []
+    (record,) = recoveries([*history[:2], restore(10, 0, "A", started=9, step=0)])  # restored: counted
     assert record["kill_time"] is None and record["killed_nodes"] == []
 
 
@@ -387,6 +388,21 @@ def test_fresh_starts_with_no_step_are_not_recoveries() -> None:
     ]
     assert recoveries(history) == []
     assert recoveries([]) == []
+
+
+def test_a_first_start_from_scratch_is_no_recovery_but_a_restart_from_scratch_after_a_kill_is() -> None:
+    """Step -1 (the job started from scratch) counts only after a kill: a first start is not a
+    failure, a restart that found no checkpoint after one lost everything."""
+    history = [
+        restore(1, 0, "A", started=0.5, step=-1, source="scratch"),
+        save(3, 0, 0, "A"),
+        kill(10, "n1"),
+        dead(12, "n1"),
+        restore(20, 0, "B", started=15, step=-1, source="scratch"),
+        save(22, 0, 0, "B"),
+    ]
+    (record,) = recoveries(history)
+    assert record["attempt"] == "B" and record["kill_time"] == T0 + 10 and record["step"] == -1
 
 
 def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:

@@ -81,6 +81,20 @@ def test_series_and_summary(events_file: pathlib.Path) -> None:
     json.dumps(data, allow_nan=False)  # JSON as served
 
 
+def test_the_newest_interval_every_auto_chose_is_kept_per_job() -> None:
+    records = [
+        events.event("interval", time=1.0, job="a", rank=0, interval=1, reason="warm-up"),
+        events.event("interval", time=2.0, job="b", rank=0, interval=8, reason="keep-up"),
+        events.event("interval", time=3.0, job="a", rank=1, interval=16, reason="optimum"),
+    ]
+    intervals = dashboard_data.build(records)["intervals"]
+    assert intervals == {
+        "a": {"interval": 16, "reason": "optimum", "rank": 1, "time": 3.0},
+        "b": {"interval": 8, "reason": "keep-up", "rank": 0, "time": 2.0},
+    }
+    assert dashboard_data.build([])["intervals"] == {}
+
+
 def test_memory_protection_placement_from_the_newest_status_snapshot(events_file: pathlib.Path) -> None:
     """Without a cluster, the newest status event gives memory, protection and placement; shards on
     nodes killed or dead after it (store of node 3, node 2) count as lost."""

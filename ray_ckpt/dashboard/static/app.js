@@ -4,6 +4,7 @@
 (function () {
   var SVG = "http://www.w3.org/2000/svg";
   var POLL_MS = 2000;
+  var MAX_JOB_CARDS = 4;  // per-job cards shown at most (the jobs sorted by name)
   var NO_STATUS = "no data (no status snapshot in the events and no live cluster)";
   var PHASE_COLORS = {
     detect: "#e15759",
@@ -279,8 +280,7 @@
         " node deaths"),
       card("Failed recoveries", String(failed.length), failed.length ? "last: " + shorten(failed[failed.length - 1].error, 60) :
         "no restore raised", failed.length ? "bad" : "ok"),
-      card("Median time to resume", fmtSeconds(median(resumes)), resumes.length ? "over " + resumes.length +
-        " recoveries" : "no recorded kill"),
+    ].concat(resumeCards(recs, card)).concat([
       card("Last time to resume", fmtSeconds(resumes.length ? resumes[resumes.length - 1] : null),
         recs.length ? "job " + recs[recs.length - 1].job : ""),
       card("Steps lost", String(lost), "in all recoveries"),
@@ -289,7 +289,30 @@
       card("Protection", protection === null ? "–" : String(protection), protection === null ?
         (data.live ? "nothing committed" : NO_STATUS) : protectionSource.source === "snapshot" ?
         "min over jobs, snapshot of " + fmtTime(protectionSource.time) : "min over jobs", protectionClass(protection)),
-    ]);
+    ]).concat(intervalCards(data.intervals || {}, card)));
+  }
+
+  // the median time to resume of each job (jobs are often modes of one comparison: never pooled)
+  function resumeCards(recs, card) {
+    var byJob = {};
+    recs.forEach(function (r) {
+      if (isNum(r.time_to_resume_s)) (byJob[r.job] = byJob[r.job] || []).push(r.time_to_resume_s);
+    });
+    var jobs = Object.keys(byJob).sort();
+    if (!jobs.length) return [card("Time to resume", "–", "no recorded kill")];
+    return jobs.slice(0, MAX_JOB_CARDS).map(function (job) {
+      var n = byJob[job].length;
+      return card("Time to resume, " + job, fmtSeconds(median(byJob[job])),
+        "median over " + n + (n === 1 ? " recovery" : " recoveries"));
+    });
+  }
+
+  // the interval every="auto" chose last, per job
+  function intervalCards(intervals, card) {
+    return Object.keys(intervals).sort().slice(0, MAX_JOB_CARDS).map(function (job) {
+      var chosen = intervals[job];
+      return card("Save interval, " + job, "every " + chosen.interval, "every=\"auto\": " + chosen.reason);
+    });
   }
 
   function protectionClass(v) {
