@@ -8,6 +8,7 @@ that the ``job=`` override reads another run's state.
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import re
@@ -17,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from ray_ckpt import _ray_compat
 from ray_ckpt.core import events, timeline
 from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.tools import quiet
 
 pytestmark = pytest.mark.cluster
 
@@ -59,6 +62,10 @@ def test_every_block_of_the_guide_runs_and_the_job_recovers(
     bin_dir = str(pathlib.Path(sys.executable).parent)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")  # ray-ckpt
     namespace: dict[str, Any] = {"__name__": "ray_train_guide"}  # not importable: pickled by value
+    # the guide quiets its driver (ray_ckpt.tools.quiet): this process's later tests get it back
+    for name in quiet.RAY_LOGGERS:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    printer = _ray_compat.driver_printer()
     try:
         for index, (language, code) in enumerate(blocks()):
             if language == "python":
@@ -88,4 +95,6 @@ def test_every_block_of_the_guide_runs_and_the_job_recovers(
         assert len({e["attempt"] for e in evaluated}) == 1 and len(evaluated) == 2, evaluated
         assert (tmp_path / "report.html").stat().st_size > 0
     finally:
+        if printer is not None:
+            _ray_compat.set_driver_printer(printer)
         cluster.shutdown()  # disconnects this process too
