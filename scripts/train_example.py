@@ -38,6 +38,9 @@ from ray_ckpt.tools import quiet
 from ray_ckpt.transport import naming
 
 PAUSE_FILE = "pause"  # in the events folder: while it exists, ranks wait between steps
+# set when the run a fault thread waits on has ended: the thread's waits stop calling Ray (a
+# thread still calling Ray while its driver disconnects can end the whole process)
+ABANDONED = threading.Event()
 
 
 def build_model() -> torch.nn.Module:
@@ -196,7 +199,7 @@ def kill_rank_node_when(
     """Wait until ``at_step`` is committed, then hard-kill the node running ``rank``."""
     registry = naming.registry_handle(namespace)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not ABANDONED.is_set():
         latest = ray.get(registry.latest_committed.remote(job))
         if latest is not None and latest >= at_step:
             node_id = ray.get(registry.locate.remote(job, latest))[rank]["local_node"]
@@ -207,6 +210,8 @@ def kill_rank_node_when(
                     return {"node_id": node_id, "latest_committed": latest, "time": killed_at}
             raise RuntimeError(f"rank {rank} runs on node {node_id}, which is not a worker node")
         time.sleep(0.05)
+    if ABANDONED.is_set():
+        raise RuntimeError(f"the run ended before step {at_step} was committed")
     raise TimeoutError(f"step {at_step} was not committed within {timeout_s} s")
 
 
@@ -214,11 +219,13 @@ def wait_committed(job: str, step: int, timeout_s: float = 300) -> None:
     """Wait until ``job`` has committed ``step`` (or a newer one)."""
     registry = naming.registry_handle(ray_ckpt.settings.namespace())
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not ABANDONED.is_set():
         latest = ray.get(registry.latest_committed.remote(job))
         if latest is not None and latest >= step:
             return
         time.sleep(0.05)
+    if ABANDONED.is_set():
+        raise RuntimeError(f"job {job!r}: the run ended before step {step} was committed")
     raise TimeoutError(f"job {job!r}: step {step} was not committed within {timeout_s} s")
 
 

@@ -142,20 +142,24 @@ def run_with(
             failures.append(error)
 
     thread = threading.Thread(target=inject, daemon=True)
+    example.ABANDONED.clear()
     thread.start()
-    final = example.run(
-        name=name,
-        storage_path=tempfile.mkdtemp(),
-        events_dir=events,
-        steps=STEPS,
-        workers=workers,
-        checkpoint=CHECKPOINT,
-        step_sleep_s=step_sleep_s,
-        max_failures=8,
-        in_place=in_place,
-        fsdp2=fsdp2,
-    )
-    thread.join(timeout=pace.bound(30))
+    try:
+        final = example.run(
+            name=name,
+            storage_path=tempfile.mkdtemp(),
+            events_dir=events,
+            steps=STEPS,
+            workers=workers,
+            checkpoint=CHECKPOINT,
+            step_sleep_s=step_sleep_s,
+            max_failures=8,
+            in_place=in_place,
+            fsdp2=fsdp2,
+        )
+    finally:
+        example.ABANDONED.set()  # a fault thread still waiting stops before the cluster goes
+        thread.join(timeout=pace.bound(30))
     assert not failures, failures
     return {
         "restores": example.read_restores(events),
@@ -250,6 +254,8 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
             bound_s = max(pace.bound(180.0), 4 * len(spare) * clusters.start_s)
             deadline = time.monotonic() + bound_s
             while not spare <= nodes_with_a_warm_spare(started):
+                if example.ABANDONED.is_set():
+                    raise RuntimeError("the run ended while its spares were awaited")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not all {len(spare)} spare nodes had a warm spare within {bound_s:.0f} s")
             killed.append(time.time())
@@ -342,21 +348,25 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
     client = RegistryClient(ray_ckpt.settings.namespace())
     events = tempfile.mkdtemp()
     thread = threading.Thread(target=faults, args=(events,), daemon=True)
+    example.ABANDONED.clear()
     thread.start()
-    final = example.run(
-        name="fsdp4",
-        storage_path=tempfile.mkdtemp(),
-        events_dir=events,
-        steps=STEPS,
-        workers=4,
-        checkpoint=CHECKPOINT,
-        step_sleep_s=0.15,
-        max_failures=8,
-        in_place={},
-        fsdp2=True,
-        fsdp2_per_layer=True,
-    )
-    thread.join(timeout=pace.bound(30))
+    try:
+        final = example.run(
+            name="fsdp4",
+            storage_path=tempfile.mkdtemp(),
+            events_dir=events,
+            steps=STEPS,
+            workers=4,
+            checkpoint=CHECKPOINT,
+            step_sleep_s=0.15,
+            max_failures=8,
+            in_place={},
+            fsdp2=True,
+            fsdp2_per_layer=True,
+        )
+    finally:
+        example.ABANDONED.set()  # a fault thread still waiting stops before the cluster goes
+        thread.join(timeout=pace.bound(30))
     groups = by_attempt(example.read_restores(events))
     assert len(groups) == 2, (groups, recovery_log())  # one failure, one recovery
     first, second = groups
