@@ -118,4 +118,5 @@ def test_every_query_names_a_defined_metric(dashboard: dict[str, Any]) -> None:
 
 def test_shipped_with_the_package() -> None:
     pyproject = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert '"grafana/*.json"' in pyproject and '"dashboard/static/*"' in pyproject
+    assert '"ray_ckpt.grafana" = ["*.json"]' in pyproject  # tests/unit/test_packaging.py builds the wheel
+    assert '"ray_ckpt.dashboard.static" = ["*.html", "*.js", "*.css"]' in pyproject
