@@ -187,8 +187,8 @@ class Checkpointer:
             self._background_ended = time.perf_counter()
 
     def _skip_reason(self, step: int, now: float) -> str | None:
-        """Why ``step`` is not saved ("not due" by ``CheckpointConfig.every``, or "busy" under
-        "auto"), None when it is. Under "auto" this also feeds the policy: the training time
+        """Why ``step`` is not saved ("not due" by ``CheckpointConfig.every``, or "busy" during
+        "auto"'s warm-up), None when it is. Under "auto" this also feeds the policy: the training time
         per step since the previous call, and the last save's cost once it completed
         (re-raising its background error, as the next save would)."""
         every = self.config.every
@@ -204,7 +204,7 @@ class Checkpointer:
             self._announce(step, self._policy.observe_save(self._in_flight_blocking, background_s))
         if self._policy.due(step, busy=busy):
             return None
-        return "busy" if busy else "not due"
+        return "busy" if busy and self._policy.warming_up else "not due"
 
     def _skip(self, step: int, started: float, reason: str) -> SaveHandle:
         self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
@@ -264,10 +264,14 @@ class Checkpointer:
         )
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Wait until the last save committed (re-raising a background failure)."""
+        """Wait until the last saved step committed (re-raising a background failure)."""
         self._check_open()
-        if self._in_flight is not None and self._last_step is not None:
+        if self._last_step is None:
+            return
+        if self._in_flight is not None:
             self._handle(self._last_step, self._in_flight).wait(timeout_s)
+        else:  # its background work already collected (under "auto", by a later call)
+            self._wait_committed(self._last_step, self.config.commit_timeout_s if timeout_s is None else timeout_s)
 
     def _record(self, kind: str, **fields: Any) -> None:
         """Send an event to the registry's log (fire and forget: never blocks or fails a save)."""

@@ -33,7 +33,9 @@ class CheckpointConfig:
     every call), "auto" lets ray_ckpt choose a power-of-two interval from what it measures
     (``ray_ckpt.core.interval``; a rank whose previous save still runs then skips, whatever
     ``on_busy`` says). A step that is not saved returns a skipped ``SaveHandle`` at once.
-    backup_every: write a persistent backup of saved steps divisible by this (0: never).
+    backup_every: write a persistent backup of saved steps divisible by this (0: never); with
+    an int ``every`` a multiple of it; with "auto", a power of two keeps every saved multiple
+    of it backed up while the interval is at most backup_every.
     backup_uri: where backups go: a local path or a pyarrow.fs URI (s3://, gs://, ...).
     ``ray_ckpt.train.Checkpointer`` defaults it to the run's storage path.
     backup_keep: complete backup steps kept (older ones are deleted).
@@ -54,6 +56,12 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         check_every(self.every)
         _check_int("backup_every", self.backup_every, 0)
+        if isinstance(self.every, int) and self.backup_every % self.every:
+            raise ConfigError(
+                f"backup_every={self.backup_every} is not a multiple of every={self.every}: only saved steps "
+                "are backed up, so such backups would come every lcm of the two steps; make backup_every a "
+                "multiple of every"
+            )
         _check_int("backup_keep", self.backup_keep, 1)
         if not isinstance(self.local_copy, bool):
             raise ConfigError(f"local_copy must be True or False, got {self.local_copy!r}")

@@ -147,3 +147,10 @@ def test_drawn_checkpointer_arguments_are_checked_before_anything_else(job: Any,
 def test_a_config_of_the_wrong_type_is_refused() -> None:
     with pytest.raises(ConfigError, match="CheckpointConfig"):
         Checkpointer(job="j", rank=0, world_size=1, config={"data_shards": 2})  # type: ignore[arg-type]
+
+
+def test_backups_of_an_int_every_must_fall_on_saved_steps() -> None:
+    assert CheckpointConfig(every=4, backup_every=8).backup_every == 8
+    assert CheckpointConfig(every="auto", backup_every=100).backup_every == 100
+    with pytest.raises(ConfigError, match="multiple of every"):
+        CheckpointConfig(every=4, backup_every=6)

@@ -1,6 +1,6 @@
 """IntervalPolicy (``every="auto"``): Young's optimum from fed measurements, its floor and cap,
-power-of-two rounding, the skip-when-busy rule, and the nested grids of ranks that measured
-different times. Measurements are fed as numbers: nothing here depends on a clock."""
+power-of-two rounding, the busy rule (skip in warm-up, wait on the grid after), and the nested
+grids of ranks that measured different times. Measurements are fed as numbers: nothing here depends on a clock."""
 
 from __future__ import annotations
 
@@ -119,12 +119,14 @@ def test_the_grid_after_warm_up() -> None:
     assert [s for s in range(1, 1025) if policy.due(s, busy=False)] == [256, 512, 768, 1024]
 
 
-def test_a_busy_rank_is_never_due() -> None:
+def test_a_busy_rank_skips_only_in_warm_up_and_saves_every_step_of_the_grid_after() -> None:
+    """In warm-up a rank whose save still runs skips; after it, every multiple of the interval
+    is due, busy or not (the rank waits: a step all ranks save commits)."""
     policy = IntervalPolicy(max_interval_s=600, mtbf_prior_s=3600)
-    assert not policy.due(1, busy=True)  # not even in warm-up
+    assert not policy.due(1, busy=True) and policy.due(1, busy=False)
     policy = fed()
-    assert not any(policy.due(step, busy=True) for step in (256, 512, 1024))
-    assert policy.due(512, busy=False)
+    assert all(policy.due(step, busy=True) for step in (256, 512, 1024))
+    assert not any(policy.due(step, busy=busy) for step in (255, 257, 513) for busy in (True, False))
 
 
 def test_the_keep_up_floor_wins_over_the_optimum_and_the_cap() -> None:

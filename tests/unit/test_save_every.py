@@ -45,14 +45,16 @@ class FakeSaves:
 
 
 class FakeRegistry:
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
     def record(self, event: dict[str, Any]) -> None:
         events.check(event)
         self.events.append(event)
 
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.waited: list[int] = []
+
     def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
+        self.waited.append(step)
         return True
 
 
@@ -112,6 +114,51 @@ def test_auto_saves_the_first_step_and_skips_while_busy_without_waiting() -> Non
     saves.gate.set()
     first.wait()
     assert not ckpt.save(2, STATE).skipped  # still warming up: every step that finds no save running
+    ckpt._background.shutdown()
+
+
+def warmed_up(ckpt: Checkpointer) -> int:
+    """Save steps one after another (each waited for) until "auto" chose its interval; the
+    next step."""
+    step = 0
+    while ckpt._policy is not None and ckpt._policy.warming_up:
+        ckpt.save(step, STATE).wait()
+        step += 1
+        assert step < 50, "the warm-up never ended"
+    return step
+
+
+def test_after_warm_up_a_rank_still_saving_waits_for_it_on_a_step_of_the_grid() -> None:
+    """Every rank saves every step on the grid, so it commits: a rank whose previous save still
+    runs waits for it instead of skipping (skipping starved commits at scale)."""
+    ckpt, saves, _ = wired(CheckpointConfig(every="auto"))
+    step = warmed_up(ckpt)
+    interval = ckpt.interval
+    first = (step // interval + 1) * interval
+    saves.gate.clear()
+    assert not ckpt.save(first, STATE).skipped
+    returned: list[Any] = []
+    caller = threading.Thread(target=lambda: returned.append(ckpt.save(first + ckpt.interval, STATE)))
+    caller.start()
+    caller.join(0.3)
+    assert caller.is_alive() and returned == [], "the next step of the grid did not wait for the running save"
+    saves.gate.set()
+    caller.join(30)
+    (second,) = returned
+    assert not second.skipped and first in saves.completed
+    ckpt._background.shutdown()
+
+
+def test_wait_waits_for_the_last_saved_step_even_after_a_later_call_collected_its_work() -> None:
+    ckpt, _, registry = wired(CheckpointConfig(every="auto"))
+    step = warmed_up(ckpt)
+    saved = (step // ckpt.interval + 1) * ckpt.interval
+    ckpt.save(saved, STATE).staged()
+    if ckpt.interval > 1:
+        assert ckpt.save(saved + 1, NOT_A_STATE).skip_reason == "not due"  # collects the save's work
+    registry.waited.clear()
+    ckpt.wait()
+    assert registry.waited == [saved]
     ckpt._background.shutdown()
 
 
