@@ -14,7 +14,8 @@ the guide::
   "trainer_state": TrainerState as the JSON text HF writes (global step, epoch, log history,
   stateful callbacks' states, TrainerControl), "rng": ray_ckpt.rng_state()}``.
 - **When.** A step is offered to the Checkpointer once HF has logged and evaluated it: at the
-  next step's ``on_step_begin``, or at ``on_epoch_end`` / ``on_train_end``. The Checkpointer's
+  next step's ``on_step_begin``, the next epoch's ``on_epoch_begin`` (HF's epoch-end logging
+  and evaluation come after ``on_epoch_end``), or ``on_train_end``. The Checkpointer's
   ``CheckpointConfig.every`` (an int, or ``"auto"``) decides which steps are saved. Nothing
   touches the disk.
 - **Resume.** ``resume_from_peers`` restores the newest committed step and writes it as a
@@ -114,7 +115,8 @@ class PeerMemoryCallback(_TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._offer(args, state, control, kwargs)
 
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # the last step of the previous epoch: HF logs and evaluates it after on_epoch_end
         self._offer(args, state, control, kwargs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
