@@ -106,7 +106,13 @@ class PeerMemoryCallback(_TrainerCallback):
                 "TrainingArguments deepspeed or fsdp (their sharded state is saved by their own code). "
                 "Train with DDP, or use ray_ckpt.integrations.dcp with a loop of your own"
             )
-        _ = self.checkpointer  # built here on every rank if resume_from_peers was not called
+        if self.trainer is None:
+            raise ConfigError(
+                "PeerMemoryCallback does not know its Trainer: call "
+                "trainer.train(resume_from_checkpoint=resume_from_peers(trainer)) (it returns None on a first "
+                "run); without it the AMP scaler's and the stateful callbacks' states would not be saved"
+            )
+        _ = self.checkpointer
         self._ended = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -139,3 +139,11 @@ def test_the_temporary_folder_is_made_per_resume(tmp_path: Any) -> None:
     assert {p.name for p in (tmp_path / "f").iterdir()} == {
         "pytorch_model.bin", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth",
     }  # fmt: skip
+
+
+def test_a_callback_whose_trainer_never_went_through_resume_from_peers_is_refused(tmp_path: pathlib.Path) -> None:
+    """Without resume_from_peers the callback cannot reach the Trainer's scaler and callbacks:
+    it says so at train start instead of saving steps without them."""
+    trainer = trainer_of(1, MemoryStates(), str(tmp_path))
+    with pytest.raises(ConfigError, match="resume_from_peers"):
+        trainer.train()
