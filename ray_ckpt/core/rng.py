@@ -46,8 +46,9 @@ def set_rng_state(state: Any) -> None:
 
     ConfigError, before any generator changes, when ``state`` is not such a dict (a key missing
     or unknown), or holds CUDA states that this process cannot take (no CUDA, or another number
-    of devices: drop ``"cuda"`` from the dict to restore only the CPU generators); also when a
-    generator refuses its value, naming which."""
+    of devices: drop ``"cuda"`` from the dict to restore only the CPU generators). A generator
+    that refuses its value raises ConfigError naming it; the generators set before it (in the
+    order Python, NumPy, torch, CUDA) keep their new state."""
     if not isinstance(state, dict):
         raise ConfigError(f"set_rng_state takes the dict rng_state() returned, got {type(state).__name__}")
     missing = [key for key in _REQUIRED if key not in state]
