@@ -411,8 +411,7 @@ class _WarmSpares:
     def _waiting(self, job: str, env: str, node: str, raylet: str) -> bool:
         """Whether this job's spare still waits on ``node``: its process is there and idle (a
         spare past its keep-alive stays while Ray keeps it, so none is started beside it), or,
-        where its process id is unknown, it is younger than half its keep-alive (renewals come
-        every half, so it is replaced before Ray may reap it)."""
+        where its process id is unknown, its keep-alive has not run out."""
         mark = _ray_compat.warm_spare(job, env, node)
         if mark is None:
             return False
@@ -420,7 +419,7 @@ class _WarmSpares:
             idle = _ray_compat.idle_job_workers(raylet, job)
             if idle is not None:
                 return mark.pid in idle
-        return mark.started > time.time() - self._keep_alive_s / 2
+        return mark.started > time.time() - self._keep_alive_s
 
     @staticmethod
     def _new_spare(raylet: str, job: str, before: set[int] | None) -> int | None:
