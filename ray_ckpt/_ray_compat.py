@@ -217,71 +217,24 @@ def _warm_key(job_id: str, runtime_env: str, node_id: str) -> bytes:
     return f"warm:{job_id}:{env}:{node_id}".encode()
 
 
-def idle_job_workers(raylet_address: str, job_id: str) -> set[int] | None:
-    """The pids of the worker processes on the node whose raylet is at ``raylet_address`` that
-    belong to the job ``job_id`` (hex) and have run nothing yet, no actor and no task: prestarted
-    workers such as warm spares. Ray's raylet ``GetNodeStats`` call (internal gRPC). None if the
-    raylet could not be asked; never raises."""
-    try:
-        from ray._private.grpc_utils import init_grpc_channel
-        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
-    except ImportError as error:
-        logger.info("cannot list a node's idle workers: Ray lacks the raylet's GetNodeStats call (%s)", error)
-        return None
-    try:
-        job = bytes.fromhex(job_id)
-        channel = init_grpc_channel(raylet_address)
-        try:
-            reply = node_manager_pb2_grpc.NodeManagerServiceStub(channel).GetNodeStats(
-                node_manager_pb2.GetNodeStatsRequest(include_memory_info=False),  # type: ignore[attr-defined]
-                timeout=5,
-            )
-        finally:
-            channel.close()
-        return {
-            stats.pid
-            for stats in reply.core_workers_stats
-            if stats.worker_type == common_pb2.WORKER  # type: ignore[attr-defined]
-            and stats.job_id == job
-            and not stats.actor_id.strip(b"\xff\x00")
-            and stats.num_executed_tasks == 0
-            and stats.num_running_tasks == 0
-        }
-    except Exception as error:
-        logger.info("could not list the idle workers at %s: %s", raylet_address, error)
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class WarmSpareMark:
-    """A warm spare noted in the GCS: when it was started and, once known, its process id."""
-
-    started: float
-    pid: int | None
-
-
-def warm_spare(job_id: str, runtime_env: str, node_id: str) -> WarmSpareMark | None:
-    """The warm spare that waits on ``node_id`` for this job and runtime env, as
-    ``mark_warm_spare`` noted it in the GCS's key-value store (where every run of the job sees
-    it: spares belong to the job); None if none is noted there."""
+def warm_spare_started(job_id: str, runtime_env: str, node_id: str) -> float | None:
+    """When the warm spare that waits on ``node_id`` for this job and runtime env was started,
+    as ``mark_warm_spare`` noted it in the GCS's key-value store (where every run of the job
+    sees it: spares belong to the job); None if none waits there."""
     from ray.experimental import internal_kv
 
     value = internal_kv._internal_kv_get(_warm_key(job_id, runtime_env, node_id), namespace=_WARM_NAMESPACE)
-    if value is None:
-        return None
-    started, _, pid = value.decode().partition(" ")
-    return WarmSpareMark(float(started), int(pid) if pid else None)
+    return None if value is None else float(value)
 
 
-def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, spare: WarmSpareMark | None) -> None:
-    """Note the warm spare that waits on ``node_id``, or (None) that a worker now runs there
-    and took it or will not need it."""
+def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float | None) -> None:
+    """Note that a warm spare started at ``started`` waits on ``node_id``, or (None) that a
+    worker now runs there and took it or will not need it."""
     from ray.experimental import internal_kv
 
     key = _warm_key(job_id, runtime_env, node_id)
-    if spare is not None:
-        value = f"{spare.started!r} {'' if spare.pid is None else spare.pid}".strip()
-        internal_kv._internal_kv_put(key, value.encode(), overwrite=True, namespace=_WARM_NAMESPACE)
+    if started is not None:
+        internal_kv._internal_kv_put(key, repr(started).encode(), overwrite=True, namespace=_WARM_NAMESPACE)
     else:
         internal_kv._internal_kv_del(key, namespace=_WARM_NAMESPACE)
 

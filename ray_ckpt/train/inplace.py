@@ -84,7 +84,6 @@ class _Settings:
 
 WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts
 WARM_STAGGER_S = 1.0  # between two spares' starts
-WARM_IDENTIFY_S = 15.0  # how long a new spare's process may take to register with its raylet
 WARM_MODULES = (
     _ray_compat.train_worker_module(),
     "torch.distributed.fsdp",  # FSDP2 (0.7 s to import here)
@@ -327,12 +326,10 @@ class _WarmSpares:
     workers, and every ``keep_alive_s / 2`` while the run lives, one warm worker process
     (Ray's prestarted worker with the workers' runtime env and job, so it has run ``warm_up``)
     on each node that has room for a worker and runs none of the run's, up to the number asked
-    for. Which nodes have one, started when and its process id, is kept in the GCS
-    (``_ray_compat.mark_warm_spare``): spares belong to the job and outlive one run, so a later
-    run of the same job counts them and starts none twice; a worker starting on a node clears
-    its mark (``_Worker``). A node gets a new spare only once its spare's process is gone: Ray
-    keeps an idle worker past its keep-alive while its node has no more idle workers than CPUs,
-    so starting one per renewal would pile them up. At most one spare per node per job."""
+    for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
+    spares belong to the job and outlive one run, so a later run of the same job counts them
+    and starts none twice; a worker starting on a node clears its mark (``_Worker``). Ray reaps
+    a spare its keep-alive ran out on, once its node has more idle workers than CPUs."""
 
     def __init__(self) -> None:
         self.workers: dict[int, str] = {}  # world rank -> node id
@@ -396,47 +393,15 @@ class _WarmSpares:
                 and str(node["NodeID"]) not in busy
                 and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
             }
-            waiting = [n for n in room if self._waiting(job, env, n, room[n])]
+            fresh = time.time() - self._keep_alive_s / 2
+            waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
             chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
             for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                before = _ray_compat.idle_job_workers(room[node], job)
-                started = time.time()
                 if _ray_compat.prestart_worker(room[node], env, job, math.ceil(self._keep_alive_s)):
-                    pid = self._new_spare(room[node], job, before)
-                    _ray_compat.mark_warm_spare(job, env, node, _ray_compat.WarmSpareMark(started, pid))
+                    _ray_compat.mark_warm_spare(job, env, node, time.time())
                 time.sleep(WARM_STAGGER_S)
         if chosen:
             logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
-
-    def _waiting(self, job: str, env: str, node: str, raylet: str) -> bool:
-        """Whether this job's spare still waits on ``node``: its process is there and idle (a
-        spare past its keep-alive stays while Ray keeps it, so none is started beside it), or,
-        where its process id is unknown, its keep-alive has not run out."""
-        mark = _ray_compat.warm_spare(job, env, node)
-        if mark is None:
-            return False
-        if mark.pid is not None:
-            idle = _ray_compat.idle_job_workers(raylet, job)
-            if idle is not None:
-                return mark.pid in idle
-        return mark.started > time.time() - self._keep_alive_s
-
-    @staticmethod
-    def _new_spare(raylet: str, job: str, before: set[int] | None) -> int | None:
-        """The process id of the spare just asked for: the job's idle worker on the node that
-        was not there ``before``, once the raylet lists it (within ``WARM_IDENTIFY_S``); None
-        if it cannot be told apart."""
-        if before is None:
-            return None
-        deadline = time.monotonic() + WARM_IDENTIFY_S
-        while time.monotonic() < deadline:
-            new = (_ray_compat.idle_job_workers(raylet, job) or set()) - before
-            if len(new) == 1:
-                return new.pop()
-            if len(new) > 1:
-                return None
-            time.sleep(0.2)
-        return None
 
 
 def _worker_facts() -> dict[str, Any]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import inspect
 
-import pytest
-
 from ray_ckpt import _ray_compat
 
 
@@ -105,46 +103,6 @@ def test_warm_spares_find_the_raylet_call_and_the_setup_hook_ray_runs() -> None:
     assert "WORKER_PROCESS_SETUP_HOOK_ENV_VAR" in inspect.getsource(default_worker)
     importlib_name = _ray_compat.train_worker_module()
     assert __import__(importlib_name, fromlist=["RayTrainWorker"]).RayTrainWorker is not None
-
-
-def test_a_nodes_idle_workers_are_listed_by_the_raylet_call_and_fields_ray_has() -> None:
-    """idle_job_workers reads the raylet's GetNodeStats reply: each core worker's pid, type, job,
-    actor and task counts; an unreachable raylet is None, never an error."""
-    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
-
-    assert "include_memory_info" in node_manager_pb2.GetNodeStatsRequest.DESCRIPTOR.fields_by_name
-    assert "core_workers_stats" in node_manager_pb2.GetNodeStatsReply.DESCRIPTOR.fields_by_name
-    fields = set(common_pb2.CoreWorkerStats.DESCRIPTOR.fields_by_name)
-    assert {"pid", "worker_type", "job_id", "actor_id", "num_executed_tasks", "num_running_tasks"} <= fields
-    assert "GetNodeStats" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
-    assert _ray_compat.idle_job_workers("127.0.0.1:1", "01000000") is None
-
-
-def test_a_warm_spare_mark_keeps_its_start_and_process_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GCS value of a mark parses back into the same mark, with or without a process id."""
-    stored: dict[bytes, bytes] = {}
-
-    class KV:
-        @staticmethod
-        def _internal_kv_put(key: bytes, value: bytes, overwrite: bool, namespace: str) -> None:
-            stored[key] = value
-
-        @staticmethod
-        def _internal_kv_get(key: bytes, namespace: str) -> bytes | None:
-            return stored.get(key)
-
-        @staticmethod
-        def _internal_kv_del(key: bytes, namespace: str) -> None:
-            stored.pop(key, None)
-
-    import ray.experimental
-
-    monkeypatch.setattr(ray.experimental, "internal_kv", KV)
-    for mark in (_ray_compat.WarmSpareMark(1712.25, 4242), _ray_compat.WarmSpareMark(1712.5, None)):
-        _ray_compat.mark_warm_spare("01000000", "{}", "node", mark)
-        assert _ray_compat.warm_spare("01000000", "{}", "node") == mark
-    _ray_compat.mark_warm_spare("01000000", "{}", "node", None)
-    assert _ray_compat.warm_spare("01000000", "{}", "node") is None
 
 
 def test_train_workers_get_the_warm_up_hook_in_their_runtime_env_once() -> None:
