@@ -148,7 +148,7 @@ class _Plan:
         source, position = self.read(self.primary, ref.offset, ref.offset + ref.nbytes)
 
         def fill(data: dict[int, list[np.ndarray]]) -> None:
-            out.copy_(_as_tensor(data[source][position], ref.dtype).view(ref.shape))
+            out.copy_(as_tensor(data[source][position], ref.dtype).view(ref.shape))
 
         self.fills.append(fill)
         return out
@@ -187,7 +187,7 @@ class _Plan:
     ) -> None:
         ref: TensorRef = old_shard.local  # type: ignore[assignment]
         size = [e - b for b, e in zip(begin, end, strict=True)]
-        strides = _row_major_strides(ref.shape)
+        strides = row_major_strides(ref.shape)
         start = [b - o for b, o in zip(begin, old_shard.offsets, strict=True)]
         first = sum(s * t for s, t in zip(start, strides, strict=True))
         last = sum((s + n - 1) * t for s, n, t in zip(start, size, strides, strict=True))
@@ -200,7 +200,7 @@ class _Plan:
         key = self.read(source, ref.offset + first * item, ref.offset + (last + 1) * item)
 
         def fill(data: dict[int, list[np.ndarray]]) -> None:
-            span = _as_tensor(data[key[0]][key[1]], ref.dtype)
+            span = as_tensor(data[key[0]][key[1]], ref.dtype)
             local[box].copy_(torch.as_strided(span, size, strides))
 
         self.fills.append(fill)
@@ -243,7 +243,7 @@ def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().reshape(-1).view(torch.uint8).numpy()
 
 
-def _row_major_strides(shape: tuple[int, ...]) -> list[int]:
+def row_major_strides(shape: tuple[int, ...]) -> list[int]:
     strides, step = [], 1
     for dim in reversed(shape):
         strides.append(step)
@@ -251,7 +251,7 @@ def _row_major_strides(shape: tuple[int, ...]) -> list[int]:
     return strides[::-1]
 
 
-def _as_tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def as_tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A read-only view of fetched bytes as ``dtype`` (only ever read: torch's warning about
     non-writable arrays does not apply)."""
     if not data.size:

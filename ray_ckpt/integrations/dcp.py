@@ -36,7 +36,6 @@ import io
 import os
 import pickle
 import threading
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -60,6 +59,7 @@ from ray_ckpt.core.shard import check_step
 from ray_ckpt.core.snapshot import TensorRef, build_layout, read_layout
 from ray_ckpt.errors import ConfigError, NoCheckpointError, RayCkptError, SnapshotFormatError
 from ray_ckpt.integrations.peers import CheckpointerPeers, PeerSteps, SavedStep
+from ray_ckpt.reshard import as_tensor, row_major_strides
 
 __all__ = ["FORMAT", "PeerMemoryReader", "PeerMemoryWriter", "PeerSpan", "item_key", "step_of"]
 
@@ -429,7 +429,7 @@ def _plan_item(
             f"{item.dest_index.fqn}: the planner's target has shape {list(target.shape)}, the read {lengths}"
         )
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    strides = _row_major_strides(span.shape)
+    strides = row_major_strides(span.shape)
     starts = [int(o) for o in item.storage_offsets]
     if any(s < 0 or s + n > d for s, n, d in zip(starts, lengths, span.shape, strict=True)):
         raise SnapshotFormatError(f"{item.storage_index}: the read {starts}+{lengths} leaves the chunk {span.shape}")
@@ -449,7 +449,7 @@ def _plan_item(
         return (start, stop), land, landed
 
     def copy(data: np.ndarray) -> None:
-        values = _as_tensor(data, dtype)
+        values = as_tensor(data, dtype)
         target.copy_(values.view(lengths) if one_run else torch.as_strided(values, lengths, strides))
         planner.commit_tensor(item, target)
 
@@ -467,19 +467,3 @@ def _fetched(saved: SavedStep) -> int:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _row_major_strides(shape: tuple[int, ...]) -> list[int]:
-    strides, size = [], 1
-    for dim in reversed(shape):
-        strides.append(size)
-        size *= max(dim, 1)
-    return strides[::-1]
-
-
-def _as_tensor(data: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A view of fetched bytes as a flat ``dtype`` tensor, only ever read (torch's warning
-    about non-writable arrays does not apply)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(data)).view(dtype)
