@@ -286,9 +286,13 @@ def run_with_kill(
             target=lambda: killed.update(kill_rank_node_when(sim.cluster, "killed", 1, kill_at_step, namespace)),
             daemon=True,
         )
+        ABANDONED.clear()
         thread.start()
-        final = run(name="killed", events_dir=events, in_place=in_place, **common)
-        thread.join(timeout=5)
+        try:
+            final = run(name="killed", events_dir=events, in_place=in_place, **common)
+        finally:
+            ABANDONED.set()  # the kill thread, if still waiting, stops before the cluster goes
+            thread.join(timeout=5)
         return {
             "killed": killed,
             "final_status": ray_ckpt.status(namespace=namespace)["jobs"].get("killed"),
@@ -328,21 +332,28 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
             )
         except BaseException as error:  # reported below
             failures.append(error)
+            ABANDONED.set()  # the waits below stop at once
 
     with SimulatedCluster(4, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
         if quiet_driver:
             quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         # Ray starts a node only from the main thread: the run goes on a thread instead
         trainer = threading.Thread(target=fit, daemon=True)
+        ABANDONED.clear()
         trainer.start()
-        wait_committed("elastic", 4)
-        remove_node(sim, rank_node("elastic", 1))
-        deadline = time.monotonic() + 240
-        while not any(r["world_size"] == 3 and r["step"] >= 2 for r in read_step_digests(events)):
-            if time.monotonic() > deadline or not trainer.is_alive():
-                raise TimeoutError("the run did not go on at 3 workers within 240 s")
-            time.sleep(0.2)
-        sim.add_workers(1)
+        try:
+            wait_committed("elastic", 4)
+            remove_node(sim, rank_node("elastic", 1))
+            deadline = time.monotonic() + 240
+            while not any(r["world_size"] == 3 and r["step"] >= 2 for r in read_step_digests(events)):
+                if time.monotonic() > deadline or not trainer.is_alive():
+                    raise TimeoutError("the run did not go on at 3 workers within 240 s")
+                time.sleep(0.2)
+            sim.add_workers(1)
+        except BaseException:
+            if failures:  # the run's own error says more than the wait that gave up on it
+                raise failures[0] from None
+            raise
         trainer.join(timeout=600)
         if trainer.is_alive():
             raise TimeoutError("the elastic run did not finish within 600 s")

@@ -153,8 +153,17 @@ def sim_cluster(cluster_pool: ClusterPool, request: pytest.FixtureRequest) -> It
         cluster_pool.give_back(failed)
 
 
+@pytest.fixture
+def train_example(train_example_module: ModuleType) -> Iterator[ModuleType]:
+    """scripts/train_example.py as a module, with its ``ABANDONED`` event clear for this test
+    (a test that set it at its end must not stop the next test's fault threads) and set after."""
+    train_example_module.ABANDONED.clear()
+    yield train_example_module
+    train_example_module.ABANDONED.set()
+
+
 @pytest.fixture(scope="session")
-def train_example() -> ModuleType:
+def train_example_module() -> ModuleType:
     """scripts/train_example.py as a module, pickled by value (workers cannot import scripts/)."""
     path = pathlib.Path(__file__).parents[2] / "scripts" / "train_example.py"
     spec = importlib.util.spec_from_file_location("train_example", path)

@@ -94,10 +94,10 @@ class InPlaceClusters:
 
 
 @pytest.fixture(scope="module")
-def clusters(train_example: Any) -> Iterator[InPlaceClusters]:
+def clusters(train_example_module: Any) -> Iterator[InPlaceClusters]:
     previous = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}
     os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"
-    pool = InPlaceClusters(train_example)
+    pool = InPlaceClusters(train_example_module)
     try:
         yield pool
     finally:

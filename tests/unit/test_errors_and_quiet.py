@@ -84,7 +84,9 @@ def test_cluster_messages_go_to_the_log_not_stdout(
 def test_quiet_driver_replaces_the_hook_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from ray._private import worker
 
-    original = worker.print_to_stdstream
+    def original(data: Any, *args: Any, **kwargs: Any) -> None:
+        """Stands for Ray's own hook: an earlier test in this process may have diverted Ray's."""
+
     monkeypatch.setattr(worker, "print_to_stdstream", original)
     monkeypatch.setattr(logging.getLogger("ray"), "level", logging.INFO)
     assert quiet.quiet_driver()
