@@ -273,7 +273,7 @@ class Checkpointer:
         else:  # its background work already collected (under "auto", by a later call)
             self._wait_committed(self._last_step, self.config.commit_timeout_s if timeout_s is None else timeout_s)
 
-    def _record(self, kind: str, **fields: Any) -> None:
+    def _record(self, kind: events.EventKind, **fields: Any) -> None:
         """Send an event to the registry's log (fire and forget: never blocks or fails a save)."""
         self._registry.record(
             events.event(kind, job=self.job, rank=self.rank, attempt=self.attempt, node_id=self.node_id, **fields)

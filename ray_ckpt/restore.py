@@ -31,6 +31,7 @@ from ray_ckpt.backup import Backup
 from ray_ckpt.core import blob, dtensor, hostmem, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.events import RestoreSource
 from ray_ckpt.core.shard import ShardMeta, check_step
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
@@ -43,15 +44,15 @@ Found = tuple[dict[str, Any], np.ndarray] | None  # what a store's get returns: 
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """A restored checkpoint: the step, the state (CPU tensors), where it came from
-    (``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase durations in seconds
-    (``locate``, ``fetch``, ``decode``, ``load``). After a resharded restore (the step was
+    """A restored checkpoint: the step, the state (CPU tensors), where it came from (a
+    ``RestoreSource``: ``"local"``, ``"peers"`` or ``"backup"``) and the restore's phase
+    durations in seconds (``locate``, ``fetch``, ``decode``, ``load``). After a resharded restore (the step was
     saved at another world size or sharding), ``from_world_size`` is the saving world size and ``values_by_rank``
     holds every old rank's non-tensor values (tensors as None), e.g. data loader positions."""
 
     step: int
     state: Any
-    source: str
+    source: RestoreSource
     phases_s: dict[str, float]
     from_world_size: int | None = None
     values_by_rank: dict[int, Any] | None = None

@@ -1,6 +1,7 @@
 """Events: the measured records of saves, kills and restores, kept by the registry and in files.
 
-Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus:
+Every event is a flat JSON object with ``kind`` (an ``EventKind``) and ``time`` (Unix seconds)
+plus:
 
 - ``save``: job, rank, step, attempt, phases_s {wait_previous, snapshot, blocking, encode,
   scatter, stage[, backup]}, bytes, returned (when ``save()`` returned and training went on;
@@ -8,10 +9,11 @@ Every event is a flat JSON object with ``kind`` and ``time`` (Unix seconds) plus
   every RAY_CKPT_SAVE_EVENT_EVERY-th save.
 - ``kill``: node_id, mode ("node", "store", ...), by (the tool that killed).
 - ``node_dead``: node_id, the time Ray declared the node dead.
-- ``restore``: job, rank, attempt, step, source, steps_lost, bytes, pid, started (when this
-  rank's checkpointer was created: the new worker is running), phases_s {locate, fetch,
-  decode, load}. step -1 means the rank had to start from scratch. A restore that raised
-  has ``error`` ("ErrorTypeName: message") with step and source None.
+- ``restore``: job, rank, attempt, step, source (a ``RestoreSource``: "local", "peers" or
+  "backup"), steps_lost, bytes, pid, started (when this rank's checkpointer was created: the
+  new worker is running), phases_s {locate, fetch, decode, load}. step -1 means the rank had
+  to start from scratch. A restore that raised has ``error`` ("ErrorTypeName: message") with
+  step and source None.
 - ``status``: a snapshot the registry takes when a step of ``job`` commits (at most one per
   job every ``STATUS_EVERY_S``; the newest commit is always snapshotted): step (the job's
   newest committed step), world_size, data_shards, parity_shards, protection (node losses the
@@ -64,7 +66,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ray_ckpt import settings
 from ray_ckpt.core import protection
@@ -72,15 +74,17 @@ from ray_ckpt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("save", "kill", "node_dead", "restore", "status", "rejoin", "interval")
-CALLER_KINDS = ("save", "kill", "node_dead", "restore", "rejoin", "interval")  # status events are the registry's own
+EventKind = Literal["save", "kill", "node_dead", "restore", "status", "rejoin", "interval"]
+KINDS: tuple[EventKind, ...] = get_args(EventKind)
+CALLER_KINDS: tuple[EventKind, ...] = tuple(k for k in KINDS if k != "status")  # status events are the registry's own
+RestoreSource = Literal["local", "peers", "backup"]  # where a restore took its state from (a restore event's source)
 STATUS_EVERY_S = 1.0  # the most frequent status snapshots of one job
 STATUS_FULL_EVERY_S = 600.0  # a job's status events are whole at least this often (else deltas)
 PLACEMENT_MAX_RANKS = 512  # a status event lists the placement of jobs up to this many ranks
 _PATCHED = ("placement", "local", "nodes")  # the fields of a status delta that hold only changes
 
 
-def event(kind: str, **fields: Any) -> dict[str, Any]:
+def event(kind: EventKind, **fields: Any) -> dict[str, Any]:
     """A new event of ``kind`` stamped with the current time (unless ``time`` is given)."""
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}; expected one of {KINDS}")

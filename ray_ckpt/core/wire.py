@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Container, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgpack
 
@@ -127,6 +127,15 @@ class RankLocation:
         )
 
 
+PlanSource = Literal["peers", "backup"]  # the restore sources the registry plans (ray_ckpt.core.events.RestoreSource)
+
+
+def _plan_source(value: Any) -> PlanSource | None:
+    if value is not None and value not in get_args(PlanSource):
+        raise ValueError(f"a restore plan's source is 'peers', 'backup' or None, got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class RestorePlan:
     """The step all ranks of one attempt restore. ``source``: "peers" (``step`` is committed
@@ -137,7 +146,7 @@ class RestorePlan:
     the attempt the plan belongs to (for ranks that asked without one, the registry's)."""
 
     step: int | None = None
-    source: str | None = None
+    source: PlanSource | None = None
     ever_committed: bool = False
     newest_committed: int | None = None
     newest_staged: int | None = None
@@ -151,7 +160,7 @@ class RestorePlan:
     def from_wire(cls, values: Mapping[str, Any]) -> RestorePlan:
         return cls(
             step=values.get("step"),
-            source=values.get("source"),
+            source=_plan_source(values.get("source")),
             ever_committed=bool(values.get("ever_committed")),
             newest_committed=values.get("newest_committed"),
             newest_staged=values.get("newest_staged"),
