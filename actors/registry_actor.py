@@ -153,30 +153,6 @@ class RegistryActor:
         return None if self._events.path is None else str(self._events.path)
 
     @ray.method(concurrency_group="stage")
-    def stage(
-        self,
-        metas: list[dict[str, Any]],
-        nodes: dict[int, str],
-        keep_committed: int,
-        attempt: str | None = None,
-        local: dict[str, Any] | None = None,
-        local_node: str | None = None,
-    ) -> bool:
-        """Stage one rank's shards (a batch of one, see ``stage_batch``); True if the step
-        committed with it. A refused stage raises its ray_ckpt error."""
-        request = {
-            "metas": metas,
-            "nodes": nodes,
-            "keep_committed": keep_committed,
-            "attempt": attempt,
-            "local": local,
-            "local_node": local_node,
-        }
-        result = StageResult.from_wire(self._stage_requests([request])[0])
-        result.raise_error()
-        return result.committed
-
-    @ray.method(concurrency_group="stage")
     def stage_batch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Stage ranks' shards sent by the ranks themselves (``StageRequest``s on the wire, checked
         here; a rank does this only when its node's store is gone): a ``StageResult`` on the wire

@@ -36,6 +36,7 @@ from typing import Any
 
 from ray_ckpt.core import timeline
 from ray_ckpt.core.protection import step_protection
+from ray_ckpt.core.wire import RankRecord
 
 logger = logging.getLogger(__name__)
 
@@ -337,24 +338,16 @@ def observe_job(job: str, committed_step: int | None, protection: int | None) ->
         logger.debug("ray_ckpt metrics: could not observe job %s: %s", job, error)
 
 
-def protection(ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> int | None:
+def protection(ranks: Mapping[int, RankRecord], live_nodes: set[str] | None = None) -> int | None:
     """How many more node failures a committed step survives (``ray_ckpt.core.protection``: from
     where its shards really are, the weakest rank counts), as ``ray_ckpt.status()`` reports
-    it. ``ranks``: rank -> a record with ``metas`` (index -> ShardMeta or its dict) and
-    ``nodes`` (index -> node id), as returned by the registry's ``locate``.
-    ``live_nodes=None`` counts every shard as live."""
-    placed = {}
-    for rank, record in ranks.items():
-        metas = record["metas"] if isinstance(record, Mapping) else record.metas
-        nodes = record["nodes"] if isinstance(record, Mapping) else record.nodes
-        if metas:
-            first = next(iter(metas.values()))
-            k = first["data_shards"] if isinstance(first, Mapping) else first.data_shards
-            placed[rank] = (nodes.values(), int(k))
+    it. ``ranks``: rank -> its ``RankRecord``, as the registry's ``locate`` returns them (a
+    rank without shards is left out). ``live_nodes=None`` counts every shard as live."""
+    placed = {rank: (record.nodes.values(), record.data_shards) for rank, record in ranks.items() if record.metas}
     return step_protection(placed, live_nodes)
 
 
-def observe_committed(job: str, step: int, ranks: Mapping[int, Any], live_nodes: set[str] | None = None) -> None:
+def observe_committed(job: str, step: int, ranks: Mapping[int, RankRecord], live_nodes: set[str] | None = None) -> None:
     """Set a job's gauges for its newest committed ``step`` located at ``ranks``. Never raises."""
     try:
         observe_job(job, step, protection(ranks, live_nodes))

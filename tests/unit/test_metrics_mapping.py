@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 import recorded_events
+from shard_metas import shard_metas
 
 from ray_ckpt.core import timeline
+from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.transport import metrics
 
 
@@ -98,8 +100,8 @@ def test_store_and_job_gauges(calls: list[Any]) -> None:
     # a job the store no longer holds drops to 0 rather than keeping its last value
     assert (0, {"node_id": "n1", "ckpt_job": "b"}) in _of(calls, "ckpt_store_job_bytes")
 
-    meta = {"data_shards": 2, "parity_shards": 1}
-    ranks = {0: {"metas": {0: meta, 1: meta, 2: meta}, "nodes": {0: "n1", 1: "n2", 2: "n3"}}}
+    metas = dict(enumerate(shard_metas("a", 7, 0, 1, data_shards=2, parity_shards=1)))
+    ranks = {0: RankRecord(metas, {0: "n1", 1: "n2", 2: "n3"})}
     metrics.observe_committed("a", 7, ranks)
     assert _of(calls, "ckpt_committed_step")[-1] == (7, {"ckpt_job": "a"})
     assert _of(calls, "ckpt_protection")[-1] == (1, {"ckpt_job": "a"})
