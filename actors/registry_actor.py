@@ -80,7 +80,7 @@ class RegistryActor:
         while True:
             time.sleep(settings.store_watch_interval_s())
             try:
-                missing = {str(n["NodeID"]) for n in naming.alive_nodes()} - naming.store_node_ids(self._namespace)
+                missing = naming.alive_node_ids() - naming.store_node_ids(self._namespace)
                 for node_id in sorted(missing):
                     store_actor.deploy(self._namespace, node_id, *self._store_budget)
                     logger.info("started a ray_ckpt store on node %s, which joined the cluster", node_id)
@@ -133,7 +133,7 @@ class RegistryActor:
         ``live_only`` shards on dead nodes do not count (every rank's record is read then, so
         only when a node died). Never raises (metrics must not)."""
         try:
-            live = {str(n["NodeID"]) for n in naming.alive_nodes()} if live_only else None
+            live = naming.alive_node_ids() if live_only else None
             for job in self._registry.jobs() if jobs is None else jobs:
                 step = self._registry.latest_committed(job)
                 if step is None:
@@ -238,8 +238,8 @@ class RegistryActor:
                 stores[node_id] = ray.get(ref, timeout=0) if ref in ready else {"error": "no answer within 5 s"}
             except Exception as error:  # a dead store is reported, not fatal
                 stores[node_id] = {"error": f"{type(error).__name__}"}
-        ray_nodes = ray.nodes()
-        live = {str(n["NodeID"]) for n in ray_nodes if n.get("Alive")} & set(stores)
+        ray_nodes = naming.nodes()
+        live = {n.node_id for n in ray_nodes if n.alive} & set(stores)
         shards = local_nodes = None
         protection = summary.protection
         if summary.world_size <= events.PLACEMENT_MAX_RANKS:

@@ -19,10 +19,12 @@ import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import ray
+
+from ray_ckpt.core.nodes import RayNode
 
 logger = logging.getLogger(__name__)
 
@@ -244,10 +246,10 @@ def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float 
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
 
 
-def is_head_node(node: Mapping[str, Any]) -> bool:
-    """Whether ``node`` (a record of ``ray.nodes()``) is the head node: Ray marks it with an
-    internal resource, not a field."""
-    return HEAD_NODE_RESOURCE in node.get("Resources", {})
+def is_head_node(node: RayNode) -> bool:
+    """Whether ``node`` (Ray's record of it) is the head node: Ray marks it with an internal
+    resource, not a field."""
+    return HEAD_NODE_RESOURCE in node.resources
 
 
 def driver_printer() -> Callable[..., Any] | None:

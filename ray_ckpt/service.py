@@ -53,7 +53,7 @@ def start(
     if not 0 < fraction <= 0.9:
         raise ConfigError(f"store_budget_fraction must be in (0, 0.9], got {fraction!r}")
     namespace = namespace or settings.namespace()
-    nodes = [str(node["NodeID"]) for node in naming.alive_nodes()]
+    nodes = [node.node_id for node in naming.alive_nodes()]
     handles = [store_actor.deploy(namespace, node_id, store_budget_bytes, fraction) for node_id in nodes]
     head = naming.head_node_id()
     # the head node: it hosts the GCS, so it lives exactly as long as the cluster
@@ -129,7 +129,7 @@ def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str
     except StoreUnavailableError:
         return {"namespace": namespace, "nodes": nodes, "jobs": {}, "registry": "missing"}
     jobs = registry.jobs()
-    alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
+    alive = naming.alive_node_ids()
     for job, info in jobs.items():
         committed = info["committed_steps"]
         info["latest_committed"] = committed[-1] if committed else None

@@ -140,6 +140,8 @@ class SimulatedCluster:
         (default ``JOIN_TIMEOUT_S``)."""
         import ray
 
+        from ray_ckpt.transport import naming
+
         timeout_s = JOIN_TIMEOUT_S if timeout_s is None else timeout_s
         if not ray.is_initialized():  # not connected: Ray's own wait (every node must be alive)
             self.cluster.wait_for_nodes(timeout_s)
@@ -147,7 +149,7 @@ class SimulatedCluster:
         wanted = {str(n.node_id) for n in nodes}
         deadline = time.monotonic() + timeout_s
         while True:
-            missing = wanted - {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+            missing = wanted - naming.alive_node_ids()
             if not missing:
                 return
             if time.monotonic() > deadline:

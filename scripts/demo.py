@@ -316,7 +316,7 @@ class Killer(threading.Thread):
         for node in [n for n in self.cluster.worker_nodes if n.node_id in victims]:
             registry.record.remote(events.event("kill", node_id=node.node_id, mode="node", by="demo"))
             self.cluster.remove_node(node, allow_graceful=False)
-        while {str(n["NodeID"]) for n in naming.alive_nodes()} & set(victims):
+        while naming.alive_node_ids() & set(victims):
             time.sleep(0.02)
         dead_at = time.time()
         for node_id in victims:

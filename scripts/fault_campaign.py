@@ -413,7 +413,7 @@ class Campaign:
         """Alive nodes that run a store."""
         from ray_ckpt.transport import naming
 
-        return len(naming.store_node_ids(self.namespace) & {str(n["NodeID"]) for n in naming.alive_nodes()})
+        return len(naming.store_node_ids(self.namespace) & naming.alive_node_ids())
 
     def regrow(self) -> None:
         """Add worker nodes back up to ``--nodes`` without ``ray_ckpt.start()``; a violation

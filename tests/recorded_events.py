@@ -30,6 +30,7 @@ import pathlib
 from typing import Any
 
 from ray_ckpt.core import events
+from ray_ckpt.core.nodes import RayNode
 
 T0 = 1764480000.0
 JOB = "gpt-small"
@@ -176,7 +177,7 @@ def _status(time: float, step: int, attempt: str, alive: list[int], job: str = J
         shards=shards,
         local_nodes={rank: _node(attempt, rank) for rank in range(RANKS)},
         stores=stores,
-        ray_nodes=ray_nodes,
+        ray_nodes=[RayNode.from_ray(n) for n in ray_nodes],
         time=time,
     )
 

@@ -70,6 +70,7 @@ from typing import Any, Literal, get_args
 
 from ray_ckpt import settings
 from ray_ckpt.core import protection
+from ray_ckpt.core.nodes import RayNode
 from ray_ckpt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -433,19 +434,19 @@ def status_event(
     shards: Mapping[int, Mapping[int, str]] | None,
     local_nodes: Mapping[int, str | None] | None,
     stores: Mapping[str, Mapping[str, Any]],
-    ray_nodes: Iterable[Mapping[str, Any]],
+    ray_nodes: Iterable[RayNode],
     summary: tuple[int | None, Iterable[str]] | None = None,
     time: float | None = None,
 ) -> dict[str, Any]:
     """A ``status`` event for ``job``'s newest committed ``step``: ``shards`` rank -> shard index
     -> node id, ``local_nodes`` rank -> node of its local copy (or None), ``stores`` node id ->
     the store's ``stats()`` (or ``{"error": ...}``) for every registered store, ``ray_nodes``
-    Ray's node records (``ray.nodes()``). Protection counts shards on alive nodes with a store.
+    Ray's records of the cluster's nodes. Protection counts shards on alive nodes with a store.
     A job of more than ``PLACEMENT_MAX_RANKS`` ranks is summarized instead: ``shards`` and
     ``local_nodes`` None, ``summary`` (its protection so counted, the nodes holding its shards
     and local copies); its event has ``placement`` None and ``local`` empty."""
-    known = {str(n.get("NodeID")): n for n in ray_nodes}
-    alive = {node_id for node_id, n in known.items() if n.get("Alive")}
+    known = {n.node_id: n for n in ray_nodes}
+    alive = {node_id for node_id, n in known.items() if n.alive}
     live = alive & set(stores)
     placement: dict[str, list[str | None]] | None = None
     if shards is None or local_nodes is None:
@@ -465,11 +466,11 @@ def status_event(
         held |= {n for n in local_nodes.values() if n}
     nodes = {}
     for node_id in sorted(set(stores) | held):
-        record = known.get(node_id, {})
+        record = known.get(node_id)
         stats = stores.get(node_id) or {}
         nodes[node_id] = {
-            "host": record.get("NodeManagerHostname"),
-            "address": record.get("NodeManagerAddress"),
+            "host": None if record is None else record.host,
+            "address": None if record is None else record.address,
             "alive": node_id in alive,
             "store": node_id in stores,
             "used_bytes": stats.get("used_bytes"),

@@ -3,10 +3,11 @@
 ``build(events, live=None)``: ``events`` are recorded events (ray_ckpt.core.events); ``live`` is a
 snapshot of a running cluster (see ``server.LiveCluster.snapshot``): ``{"status":
 ray_ckpt.status(), "alive": [node ids], "placements": {job: {"step", "ranks": registry
-locate()}}, "ray_nodes": [ray.nodes() records]}``. Memory, protection and placement come from
-the live cluster when there is one, else from the newest ``status`` events (each part then
-carries ``source: "snapshot"`` and the snapshot's time; shards on nodes that died or were
-killed after it count as lost); they are None when neither exists.
+locate()}}, "ray_nodes": [Ray's node records, ray_ckpt.core.nodes.RayNode]}``. Memory,
+protection and placement come from the live cluster when there is one, else from the newest
+``status`` events (each part then carries ``source: "snapshot"`` and the snapshot's time;
+shards on nodes that died or were killed after it count as lost); they are None when neither
+exists.
 """
 
 from __future__ import annotations
@@ -213,10 +214,10 @@ def _nodes(ordered: list[dict[str, Any]], live: dict[str, Any] | None, data: dic
         elif record.get("kind") == "node_dead" and record.get("node_id"):
             entry(str(record["node_id"]))["alive"] = False
     for record in (live or {}).get("ray_nodes") or []:
-        found = entry(str(record.get("NodeID")))
-        found["host"] = record.get("NodeManagerHostname") or found["host"]
-        found["address"] = record.get("NodeManagerAddress") or found["address"]
-        found["alive"] = bool(record.get("Alive"))
+        found = entry(record.node_id)
+        found["host"] = record.host or found["host"]
+        found["address"] = record.address or found["address"]
+        found["alive"] = record.alive
     if live is not None:
         for node_id in live.get("alive") or []:
             entry(str(node_id))["alive"] = True

@@ -78,11 +78,10 @@ class LiveCluster:
     def snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(every event the registry logged so far, the live part for ``data.build``, with Ray's
         node records for hosts)."""
-        import ray
-
         from ray_ckpt import service
         from ray_ckpt.core.wire import ranks_to_wire
         from ray_ckpt.errors import StoreUnavailableError
+        from ray_ckpt.transport import naming
         from ray_ckpt.transport.registry_client import RegistryClient
 
         registry = None
@@ -95,10 +94,8 @@ class LiveCluster:
             self._events.extend(new)
             self._since = following
         status = service.status(namespace=self.namespace, timeout_s=self.timeout_s)
-        ray_nodes = [
-            {k: n.get(k) for k in ("NodeID", "Alive", "NodeManagerHostname", "NodeManagerAddress")} for n in ray.nodes()
-        ]
-        alive = [str(n["NodeID"]) for n in ray_nodes if n["Alive"]]
+        ray_nodes = naming.nodes()
+        alive = [n.node_id for n in ray_nodes if n.alive]
         placements = {}
         if registry is not None:
             for job, info in status.get("jobs", {}).items():

@@ -333,7 +333,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
-        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
+        alive = naming.alive_node_ids()
         print(format_status(report, nodes_without_store=len(alive - set(report["nodes"]))))
     if report["registry"] != "alive":
         print(
@@ -466,12 +466,12 @@ def _check_kill_args(args: argparse.Namespace) -> None:
 
 def resolve_node(text: str) -> str:
     """The id of the one alive node whose id starts with ``text``."""
-    alive = sorted(str(n["NodeID"]) for n in naming.alive_nodes())
+    alive = sorted(naming.alive_node_ids())
     matches = [n for n in alive if n.startswith(text.strip().lower())]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        dead = [str(n["NodeID"]) for n in ray.nodes() if str(n["NodeID"]).startswith(text) and not n.get("Alive")]
+        dead = [n.node_id for n in naming.nodes() if n.node_id.startswith(text) and not n.alive]
         state = "is already dead" if dead else "matches no node of this cluster"
         raise CliError(f"node {text!r} {state} (alive: {', '.join(_short(n) for n in alive) or 'none'})")
     raise CliError(f"node prefix {text!r} is ambiguous: {', '.join(matches)}")

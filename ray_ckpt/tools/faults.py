@@ -58,7 +58,7 @@ class Armed:
 
 
 def alive_node_ids() -> set[str]:
-    return {str(n["NodeID"]) for n in naming.alive_nodes()}
+    return naming.alive_node_ids()
 
 
 def own_node_id() -> str | None:
@@ -140,7 +140,7 @@ class NodeCrash(_NodeDeath):
 
     def _on_this_host(self, node_ids: list[str]) -> dict[str, Armed]:
         here = ray.util.get_node_ip_address()
-        addresses = {str(n["NodeID"]): n.get("NodeManagerAddress") for n in naming.alive_nodes()}
+        addresses = {n.node_id: n.address for n in naming.alive_nodes()}
         if not any(addresses.get(node_id) == here for node_id in node_ids):
             return {}
         raylets = local_raylets()
@@ -228,7 +228,7 @@ class StoreKill(Fault):
     mode = "store"
 
     def arm(self, node_ids: list[str], *, namespace: str) -> dict[str, Armed]:
-        hosts = {str(n["NodeID"]): n.get("NodeManagerHostname") for n in ray.nodes()}
+        hosts = {n.node_id: n.host for n in naming.nodes()}
         armed = {}
         for node_id in node_ids:
             try:

@@ -1,4 +1,5 @@
-"""Names of ray_ckpt's actors in their namespace, and looking them up in a running cluster."""
+"""Names of ray_ckpt's actors in their namespace, and looking them (and the cluster's nodes,
+as ``RayNode`` records) up in a running cluster."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import ray
 
 from ray_ckpt import _ray_compat
+from ray_ckpt.core.nodes import RayNode
 
 REGISTRY_NAME = "registry"
 STORE_PREFIX = "store:"
@@ -16,16 +18,27 @@ def store_name(node_id: str) -> str:
     return f"{STORE_PREFIX}{node_id}"
 
 
-def alive_nodes() -> list[dict[str, Any]]:
-    """Ray's records of the nodes that are alive now (works without the dashboard)."""
-    return [n for n in ray.nodes() if n.get("Alive")]
+def nodes() -> list[RayNode]:
+    """Ray's records of every node the cluster has had, alive or dead (``ray.nodes()``, which
+    works without the dashboard)."""
+    return [RayNode.from_ray(n) for n in ray.nodes()]
+
+
+def alive_nodes() -> list[RayNode]:
+    """Ray's records of the nodes that are alive now."""
+    return [n for n in nodes() if n.alive]
+
+
+def alive_node_ids() -> set[str]:
+    """The ids of the nodes that are alive now."""
+    return {n.node_id for n in alive_nodes()}
 
 
 def head_node_id() -> str | None:
     """The id of the head node if it is alive, else None."""
     for node in alive_nodes():
         if _ray_compat.is_head_node(node):
-            return str(node["NodeID"])
+            return node.node_id
     return None
 
 

@@ -53,10 +53,9 @@ class StoreDirectory:
         stores = naming.store_node_ids(self.namespace)
         result = []
         for node in naming.alive_nodes():
-            node_id = str(node["NodeID"])
-            if node_id in stores:
-                labels = node.get("Labels") or {}
-                result.append(Node(node_id, labels.get(failure_domain_label) if failure_domain_label else None))
+            if node.node_id in stores:
+                domain = node.labels.get(failure_domain_label) if failure_domain_label else None
+                result.append(Node(node.node_id, domain))
         return result
 
     def live(self, node_ids: Iterable[str]) -> set[str]:

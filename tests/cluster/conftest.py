@@ -70,7 +70,7 @@ class ClusterPool:
 
     def _reuse(self, cluster: SimCluster, count: int, namespace: str) -> SimCluster:
         ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
-        alive = {str(node["NodeID"]) for node in naming.alive_nodes()}
+        alive = naming.alive_node_ids()
         for node in list(cluster.cluster.worker_nodes):  # killed behind the Cluster's back (chaos)
             if str(node.node_id) not in alive:
                 cluster.cluster.remove_node(node, allow_graceful=False)

@@ -27,7 +27,7 @@ SCRIPT = pathlib.Path(__file__).parents[2] / "scripts" / "kill_nodes.py"
 
 
 def alive() -> set[str]:
-    return {str(n["NodeID"]) for n in naming.alive_nodes()}
+    return naming.alive_node_ids()
 
 
 def kill_events(sim: SimCluster) -> list[dict]:

@@ -25,7 +25,7 @@ def test_kill_node_through_a_crasher_actor(sim_cluster: SimCluster, monkeypatch:
     victim = sim_cluster.node_id(0)
     result = chaos.kill_node(victim, namespace=sim_cluster.namespace, local=False, wait_dead_s=30)
     assert result.node_id == victim and result.dead_time is not None
-    assert victim not in {str(n["NodeID"]) for n in naming.alive_nodes()}
+    assert victim not in naming.alive_node_ids()
     raylet = sim_cluster.workers[0].all_processes["raylet"][0].process
     assert raylet.wait(timeout=10) == -signal.SIGKILL
 

@@ -25,7 +25,7 @@ def wait_for_stores(namespace: str, count: int, timeout_s: float = pace.bound(60
     """Wait until ``count`` alive nodes run a store (the registry starts them by itself)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = {str(n["NodeID"]) for n in naming.alive_nodes()}
+        alive = naming.alive_node_ids()
         if len(naming.store_node_ids(namespace) & alive) == count:
             return
         time.sleep(0.2)

@@ -12,6 +12,7 @@ import pytest
 from ray_ckpt import settings
 from ray_ckpt.core import events
 from ray_ckpt.core.events import EventLog, event
+from ray_ckpt.core.nodes import RayNode
 from ray_ckpt.core.timeline import PHASES, recoveries
 from ray_ckpt.errors import ConfigError
 
@@ -485,7 +486,7 @@ def test_status_event_records_memory_placement_and_protection() -> None:
         shards={0: {0: "a", 1: "a", 2: "b", 3: "d"}, 1: {0: "b", 1: "c", 2: "a", 3: "d"}},
         local_nodes={0: "a", 1: None},
         stores=stores,
-        ray_nodes=ray_nodes,
+        ray_nodes=[RayNode.from_ray(n) for n in ray_nodes],
         time=T0,
     )
     assert record["kind"] == "status" and record["time"] == T0 and record["job"] == "job" and record["step"] == 7
@@ -526,7 +527,7 @@ def test_a_large_jobs_status_event_carries_its_summary_not_its_placement() -> No
         shards=None,
         local_nodes=None,
         stores={n: {"used_bytes": 1, "budget_bytes": 9, "shards": 1} for n in "ab"},
-        ray_nodes=ray_nodes,
+        ray_nodes=[RayNode.from_ray(n) for n in ray_nodes],
         summary=(1, {"a", "b", "c"}),
         time=T0,
     )
@@ -812,7 +813,7 @@ def snapshot_at(
         shards=shards,
         local_nodes={r: ids[r % nodes] for r in range(ranks)},
         stores=stores,
-        ray_nodes=ray_nodes,
+        ray_nodes=[RayNode.from_ray(n) for n in ray_nodes],
         time=t,
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 from ray_ckpt import _ray_compat
+from ray_ckpt.core.nodes import RayNode
 
 
 def test_this_ray_is_one_the_replica_group_path_was_verified_on() -> None:
@@ -132,5 +133,6 @@ def test_the_driver_printer_head_resource_and_log_folder_are_where_ray_keeps_the
     assert "print_to_stdstream(" in listener and '"pid": "raylet"' in listener
     assert hasattr(worker, "_global_node") and callable(node.Node.get_logs_dir_path)
     assert HEAD_NODE_RESOURCE_NAME == _ray_compat.HEAD_NODE_RESOURCE
-    assert _ray_compat.is_head_node({"Resources": {HEAD_NODE_RESOURCE_NAME: 1.0, "CPU": 2.0}})
-    assert not _ray_compat.is_head_node({"Resources": {"CPU": 2.0}})
+    head = {"NodeID": "h", "Alive": True, "Resources": {HEAD_NODE_RESOURCE_NAME: 1.0, "CPU": 2.0}}
+    assert _ray_compat.is_head_node(RayNode.from_ray(head))
+    assert not _ray_compat.is_head_node(RayNode.from_ray({"NodeID": "w", "Alive": True, "Resources": {"CPU": 2.0}}))

@@ -10,6 +10,7 @@ import pytest
 import recorded_events
 
 from ray_ckpt.core import events, timeline
+from ray_ckpt.core.nodes import RayNode
 from ray_ckpt.dashboard import data as dashboard_data
 from ray_ckpt.dashboard import server
 
@@ -174,7 +175,9 @@ def test_live_part_placement_memory_protection() -> None:
         "jobs": {"j": {"committed_steps": [4, 5], "latest_committed": 5, "protection": 0, "world_size": 2}},
     }
     ray_nodes = [
-        {"NodeID": n, "Alive": n in alive, "NodeManagerHostname": f"host-{i}", "NodeManagerAddress": f"10.1.0.{i}"}
+        RayNode.from_ray(
+            {"NodeID": n, "Alive": n in alive, "NodeManagerHostname": f"host-{i}", "NodeManagerAddress": f"10.1.0.{i}"}
+        )
         for i, n in enumerate(nodes)
     ]
     snapshot = recorded_events.records()  # recorded snapshots: the live cluster takes precedence
