@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,6 +23,8 @@ from ray_ckpt.core.wire import (
     StageRequest,
     StageResult,
     StoreHoldings,
+    StoreStats,
+    StoreStatus,
     ranks_to_wire,
     step_protection,
 )
@@ -232,12 +235,14 @@ class RegistryActor:
         summary = self._registry.summary(job, step)
         refs = {node_id: h.stats.remote() for node_id, h in naming.store_handles(self._namespace).items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=5.0) if refs else ([], [])
-        stores: dict[str, dict[str, Any]] = {}
+        stores: dict[str, StoreStats | str] = {}  # node id -> its store's usage, or why it is unknown
         for node_id, ref in refs.items():
             try:
-                stores[node_id] = ray.get(ref, timeout=0) if ref in ready else {"error": "no answer within 5 s"}
+                stores[node_id] = (
+                    StoreStatus.from_wire(ray.get(ref, timeout=0)).usage if ref in ready else "no answer within 5 s"
+                )
             except Exception as error:  # a dead store is reported, not fatal
-                stores[node_id] = {"error": f"{type(error).__name__}"}
+                stores[node_id] = f"{type(error).__name__}"
         ray_nodes = naming.nodes()
         live = {n.node_id for n in ray_nodes if n.alive} & set(stores)
         shards = local_nodes = None
@@ -344,15 +349,13 @@ class RegistryActor:
         return self._registry.locate_rank(job, step, rank).to_wire()
 
     def jobs(self) -> dict[str, dict[str, Any]]:
-        """The registry's jobs; with ``interval`` (``ray_ckpt.core.interval.summarize``) for a
-        job whose ranks sent ``interval`` events since this actor started."""
+        """The registry's jobs, job -> a ``JobInfo`` on the wire; with ``interval``
+        (``ray_ckpt.core.interval.summarize``) for a job whose ranks sent ``interval`` events
+        since this actor started."""
         jobs = self._registry.jobs()
         with self._intervals_lock:
-            for job, info in jobs.items():
-                summary = interval.summarize(self._intervals.get(job, {}))
-                if summary is not None:
-                    info["interval"] = summary
-        return jobs
+            summaries = {job: interval.summarize(self._intervals.get(job, {})) for job in jobs}
+        return {job: dataclasses.replace(info, interval=summaries[job]).to_wire() for job, info in jobs.items()}
 
     def forget(self, job: str, timeout_s: float = 10.0) -> None:
         """Forget ``job`` and wait until every live store dropped its shards (a store that does

@@ -22,6 +22,7 @@ from ray_ckpt.core.wire import (
     StageRequest,
     StageResult,
     StoreHoldings,
+    StoreStatus,
 )
 from ray_ckpt.errors import ConfigError, RayCkptError
 from ray_ckpt.transport import metrics, naming, remote
@@ -263,17 +264,16 @@ class ShardStoreActor:
         self._store.note_plan(job, mark)
 
     def stats(self) -> dict[str, Any]:
-        """The store's usage (``ShardStore.stats``) and its place in the relay tree: ``parent``
-        (None: it stages with the registry), the calls it made up the tree (``relay_sends``) and
-        the relay calls it took from stores below (``relayed``)."""
-        return {
-            **self._store.stats(),
-            "parent": self._parent,
-            "relay_sends": self._relay.sends,
-            "relayed": self._relayed,
-            "direct_reads": 0 if self._direct is None else self._direct.reads,
-            "direct_bytes": 0 if self._direct is None else self._direct.bytes_sent,
-        }
+        """The store's usage (``ShardStore.stats``), its place in the relay tree and the direct
+        reads it served: a ``StoreStatus`` on the wire."""
+        return StoreStatus(
+            usage=self._store.stats(),
+            parent=self._parent,
+            relay_sends=self._relay.sends,
+            relayed=self._relayed,
+            direct_reads=0 if self._direct is None else self._direct.reads,
+            direct_bytes=0 if self._direct is None else self._direct.bytes_sent,
+        ).to_wire()
 
     def set_memory_ceiling(self, fraction: float) -> None:
         """Change the node-memory ceiling (see ShardStore) of this running store; ConfigError

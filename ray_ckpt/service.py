@@ -13,7 +13,7 @@ from actors.registry_actor import RegistryActor
 from ray_ckpt import settings
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core.protection import cluster_margin
-from ray_ckpt.core.wire import step_protection
+from ray_ckpt.core.wire import StoreStatus, step_protection
 from ray_ckpt.errors import ConfigError, NoCheckpointError, StoreUnavailableError
 from ray_ckpt.transport import naming, remote
 from ray_ckpt.transport.registry_client import RegistryClient
@@ -121,17 +121,18 @@ def status(*, namespace: str | None = None, timeout_s: float = 10.0) -> dict[str
     nodes: dict[str, Any] = {}
     for node_id, ref in refs.items():
         try:
-            nodes[node_id] = remote.get(ref, timeout=timeout_s)
+            nodes[node_id] = StoreStatus.from_wire(remote.get(ref, timeout=timeout_s)).to_wire()
         except Exception as error:  # an unreachable store is reported, not fatal
             nodes[node_id] = {"node_id": node_id, "error": repr(error)}
     try:
         registry = RegistryClient(namespace)
     except StoreUnavailableError:
         return {"namespace": namespace, "nodes": nodes, "jobs": {}, "registry": "missing"}
-    jobs = registry.jobs()
     alive = naming.alive_node_ids()
-    for job, info in jobs.items():
-        committed = info["committed_steps"]
+    jobs: dict[str, dict[str, Any]] = {}
+    for job, known in registry.jobs().items():
+        info = jobs[job] = known.to_wire()
+        committed = known.committed_steps
         info["latest_committed"] = committed[-1] if committed else None
         info["protection"] = None
         if committed:

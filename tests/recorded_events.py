@@ -31,6 +31,7 @@ from typing import Any
 
 from ray_ckpt.core import events
 from ray_ckpt.core.nodes import RayNode
+from ray_ckpt.core.wire import StoreStats
 
 T0 = 1764480000.0
 JOB = "gpt-small"
@@ -155,15 +156,12 @@ def _status(time: float, step: int, attempt: str, alive: list[int], job: str = J
     """The snapshot the registry records when ``step`` commits: stores on the ``alive`` nodes,
     each holding two kept steps of its shards and of the local copies of the ranks it runs."""
     shards = placement(attempt, alive)
-    stores = {}
+    stores: dict[str, StoreStats | str] = {}
     for i in alive:
         held = sum(1 for by_index in shards.values() for n in by_index.values() if n == NODES[i])
         local = sum(1 for rank in range(RANKS) if _node(attempt, rank) == NODES[i])
-        stores[NODES[i]] = {
-            "used_bytes": 2 * (held * SHARD_BYTES + local * 4 * SHARD_BYTES),
-            "budget_bytes": BUDGET,
-            "shards": 2 * (held + local),
-        }
+        used = 2 * (held * SHARD_BYTES + local * 4 * SHARD_BYTES)
+        stores[NODES[i]] = StoreStats(NODES[i], BUDGET, used, used, 0, shards=2 * (held + local), jobs={job: used})
     ray_nodes = [
         {"NodeID": n, "Alive": i in alive, "NodeManagerHostname": HOSTS[i], "NodeManagerAddress": f"10.0.0.{10 + i}"}
         for i, n in enumerate(NODES)

@@ -71,6 +71,7 @@ from typing import Any, Literal, get_args
 from ray_ckpt import settings
 from ray_ckpt.core import protection
 from ray_ckpt.core.nodes import RayNode
+from ray_ckpt.core.wire import StoreStats
 from ray_ckpt.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -433,15 +434,16 @@ def status_event(
     parity_shards: int,
     shards: Mapping[int, Mapping[int, str]] | None,
     local_nodes: Mapping[int, str | None] | None,
-    stores: Mapping[str, Mapping[str, Any]],
+    stores: Mapping[str, StoreStats | str],
     ray_nodes: Iterable[RayNode],
     summary: tuple[int | None, Iterable[str]] | None = None,
     time: float | None = None,
 ) -> dict[str, Any]:
     """A ``status`` event for ``job``'s newest committed ``step``: ``shards`` rank -> shard index
     -> node id, ``local_nodes`` rank -> node of its local copy (or None), ``stores`` node id ->
-    the store's ``stats()`` (or ``{"error": ...}``) for every registered store, ``ray_nodes``
-    Ray's records of the cluster's nodes. Protection counts shards on alive nodes with a store.
+    the store's usage (``ShardStore.stats()``), or a message saying why it could not be read,
+    for every registered store, ``ray_nodes`` Ray's records of the cluster's nodes. Protection
+    counts shards on alive nodes with a store.
     A job of more than ``PLACEMENT_MAX_RANKS`` ranks is summarized instead: ``shards`` and
     ``local_nodes`` None, ``summary`` (its protection so counted, the nodes holding its shards
     and local copies); its event has ``placement`` None and ``local`` empty."""
@@ -467,16 +469,17 @@ def status_event(
     nodes = {}
     for node_id in sorted(set(stores) | held):
         record = known.get(node_id)
-        stats = stores.get(node_id) or {}
+        stats = stores.get(node_id)
+        usage = stats if isinstance(stats, StoreStats) else None
         nodes[node_id] = {
             "host": None if record is None else record.host,
             "address": None if record is None else record.address,
             "alive": node_id in alive,
             "store": node_id in stores,
-            "used_bytes": stats.get("used_bytes"),
-            "budget_bytes": stats.get("budget_bytes"),
-            "shards": stats.get("shards"),
-            **({"error": str(stats["error"])} if stats.get("error") else {}),
+            "used_bytes": None if usage is None else usage.used_bytes,
+            "budget_bytes": None if usage is None else usage.budget_bytes,
+            "shards": None if usage is None else usage.shards,
+            **({"error": stats} if isinstance(stats, str) and stats else {}),
         }
     fields: dict[str, Any] = {} if time is None else {"time": time}
     return event(

@@ -6,11 +6,11 @@ import dataclasses
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.core.wire import (
     GroupResult,
+    JobInfo,
     PlanAnswer,
     PlanMark,
     PlanQuery,
@@ -567,15 +567,15 @@ class Registry:
             )
         return record
 
-    def jobs(self) -> dict[str, dict[str, Any]]:
-        """Per job: committed steps, staged-only steps with the ranks that staged them."""
+    def jobs(self) -> dict[str, JobInfo]:
+        """Per job: committed steps, staged-only steps with the ranks that staged them, world size."""
         with self._lock:
             return {
-                job: {
-                    "committed_steps": sorted(s for s, r in steps.items() if r.committed),
-                    "staged": {s: sorted(r.staged) for s, r in steps.items() if not r.committed},
-                    "world_size": max((r.world_size for r in steps.values()), default=0),
-                }
+                job: JobInfo(
+                    committed_steps=tuple(sorted(s for s, r in steps.items() if r.committed)),
+                    staged={s: tuple(sorted(r.staged)) for s, r in steps.items() if not r.committed},
+                    world_size=max((r.world_size for r in steps.values()), default=0),
+                )
                 for job, steps in self._jobs.items()
             }
 

@@ -15,6 +15,7 @@ import numpy as np
 from ray_ckpt.core import hostmem
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.shard import ShardKey, ShardMeta
+from ray_ckpt.core.wire import StoreStats
 from ray_ckpt.errors import ConfigError, StoreFullError
 
 LOCAL_INDEX = -1  # key index of a rank's full local copy (kept apart from its coded shards)
@@ -258,20 +259,21 @@ class ShardStore:
         with self._lock:
             return dict(self._committed)
 
-    def stats(self) -> dict[str, Any]:
-        """Usage for status pages: bytes used (shard data and metadata), budget, shards, jobs."""
+    def stats(self) -> StoreStats:
+        """Usage for status pages and metrics: bytes used (shard data and metadata), budget,
+        shards, bytes per job."""
         with self._lock:
             data = sum(e.data.size for e in self._entries.values())
             meta = sum(e.metadata_bytes for e in self._entries.values())
-            return {
-                "node_id": self.node_id,
-                "budget_bytes": self.budget_bytes,
-                "used_bytes": data + meta,
-                "data_bytes": data,
-                "metadata_bytes": meta,
-                "shards": len(self._entries),
-                "jobs": self._usage_by_job_locked(),
-            }
+            return StoreStats(
+                node_id=self.node_id,
+                budget_bytes=self.budget_bytes,
+                used_bytes=data + meta,
+                data_bytes=data,
+                metadata_bytes=meta,
+                shards=len(self._entries),
+                jobs=self._usage_by_job_locked(),
+            )
 
     # ---- internals ----------------------------------------------------------------------
 

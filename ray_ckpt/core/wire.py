@@ -10,6 +10,10 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
   (a restoring rank's share of the registry's view, O(1) in the world size).
 - ``RestorePlan``: the step every rank of an attempt restores, and from where.
 - ``StoreHoldings``: what one store holds, for rebuilding the registry.
+- ``JobInfo``: one job's committed and staged steps and world size (``ray_ckpt.status()``'s
+  jobs).
+- ``StoreStats`` / ``StoreStatus``: one store's usage, and with it the store actor's place in
+  the relay tree and the direct reads it served (what ``ray_ckpt.status()`` shows per node).
 - ``KillResult``: one simulated failure (the kill tool's answer).
 - ``StageRequest`` / ``StageResult``: one rank's stage of one step and its outcome.
 - ``StageGroup`` / ``GroupResult``: the stages of many ranks of one step, packed, as the
@@ -197,6 +201,116 @@ class StoreHoldings:
             committed={str(j): int(s) for j, s in values["committed"].items()},
             plans={str(j): PlanMark.from_wire(m) for j, m in (values.get("plans") or {}).items()},
             committed_by={str(j): str(a) for j, a in (values.get("committed_by") or {}).items()},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """One job as the registry knows it (``Registry.jobs``): its ``committed_steps`` (oldest
+    first), the steps it ``staged`` but did not commit yet (step -> the ranks that staged it),
+    and its ``world_size`` (the largest of its steps'). ``interval``: what ``every="auto"``
+    chose on its ranks lately (``ray_ckpt.core.interval.summarize``: low, high, reason), set by
+    the registry actor for a job whose ranks sent ``interval`` events, else None. On the wire
+    (and in ``ray_ckpt.status()``, per job) a dict of these fields, ``interval`` only when set."""
+
+    committed_steps: tuple[int, ...]
+    staged: Mapping[int, tuple[int, ...]]
+    world_size: int
+    interval: Mapping[str, object] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            "committed_steps": list(self.committed_steps),
+            "staged": {step: list(ranks) for step, ranks in self.staged.items()},
+            "world_size": self.world_size,
+        }
+        if self.interval is not None:
+            wire["interval"] = dict(self.interval)
+        return wire
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> JobInfo:
+        interval = values.get("interval")
+        return cls(
+            committed_steps=tuple(int(s) for s in values["committed_steps"]),
+            staged={int(step): tuple(int(r) for r in ranks) for step, ranks in values["staged"].items()},
+            world_size=int(values["world_size"]),
+            interval=None if interval is None else dict(interval),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreStats:
+    """One store's usage (``ShardStore.stats``), for status pages and metrics: its node, its
+    budget, the bytes it holds (``used_bytes`` = shard data ``data_bytes`` + their metadata
+    ``metadata_bytes``), the shards and local copies it holds (``shards``) and the bytes per
+    job (``jobs``)."""
+
+    node_id: str
+    budget_bytes: int
+    used_bytes: int
+    data_bytes: int
+    metadata_bytes: int
+    shards: int
+    jobs: Mapping[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, as ``ray_ckpt.status()`` shows a node's store."""
+        return {
+            "node_id": self.node_id,
+            "budget_bytes": self.budget_bytes,
+            "used_bytes": self.used_bytes,
+            "data_bytes": self.data_bytes,
+            "metadata_bytes": self.metadata_bytes,
+            "shards": self.shards,
+            "jobs": dict(self.jobs),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreStatus:
+    """A store actor's answer to ``stats``: its ``usage`` and its place in the relay tree:
+    ``parent`` (None: it stages with the registry), the calls it made up the tree
+    (``relay_sends``), the relay calls it took from stores below (``relayed``), and the direct
+    reads it served (``direct_reads``, of ``direct_bytes`` in all). On the wire (and in
+    ``ray_ckpt.status()``, per node) one flat dict: the usage's fields, then these."""
+
+    usage: StoreStats
+    parent: str | None = None
+    relay_sends: int = 0
+    relayed: int = 0
+    direct_reads: int = 0
+    direct_bytes: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            **self.usage.as_dict(),
+            "parent": self.parent,
+            "relay_sends": self.relay_sends,
+            "relayed": self.relayed,
+            "direct_reads": self.direct_reads,
+            "direct_bytes": self.direct_bytes,
+        }
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> StoreStatus:
+        usage = StoreStats(
+            node_id=str(values["node_id"]),
+            budget_bytes=int(values["budget_bytes"]),
+            used_bytes=int(values["used_bytes"]),
+            data_bytes=int(values["data_bytes"]),
+            metadata_bytes=int(values["metadata_bytes"]),
+            shards=int(values["shards"]),
+            jobs={str(job): int(used) for job, used in values["jobs"].items()},
+        )
+        parent = values.get("parent")
+        return cls(
+            usage=usage,
+            parent=None if parent is None else str(parent),
+            relay_sends=int(values.get("relay_sends", 0)),
+            relayed=int(values.get("relayed", 0)),
+            direct_reads=int(values.get("direct_reads", 0)),
+            direct_bytes=int(values.get("direct_bytes", 0)),
         )
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from ray_ckpt.core import timeline
 from ray_ckpt.core.protection import step_protection
-from ray_ckpt.core.wire import RankRecord
+from ray_ckpt.core.wire import RankRecord, StoreStats
 
 logger = logging.getLogger(__name__)
 
@@ -308,14 +308,14 @@ def _observe_recovery(recovery: dict[str, Any]) -> None:
         _set("ckpt_last_recovery_phase_seconds", seconds, ckpt_job=job, phase=phase)
 
 
-def observe_store(stats: dict[str, Any]) -> None:
+def observe_store(stats: StoreStats) -> None:
     """Set a store's gauges from ``ShardStore.stats()``. Never raises."""
     try:
-        node_id = stats["node_id"]
-        _set("ckpt_store_used_bytes", stats["used_bytes"], node_id=node_id)
-        _set("ckpt_store_budget_bytes", stats["budget_bytes"], node_id=node_id)
-        _set("ckpt_store_shards", stats["shards"], node_id=node_id)
-        jobs = dict(stats.get("jobs") or {})
+        node_id = stats.node_id
+        _set("ckpt_store_used_bytes", stats.used_bytes, node_id=node_id)
+        _set("ckpt_store_budget_bytes", stats.budget_bytes, node_id=node_id)
+        _set("ckpt_store_shards", stats.shards, node_id=node_id)
+        jobs = dict(stats.jobs)
         with _lock:
             gone = _store_jobs.get(node_id, set()) - set(jobs)
             _store_jobs[node_id] = set(jobs)

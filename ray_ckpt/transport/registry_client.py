@@ -17,6 +17,7 @@ import ray
 
 from ray_ckpt import settings
 from ray_ckpt.core.wire import (
+    JobInfo,
     PlanAnswer,
     PlanQuery,
     RankLocation,
@@ -116,8 +117,9 @@ class RegistryClient:
     def rollback(self, job: str, step: int) -> list[int]:
         return list(self.call("rollback", job, step))
 
-    def jobs(self) -> dict[str, dict[str, Any]]:
-        return dict(self.call("jobs"))
+    def jobs(self) -> dict[str, JobInfo]:
+        """job -> what the registry knows of it (with ``interval`` when its ranks chose intervals)."""
+        return {str(job): JobInfo.from_wire(info) for job, info in self.call("jobs").items()}
 
     def forget(self, job: str, timeout_s: float = 10.0) -> None:
         self.call("forget", job, timeout_s, timeout_s=2 * timeout_s)

@@ -14,6 +14,7 @@ from ray_ckpt.core import events
 from ray_ckpt.core.events import EventLog, event
 from ray_ckpt.core.nodes import RayNode
 from ray_ckpt.core.timeline import PHASES, recoveries
+from ray_ckpt.core.wire import StoreStats
 from ray_ckpt.errors import ConfigError
 
 T0 = 1_000.0
@@ -463,6 +464,11 @@ def test_a_partly_failed_attempt_is_failed_and_keeps_the_restored_step() -> None
 # ---- status snapshots -------------------------------------------------------------------
 
 
+def usage(node_id: str, *, used_bytes: int, budget_bytes: int, shards: int) -> StoreStats:
+    """A store's usage as ``ShardStore.stats`` reports it (all of it shard data)."""
+    return StoreStats(node_id, budget_bytes, used_bytes, used_bytes, 0, shards, {})
+
+
 def test_status_event_records_memory_placement_and_protection() -> None:
     """status_event: placement per shard index, local copies, memory of every store, hosts, and
     protection over shards on alive nodes that still have a store."""
@@ -472,10 +478,10 @@ def test_status_event_records_memory_placement_and_protection() -> None:
         {"NodeID": "c", "Alive": False, "NodeManagerHostname": "host-c", "NodeManagerAddress": "10.0.0.3"},
         {"NodeID": "d", "Alive": True, "NodeManagerHostname": "host-d", "NodeManagerAddress": "10.0.0.4"},
     ]
-    stores = {
-        "a": {"used_bytes": 10, "budget_bytes": 100, "shards": 3},
-        "b": {"used_bytes": 20, "budget_bytes": 100, "shards": 2},
-        "d": {"error": "GetTimeoutError"},
+    stores: dict[str, StoreStats | str] = {
+        "a": usage("a", used_bytes=10, budget_bytes=100, shards=3),
+        "b": usage("b", used_bytes=20, budget_bytes=100, shards=2),
+        "d": "GetTimeoutError",
     }
     record = events.status_event(
         "job",
@@ -526,7 +532,7 @@ def test_a_large_jobs_status_event_carries_its_summary_not_its_placement() -> No
         parity_shards=1,
         shards=None,
         local_nodes=None,
-        stores={n: {"used_bytes": 1, "budget_bytes": 9, "shards": 1} for n in "ab"},
+        stores={n: usage(n, used_bytes=1, budget_bytes=9, shards=1) for n in "ab"},
         ray_nodes=[RayNode.from_ray(n) for n in ray_nodes],
         summary=(1, {"a", "b", "c"}),
         time=T0,
@@ -796,8 +802,8 @@ def snapshot_at(
         }
         for i, node in enumerate(ids)
     ]
-    stores = {
-        node: {"used_bytes": (used or {}).get(i, 12_345_678_901), "budget_bytes": 64_000_000_000, "shards": 24}
+    stores: dict[str, StoreStats | str] = {
+        node: usage(node, used_bytes=(used or {}).get(i, 12_345_678_901), budget_bytes=64_000_000_000, shards=24)
         for i, node in enumerate(ids)
         if i not in dead
     }

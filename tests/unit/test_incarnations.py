@@ -92,7 +92,7 @@ def test_join_returns_the_discarded_torn_steps_and_keeps_committed_ones() -> Non
     assert registry.join(JOB, "A") == ()
     assert registry.join(JOB, "B") == (2, 3)
     assert registry.committed_steps(JOB) == [1]
-    assert registry.jobs()[JOB]["staged"] == {}
+    assert registry.jobs()[JOB].staged == {}
     stage(registry, 4, 0, "B")
     assert registry.join(JOB, "B") == ()
     assert registry.staged_ranks(JOB, 4) == [0]
@@ -107,7 +107,7 @@ def test_stage_from_superseded_attempt_raises_and_changes_nothing() -> None:
         stage(registry, 1, 1, "A")
     with pytest.raises(StaleAttemptError):
         stage(registry, 2, 0, "A")
-    assert registry.jobs()[JOB]["staged"] == {}
+    assert registry.jobs()[JOB].staged == {}
     assert registry.latest_committed(JOB) is None
 
 
@@ -255,7 +255,7 @@ def test_newest_staged_counts_a_torn_step_discarded_by_the_new_attempt() -> None
     stage(registry, 3, 1, "A")
     plan = registry.plan_restore(JOB, "B", all_nodes(1))
     assert (plan.step, plan.newest_staged) == (1, 3)
-    assert registry.jobs()[JOB]["staged"] == {}  # the torn steps were discarded by B's join
+    assert registry.jobs()[JOB].staged == {}  # the torn steps were discarded by B's join
 
 
 # ---- backup step ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import recorded_events
 from shard_metas import shard_metas
 
 from ray_ckpt.core import timeline
-from ray_ckpt.core.wire import RankRecord
+from ray_ckpt.core.wire import RankRecord, StoreStats
 from ray_ckpt.transport import metrics
 
 
@@ -92,9 +92,11 @@ def test_recorded_events_map_to_metrics(calls: list[Any]) -> None:
 
 def test_store_and_job_gauges(calls: list[Any]) -> None:
     metrics.observe_store(
-        {"node_id": "n1", "used_bytes": 300, "budget_bytes": 1000, "shards": 3, "jobs": {"a": 200, "b": 100}}
+        StoreStats("n1", 1000, used_bytes=300, data_bytes=300, metadata_bytes=0, shards=3, jobs={"a": 200, "b": 100})
     )
-    metrics.observe_store({"node_id": "n1", "used_bytes": 200, "budget_bytes": 1000, "shards": 2, "jobs": {"a": 200}})
+    metrics.observe_store(
+        StoreStats("n1", 1000, used_bytes=200, data_bytes=200, metadata_bytes=0, shards=2, jobs={"a": 200})
+    )
     assert _of(calls, "ckpt_store_used_bytes")[-1] == (200, {"node_id": "n1"})
     assert _of(calls, "ckpt_store_budget_bytes")[-1] == (1000, {"node_id": "n1"})
     # a job the store no longer holds drops to 0 rather than keeping its last value
@@ -123,6 +125,6 @@ def test_broken_metric_objects_never_raise(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(metrics, "_start_refresher", lambda: None)
     for event in recorded_events.records():
         metrics.observe_event(event)
-    metrics.observe_store({"node_id": "n", "used_bytes": 1, "budget_bytes": 2, "shards": 1})
+    metrics.observe_store(StoreStats("n", 2, used_bytes=1, data_bytes=1, metadata_bytes=0, shards=1, jobs={}))
     metrics.observe_job("j", 1, 1)
     metrics.observe_backup("j", 1, node_id="n")

@@ -90,7 +90,7 @@ def test_keep_committed_retains_newest_two_and_evicts_older_and_torn_steps() -> 
     assert registry.staged_ranks("job", 5) == [1]
     with pytest.raises(NoCheckpointError):
         registry.locate("job", 1)
-    assert registry.jobs()["job"]["staged"] == {5: [1]}
+    assert registry.jobs()["job"].staged == {5: (1,)}
 
 
 def test_keep_committed_one_keeps_only_the_newest() -> None:
@@ -235,7 +235,7 @@ def test_rebuild_commits_a_step_newer_than_the_marks_when_every_rank_still_has_k
     rebuilt = Registry()
     rebuilt.rebuild([StoreHoldings(node, tuple(held), {"job": 4}) for node, held in short])
     assert rebuilt.committed_steps("job") == []
-    assert rebuilt.jobs()["job"]["staged"] == {5: [0, 1, 2]}
+    assert rebuilt.jobs()["job"].staged == {5: (0, 1, 2)}
 
 
 def test_rebuild_does_not_commit_a_step_missing_a_rank() -> None:
@@ -278,7 +278,7 @@ def test_jobs_are_isolated() -> None:
     assert registry.committed_steps("a") == [2, 3]
     assert registry.committed_steps("b") == []
     commit(registry, 1, job="b", world_size=2)
-    assert registry.jobs() == {
+    assert {job: info.to_wire() for job, info in registry.jobs().items()} == {
         "a": {"committed_steps": [2, 3], "staged": {}, "world_size": 3},
         "b": {"committed_steps": [1], "staged": {}, "world_size": 2},
     }

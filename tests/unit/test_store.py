@@ -42,7 +42,7 @@ def cost(m: ShardMeta) -> int:
     """The bytes a store charges for holding shard ``m`` (data plus its metadata record)."""
     probe = ShardStore(node_id="probe", budget_bytes=UNLIMITED)
     probe.put(m, data(m.shard_size))
-    return int(probe.stats()["used_bytes"])
+    return int(probe.stats().used_bytes)
 
 
 def test_put_keeps_its_own_copy() -> None:
@@ -77,7 +77,7 @@ def test_put_with_wrong_size_raises_and_stores_nothing() -> None:
     store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
     with pytest.raises(ValueError, match="63 bytes"):
         store.put(meta(size=64), data(63))
-    assert store.stats()["shards"] == 0
+    assert store.stats().shards == 0
     assert store.get("job", 1, 0, 0) is None
 
 
@@ -114,7 +114,7 @@ def test_put_over_budget_raises_explains_and_changes_nothing() -> None:
     held = store.get("beta", 1, 0, 1)
     assert held is not None and held[1].tobytes() == bytes([2]) * 100
     store.put(small, data(10))
-    assert store.stats()["used_bytes"] == budget
+    assert store.stats().used_bytes == budget
 
 
 def test_replacing_a_key_adjusts_usage_without_double_counting() -> None:
@@ -124,16 +124,16 @@ def test_replacing_a_key_adjusts_usage_without_double_counting() -> None:
     store.put(first, data(100, 1))
     store.put(first, data(100, 2))  # the budget only fits one copy: the old one's bytes are freed
     stats = store.stats()
-    assert (stats["shards"], stats["used_bytes"]) == (1, cost(first))
+    assert (stats.shards, stats.used_bytes) == (1, cost(first))
     got = store.get("job", 1, 0, 0)
     assert got is not None and got[1].tobytes() == bytes([2]) * 100
     smaller = meta(size=40)
     store.put(smaller, data(40, 3))
-    assert store.stats()["used_bytes"] == cost(smaller)
-    assert store.stats()["shards"] == 1
+    assert store.stats().used_bytes == cost(smaller)
+    assert store.stats().shards == 1
     with pytest.raises(StoreFullError):
         store.put(meta(size=101), data(101))
-    assert store.stats()["used_bytes"] == cost(smaller)
+    assert store.stats().used_bytes == cost(smaller)
 
 
 def fill(store: ShardStore, job: str, steps: range, size: int = 32) -> None:
@@ -151,13 +151,13 @@ def test_mark_committed_evicts_only_older_unkept_steps_of_that_job() -> None:
     store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
     fill(store, "a", range(1, 8))
     fill(store, "b", range(1, 8))
-    other_job = store.stats()["jobs"]["b"]
+    other_job = store.stats().jobs["b"]
     per_step = 2 * cost(meta(job="a", step=1, size=32))
     freed = store.mark_committed("a", 5, [3, 5])
     assert freed == 3 * per_step  # steps 1, 2, 4
     assert held_steps(store, "a") == {3, 5, 6, 7}  # 6 and 7 are in flight: never evicted
     assert held_steps(store, "b") == set(range(1, 8))
-    assert store.stats()["jobs"]["b"] == other_job
+    assert store.stats().jobs["b"] == other_job
     assert store.committed_marks() == {"a": 5}
     # an older, late commit notice neither lowers the mark nor touches newer steps
     assert store.mark_committed("a", 4, [3, 4]) == 0
@@ -188,7 +188,7 @@ def test_drop_is_isolated_to_the_named_job_and_steps() -> None:
     assert store.committed_marks() == {"b": 1}
     assert store.inventory("b") == b_before
     assert store.drop("missing") == 0
-    assert store.stats()["jobs"] == {"b": 3 * 2 * cost(meta(job="b", size=32))}
+    assert store.stats().jobs == {"b": 3 * 2 * cost(meta(job="b", size=32))}
 
 
 def test_concurrent_puts_never_exceed_the_budget() -> None:
@@ -215,7 +215,7 @@ def test_concurrent_puts_never_exceed_the_budget() -> None:
     def sampler() -> None:
         start.wait()
         while not done.is_set():
-            peak[0] = max(peak[0], store.stats()["used_bytes"])
+            peak[0] = max(peak[0], store.stats().used_bytes)
 
     threads = [threading.Thread(target=writer, args=(step,)) for step in range(puts)]
     watcher = threading.Thread(target=sampler)
@@ -227,11 +227,11 @@ def test_concurrent_puts_never_exceed_the_budget() -> None:
     watcher.join()
     stats = store.stats()
     stored = [step for step in range(puts) if store.get("job", step, 0, 0) is not None]
-    assert stats["used_bytes"] <= budget
+    assert stats.used_bytes <= budget
     assert peak[0] <= budget
     assert len(stored) == budget // one == 10  # reservations make the outcome exact
     assert len(errors) == puts - len(stored)
-    assert stats["shards"] == len(stored)
+    assert stats.shards == len(stored)
     for step in stored:
         got = store.get("job", step, 0, 0)
         assert got is not None and bool((got[1] == step).all())
@@ -262,15 +262,15 @@ def test_concurrent_puts_of_mixed_sizes_account_every_rejection() -> None:
     absent = [step for step in range(len(sizes)) if store.get("job", step, 0, 0) is None]
     assert sorted(rejected) == absent
     assert rejected  # the total was three times the budget
-    assert store.stats()["used_bytes"] <= budget
-    assert store.stats()["shards"] == len(sizes) - len(rejected)
+    assert store.stats().used_bytes <= budget
+    assert store.stats().shards == len(sizes) - len(rejected)
 
 
 def test_stats_fields_add_up() -> None:
     """stats: used = data + metadata bytes, shard count, per-job usage summing to used, node and budget."""
     store = ShardStore(node_id="n7", budget_bytes=UNLIMITED)
     empty = store.stats()
-    assert empty == {
+    assert empty.as_dict() == {
         "node_id": "n7",
         "budget_bytes": UNLIMITED,
         "used_bytes": 0,
@@ -283,12 +283,12 @@ def test_stats_fields_add_up() -> None:
     for m in shards:
         store.put(m, data(m.shard_size))
     stats = store.stats()
-    assert stats["data_bytes"] == 60
-    assert stats["metadata_bytes"] > 0
-    assert stats["used_bytes"] == stats["data_bytes"] + stats["metadata_bytes"]
-    assert stats["used_bytes"] == sum(cost(m) for m in shards)
-    assert stats["shards"] == 3
-    assert stats["jobs"] == {"a": cost(shards[0]) + cost(shards[1]), "b": cost(shards[2])}
+    assert stats.data_bytes == 60
+    assert stats.metadata_bytes > 0
+    assert stats.used_bytes == stats.data_bytes + stats.metadata_bytes
+    assert stats.used_bytes == sum(cost(m) for m in shards)
+    assert stats.shards == 3
+    assert stats.jobs == {"a": cost(shards[0]) + cost(shards[1]), "b": cost(shards[2])}
     assert sorted(m.key for m in store.inventory()) == sorted(m.key for m in shards)
     assert [m.key for m in store.inventory("b")] == [shards[2].key]
 
@@ -306,12 +306,12 @@ def test_a_put_needing_new_memory_past_the_node_ceiling_is_refused_and_changes_n
     in_use["bytes"] = 8_900
     with pytest.raises(StoreFullError, match=r"node's memory in use \(8900 of 10000 bytes, 89%\).*90%"):
         store.put(meta(step=2, size=200), data(200))
-    assert store.stats()["shards"] == 1
+    assert store.stats().shards == 1
     found = store.get("job", 1, 0, 0)
     assert found is not None and (found[1] == 1).all()
     in_use["bytes"] = 8_000
     store.put(meta(step=2, size=200), data(200))  # room again: accepted
-    assert store.stats()["shards"] == 2
+    assert store.stats().shards == 2
 
 
 def test_reusing_an_evicted_array_needs_no_new_memory_so_saves_go_on_at_the_ceiling() -> None:
@@ -376,7 +376,7 @@ def test_a_job_past_its_share_of_the_store_is_refused_and_other_jobs_go_on() -> 
     store.put(dataclasses.replace(shard, step=2), data(100, fill=9))  # a retried save replaces: fits
     for step in (1, 2):
         store.put(dataclasses.replace(shard, job="modest", step=step), data(100))
-    assert store.stats()["jobs"] == {"greedy": 2 * cost(shard), "modest": 2 * cost(shard)}
+    assert store.stats().jobs == {"greedy": 2 * cost(shard), "modest": 2 * cost(shard)}
 
 
 def test_puts_in_flight_count_against_their_jobs_budget() -> None:
@@ -396,7 +396,7 @@ def test_puts_in_flight_count_against_their_jobs_budget() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert store.stats()["jobs"] == {"j": 3 * cost(shard)} and len(refused) == 5
+    assert store.stats().jobs == {"j": 3 * cost(shard)} and len(refused) == 5
 
 
 @pytest.mark.parametrize("fraction", [float("nan"), float("inf"), -0.5, 0.0, 1.5, True, "0.5"])
