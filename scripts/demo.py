@@ -41,7 +41,10 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray_ckpt.core.timeline import Recovery
 
 SEQ_LEN = 32
 BATCH = 8
@@ -385,45 +388,45 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
     result = []
     saves = [r for r in records if r["kind"] == "save" and r.get("job") == name]
     for recovery in timeline.recoveries([r for r in records if r.get("job", name) == name]):
-        if recovery["kill_time"] is None:  # the baseline's first start, not a failure
+        if recovery.kill_time is None:  # the baseline's first start, not a failure
             continue
-        kill_time = recovery["kill_time"]
-        if recovery.get("failed"):  # a restart whose restore raised: a failure, with its error
-            errors = sorted(set(recovery.get("errors", {}).values()))
-            result.append({"failed": True, "errors": errors, "killed_nodes": [n[:8] for n in recovery["killed_nodes"]]})
+        kill_time = recovery.kill_time
+        if recovery.failed:  # a restart whose restore raised: a failure, with its error
+            errors = sorted(set(recovery.errors.values()))
+            result.append({"failed": True, "errors": errors, "killed_nodes": [n[:8] for n in recovery.killed_nodes]})
             continue
         before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
-        newest = max(before) if before else recovery["step"]
+        newest = max(before) if before else recovery.step
         pids_before, pids_after = _survivor_pids(name, records, recovery)
         result.append(
             {
-                "mode": recovery["mode"],
+                "mode": recovery.mode,
                 "survivor_pids_before": pids_before,
                 "survivor_pids_after": pids_after,
-                "time_to_resume_s": recovery["time_to_resume_s"],
-                "steps_lost": max(0, newest - recovery["step"]),
-                "restored_step": recovery["step"],
-                "phases": recovery["phases_s"],
-                "sources": recovery["sources"],
-                "warm": recovery.get("warm_replacements", {}),
-                "killed_nodes": [n[:8] for n in recovery["killed_nodes"]],
+                "time_to_resume_s": recovery.time_to_resume_s,
+                "steps_lost": max(0, newest - recovery.step),
+                "restored_step": recovery.step,
+                "phases": dict(recovery.phases_s),
+                "sources": dict(recovery.sources),
+                "warm": dict(recovery.warm_replacements),
+                "killed_nodes": [n[:8] for n in recovery.killed_nodes],
             }
         )
     return result
 
 
 def _survivor_pids(
-    name: str, records: list[dict[str, Any]], recovery: dict[str, Any]
+    name: str, records: list[dict[str, Any]], recovery: Recovery
 ) -> tuple[dict[str, int], dict[str, int]]:
     """The pids, before and after ``recovery``, of the ranks whose node was not killed."""
     restores = [r for r in records if r["kind"] == "restore" and r.get("job") == name and r.get("pid")]
-    after = {str(r["rank"]): (r["pid"], r.get("node_id")) for r in restores if r.get("attempt") == recovery["attempt"]}
-    earlier = [r for r in restores if float(r["time"]) < float(recovery["kill_time"])]
+    after = {str(r["rank"]): (r["pid"], r.get("node_id")) for r in restores if r.get("attempt") == recovery.attempt}
+    earlier = [r for r in restores if float(r["time"]) < float(recovery.kill_time)]
     before: dict[str, tuple[int, str | None]] = {}
     for record in earlier:  # the newest attempt before the kill
         if record.get("attempt") == earlier[-1].get("attempt"):
             before[str(record["rank"])] = (record["pid"], record.get("node_id"))
-    killed = set(recovery["killed_nodes"])
+    killed = set(recovery.killed_nodes)
     survivors = [rank for rank, (_, node) in before.items() if node not in killed]
     return (
         {rank: before[rank][0] for rank in sorted(survivors)},

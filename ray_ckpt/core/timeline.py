@@ -31,10 +31,11 @@ recovery's first step is done (for the registry's metrics).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from ray_ckpt.core.events import valid
 
@@ -42,15 +43,80 @@ BURST_S = 2.0
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
 PHASES = ("detect", "restart", "replace", "rendezvous", *RESTORE_PHASES, "first_step")
 
+RecoveryMode = Literal["restart", "in_place"]
 
-def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Recovery records, oldest first: ``{"job", "attempt", "kill_time", "killed_nodes",
-    "phases_s", "time_to_resume_s", "steps_lost", "step", "bytes_moved", "sources", "failed",
-    "error", "errors", "mode", "survivor_pids", "replacement_pids", "warm_replacements"}``
-    (``warm_replacements``: rank -> whether its replacement started in a process that had warmed
-    up before the kill, a warm spare). ``step`` and ``steps_lost`` are None when no rank restored
-    a step. A start that restored nothing (step None, or -1: started from scratch) is a
-    recovery only after a kill. Malformed events (``ray_ckpt.core.events.check``) are skipped."""
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """One recovery (see the module docstring). Ranks are keys as text ("0", "1", ...), as in
+    the events file.
+
+    - ``job``, ``attempt``: the job and the attempt (or in-place generation) that restored.
+    - ``kill_time``: the first kill of the failure's burst (Unix seconds); None without a
+      recorded kill. ``killed_nodes``: the nodes that burst killed.
+    - ``step``: the step restored (the newest any rank restored); None when no rank restored one.
+    - ``phases_s``: every phase of ``PHASES`` -> seconds on the critical path, or None where
+      not measured.
+    - ``time_to_resume_s``: kill -> first step done; None without a kill, or when it failed.
+    - ``steps_lost``: the most steps any rank lost; None when no rank restored a step.
+    - ``bytes_moved``: bytes every rank's restore read.
+    - ``sources``: rank -> where it restored from (a ``ray_ckpt.core.events.RestoreSource`` as
+      recorded; None for a rank whose restore raised).
+    - ``failed``: some rank's restore raised; ``error`` the first such rank's error
+      ("ErrorTypeName: message"), ``errors`` every failed rank's.
+    - ``mode``: "in_place" (survivors kept their processes) or "restart" (the worker group was
+      restarted).
+    - ``survivor_pids``, ``replacement_pids``: in place, rank -> the pid of its survivor or
+      replacement process.
+    - ``warm_replacements``: in place, rank -> whether its replacement started in a process
+      that had warmed up before the kill (a warm spare).
+    """
+
+    job: str
+    attempt: str
+    kill_time: float | None
+    killed_nodes: tuple[str, ...]
+    step: int | None
+    phases_s: Mapping[str, float | None]
+    time_to_resume_s: float | None
+    steps_lost: int | None
+    bytes_moved: int
+    sources: Mapping[str, str | None]
+    failed: bool
+    error: str | None
+    errors: Mapping[str, str]
+    mode: RecoveryMode
+    survivor_pids: Mapping[str, int | None]
+    replacement_pids: Mapping[str, int | None]
+    warm_replacements: Mapping[str, bool]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as a JSON-able dict of its fields (the dashboard's and the scripts' JSON)."""
+        return {
+            "job": self.job,
+            "attempt": self.attempt,
+            "kill_time": self.kill_time,
+            "killed_nodes": list(self.killed_nodes),
+            "step": self.step,
+            "phases_s": dict(self.phases_s),
+            "time_to_resume_s": self.time_to_resume_s,
+            "steps_lost": self.steps_lost,
+            "bytes_moved": self.bytes_moved,
+            "sources": dict(self.sources),
+            "failed": self.failed,
+            "error": self.error,
+            "errors": dict(self.errors),
+            "mode": self.mode,
+            "survivor_pids": dict(self.survivor_pids),
+            "replacement_pids": dict(self.replacement_pids),
+            "warm_replacements": dict(self.warm_replacements),
+        }
+
+
+def recoveries(events: Iterable[dict[str, Any]]) -> list[Recovery]:
+    """The recoveries the events record, oldest first (``Recovery``). A start that restored
+    nothing (step None, or -1: started from scratch) is a recovery only after a kill. Malformed
+    events (``ray_ckpt.core.events.check``) are skipped."""
     ordered: list[dict[str, Any]] = sorted(
         (e for e in events if isinstance(e, dict) and e.get("kind") != "status" and valid(e)),
         key=lambda e: float(e["time"]),
@@ -117,32 +183,32 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         began.append(kill_time if kill_time is not None else first_start)
         end = first_step_done if first_step_done is not None else restored
         result.append(
-            {
-                "job": job,
-                "attempt": attempt,
-                "kill_time": kill_time,
-                "killed_nodes": killed,
-                "step": max(int(r["step"]) for r in restored_ranks) if restored_ranks else None,
-                "phases_s": phases,
-                "time_to_resume_s": None if kill_time is None or failed else end - kill_time,
-                "steps_lost": max(int(r.get("steps_lost") or 0) for r in restored_ranks) if restored_ranks else None,
-                "bytes_moved": sum(int(r.get("bytes") or 0) for r in restores),
-                "sources": {str(r["rank"]): r.get("source") for r in restores},
-                "failed": failed,
-                "error": errors[min(errors, key=int)] if errors else None,
-                "errors": errors,
-                "mode": "in_place" if joined else "restart",
-                "survivor_pids": {str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "survivor"},
-                "replacement_pids": {str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "replacement"},
+            Recovery(
+                job=job,
+                attempt=attempt,
+                kill_time=kill_time,
+                killed_nodes=tuple(killed),
+                step=max(int(r["step"]) for r in restored_ranks) if restored_ranks else None,
+                phases_s=phases,
+                time_to_resume_s=None if kill_time is None or failed else end - kill_time,
+                steps_lost=max(int(r.get("steps_lost") or 0) for r in restored_ranks) if restored_ranks else None,
+                bytes_moved=sum(int(r.get("bytes") or 0) for r in restores),
+                sources={str(r["rank"]): r.get("source") for r in restores},
+                failed=failed,
+                error=errors[min(errors, key=int)] if errors else None,
+                errors=errors,
+                mode="in_place" if joined else "restart",
+                survivor_pids={str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "survivor"},
+                replacement_pids={str(r["rank"]): r.get("pid") for r in joined if r.get("role") == "replacement"},
                 # a replacement whose process had warmed up before the kill started in a warm spare
-                "warm_replacements": {
+                warm_replacements={
                     str(r["rank"]): kill_time is not None and float(r.get("warmed") or kill_time) < kill_time
                     for r in joined
                     if r.get("role") == "replacement"
                 },
-            }
+            )
         )
-    order = sorted(range(len(result)), key=lambda i: (began[i], result[i]["job"]))
+    order = sorted(range(len(result)), key=lambda i: (began[i], result[i].job))
     return [result[i] for i in order]
 
 
@@ -188,7 +254,7 @@ class LiveRecoveries:
         self._reported: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def add(self, event: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    def add(self, event: dict[str, Any]) -> tuple[int, list[Recovery]]:
         """(steps lost to count now, recoveries completed by this event)."""
         kind = event.get("kind")
         with self._lock:
@@ -220,5 +286,5 @@ class LiveRecoveries:
             if not ranks <= saved:
                 return 0, []
             self._reported.add(key)
-            done = [r for r in recoveries(list(self._events)) if (r["job"], str(r["attempt"])) == key]
+            done = [r for r in recoveries(list(self._events)) if (r.job, r.attempt) == key]
             return 0, done[-1:]

@@ -43,13 +43,19 @@ def build(
     ordered = events_module.resolve(sorted((e for e in events if isinstance(e, dict)), key=_sort_time))
     recoveries = []
     for index, recovery in enumerate(timeline.recoveries(ordered)):
-        total = sum(v for v in recovery["phases_s"].values() if v is not None)
-        restore_total = sum(recovery["phases_s"].get(p) or 0.0 for p in timeline.RESTORE_PHASES)
-        resume = recovery["time_to_resume_s"]
+        total = sum(v for v in recovery.phases_s.values() if v is not None)
+        restore_total = sum(recovery.phases_s.get(p) or 0.0 for p in timeline.RESTORE_PHASES)
+        resume = recovery.time_to_resume_s
         # time to resume not covered by a measured phase (e.g. worker start-up before restore())
         other = None if resume is None else max(0.0, resume - total)
         recoveries.append(
-            {"index": index, **recovery, "phases_total_s": total, "restore_total_s": restore_total, "other_s": other}
+            {
+                "index": index,
+                **recovery.as_dict(),
+                "phases_total_s": total,
+                "restore_total_s": restore_total,
+                "other_s": other,
+            }
         )
     saves = [e for e in ordered if e.get("kind") == "save"]
     stall = [

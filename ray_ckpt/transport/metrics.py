@@ -295,16 +295,16 @@ def _observe_event(event: dict[str, Any]) -> None:
         _observe_recovery(recovery)
 
 
-def _observe_recovery(recovery: dict[str, Any]) -> None:
-    job = recovery["job"]
+def _observe_recovery(recovery: timeline.Recovery) -> None:
+    job = recovery.job
     _inc("ckpt_recoveries_total", ckpt_job=job)
-    _observe("ckpt_recovery_steps_lost", recovery.get("steps_lost") or 0, ckpt_job=job)
-    resume = _number(recovery.get("time_to_resume_s"))
+    _observe("ckpt_recovery_steps_lost", recovery.steps_lost or 0, ckpt_job=job)
+    resume = _number(recovery.time_to_resume_s)
     if resume is not None:
         _observe("ckpt_time_to_resume_seconds", resume, ckpt_job=job)
         _set("ckpt_last_time_to_resume_seconds", resume, ckpt_job=job)
     for phase in timeline.PHASES:
-        seconds = _number(recovery["phases_s"].get(phase)) or 0.0
+        seconds = _number(recovery.phases_s.get(phase)) or 0.0
         _set("ckpt_last_recovery_phase_seconds", seconds, ckpt_job=job, phase=phase)
 
 

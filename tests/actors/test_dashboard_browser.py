@@ -350,7 +350,7 @@ def test_single_point_charts_have_axes_around_the_point(chromium: str, tmp_path:
     (recovery,) = timeline.recoveries(records)
     for panel, x_value, y_value in (
         ("panel-stall", 0.0, None),  # both ranks saved step 0 only
-        ("panel-resume", recovery["kill_time"], recovery["time_to_resume_s"]),
+        ("panel-resume", recovery.kill_time, recovery.time_to_resume_s),
     ):
         chart = page.find("section", id=panel).find("svg", cls="chart")
         assert [float(v) for v in (chart.attrs["data-x-ticks"] or "").split(",")] == pytest.approx([x_value])

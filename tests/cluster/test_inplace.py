@@ -164,7 +164,7 @@ def run_with(
     return {
         "restores": example.read_restores(events),
         "bit_exact": final["params_digest"] == references["fsdp2" if fsdp2 else workers],
-        "recoveries": [r for r in timeline.recoveries(client.events()[1]) if r["job"] == name],
+        "recoveries": [r for r in timeline.recoveries(client.events()[1]) if r.job == name],
         "rejoins": [e for e in client.events()[1] if e["kind"] == "rejoin" and e["job"] == name],
     }
 
@@ -291,8 +291,8 @@ def test_a_node_kill_replaces_only_the_lost_rank_and_the_survivors_keep_their_pr
     assert (second[0]["source"], second[1]["source"], second[2]["source"]) == ("local", "peers", "local")
     assert report["bit_exact"]
     (recovery,) = report["recoveries"]
-    assert recovery["mode"] == "in_place" and set(recovery["survivor_pids"]) == {"0", "2"}
-    assert all(recovery["phases_s"][p] is not None for p in ("replace", "rendezvous", "fetch", "first_step"))
+    assert recovery.mode == "in_place" and set(recovery.survivor_pids) == {"0", "2"}
+    assert all(recovery.phases_s[p] is not None for p in ("replace", "rendezvous", "fetch", "first_step"))
 
 
 def test_an_fsdp2_job_recovers_in_place_into_its_dtensors_bit_exact(cluster: Any) -> None:

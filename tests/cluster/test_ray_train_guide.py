@@ -79,16 +79,16 @@ def test_every_block_of_the_guide_runs_and_the_job_recovers(
         recorded = events.read(tmp_path / "events.jsonl")
         kills = [e for e in recorded if e["kind"] == "kill"]
         assert len(kills) == 1, kills
-        recoveries = [r for r in timeline.recoveries(recorded) if r["kill_time"] is not None]
+        recoveries = [r for r in timeline.recoveries(recorded) if r.kill_time is not None]
         assert len(recoveries) == 1, recoveries
         recovery = recoveries[0]
-        assert recovery["job"] == job and not recovery["failed"] and recovery["step"] >= 3
-        assert set(recovery["sources"]) == {"0", "1"}
-        assert set(recovery["sources"].values()) <= {"local", "peers"}, recovery
-        assert recovery["mode"] == "restart"
+        assert recovery.job == job and not recovery.failed and recovery.step >= 3
+        assert set(recovery.sources) == {"0", "1"}
+        assert set(recovery.sources.values()) <= {"local", "peers"}, recovery
+        assert recovery.mode == "restart"
         in_place_only = {"replace", "rendezvous"}
-        assert all(recovery["phases_s"][p] is None for p in in_place_only), recovery
-        assert all(s is not None for p, s in recovery["phases_s"].items() if p not in in_place_only), recovery
+        assert all(recovery.phases_s[p] is None for p in in_place_only), recovery
+        assert all(s is not None for p, s in recovery.phases_s.items() if p not in in_place_only), recovery
         # the evaluation run (job=JOB, another experiment name) restored the job's last step
         last = namespace["trainer"].train_loop_config["steps"] - 1
         evaluated = [e for e in recorded if e["kind"] == "restore" and e.get("job") == job and e["step"] == last]

@@ -210,12 +210,12 @@ def test_one_failure_gives_one_recovery_with_every_phase() -> None:
     result = recoveries(reversed(history))  # input order does not matter
     assert len(result) == 1
     (record,) = result
-    assert record["job"] == "job" and record["attempt"] == "B"
-    assert record["kill_time"] == pytest.approx(T0 + 10)
-    assert record["killed_nodes"] == ["n1", "n2"]
-    assert record["step"] == 20
-    assert set(record["phases_s"]) == set(PHASES)
-    assert record["phases_s"] == pytest.approx(
+    assert record.job == "job" and record.attempt == "B"
+    assert record.kill_time == pytest.approx(T0 + 10)
+    assert record.killed_nodes == ("n1", "n2")
+    assert record.step == 20
+    assert set(record.phases_s) == set(PHASES)
+    assert record.phases_s == pytest.approx(
         {
             "detect": 15 - 10,  # last node_dead - first kill
             "restart": 21 - 15,  # newest worker start - last node_dead
@@ -228,11 +228,11 @@ def test_one_failure_gives_one_recovery_with_every_phase() -> None:
             "first_step": 36 - 31,  # the last rank's first save - the last restore
         }
     )
-    assert record["time_to_resume_s"] == pytest.approx(36 - 10)
-    assert record["steps_lost"] == 2
-    assert record["bytes_moved"] == 3000
-    assert record["sources"] == {"0": "peers", "1": "local"}
-    assert (record["mode"], record["survivor_pids"], record["replacement_pids"]) == ("restart", {}, {})
+    assert record.time_to_resume_s == pytest.approx(36 - 10)
+    assert record.steps_lost == 2
+    assert record.bytes_moved == 3000
+    assert record.sources == {"0": "peers", "1": "local"}
+    assert (record.mode, record.survivor_pids, record.replacement_pids) == ("restart", {}, {})
 
 
 def rejoin(rank: int, role: str, **times: float) -> dict[str, Any]:
@@ -258,17 +258,17 @@ def test_an_in_place_recovery_has_detect_replace_and_rendezvous_phases() -> None
         save(17.2, 1, 11, "G2"),
     ]
     (record,) = recoveries(history)
-    assert record["mode"] == "in_place"
-    assert record["survivor_pids"] == {"0": 100} and record["replacement_pids"] == {"1": 101}
-    phases = record["phases_s"]
+    assert record.mode == "in_place"
+    assert record.survivor_pids == {"0": 100} and record.replacement_pids == {"1": 101}
+    phases = record.phases_s
     assert phases["detect"] == pytest.approx(0.4)
     assert phases["restart"] is None
     assert phases["replace"] == pytest.approx(16.0 - 10.4)
     assert phases["rendezvous"] == pytest.approx(16.4 - 16.01)  # last join -> last checkpointer created
     assert phases["fetch"] == pytest.approx(0.05)
     assert phases["first_step"] == pytest.approx(17.2 - 16.6)
-    assert record["time_to_resume_s"] == pytest.approx(17.2 - 10)
-    assert record["sources"] == {"0": "local", "1": "peers"}
+    assert record.time_to_resume_s == pytest.approx(17.2 - 10)
+    assert record.sources == {"0": "local", "1": "peers"}
 
 
 def test_two_failures_give_two_records_each_with_its_own_kill_burst() -> None:
@@ -283,14 +283,14 @@ def test_two_failures_give_two_records_each_with_its_own_kill_burst() -> None:
         save(121, 1, 23, "C"),
     ]
     first, second = recoveries(history)
-    assert (first["attempt"], first["killed_nodes"]) == ("B", ["n1", "n2"])
-    assert (second["attempt"], second["killed_nodes"], second["step"]) == ("C", ["n3"], 22)
-    assert second["kill_time"] == pytest.approx(T0 + 100)
-    assert second["phases_s"]["detect"] == pytest.approx(4)
-    assert second["phases_s"]["restart"] == pytest.approx(111 - 104)
-    assert second["phases_s"]["fetch"] == pytest.approx(3.0)
-    assert second["phases_s"]["first_step"] == pytest.approx(121 - 116)
-    assert second["time_to_resume_s"] == pytest.approx(121 - 100)
+    assert (first.attempt, first.killed_nodes) == ("B", ("n1", "n2"))
+    assert (second.attempt, second.killed_nodes, second.step) == ("C", ("n3",), 22)
+    assert second.kill_time == pytest.approx(T0 + 100)
+    assert second.phases_s["detect"] == pytest.approx(4)
+    assert second.phases_s["restart"] == pytest.approx(111 - 104)
+    assert second.phases_s["fetch"] == pytest.approx(3.0)
+    assert second.phases_s["first_step"] == pytest.approx(121 - 116)
+    assert second.time_to_resume_s == pytest.approx(121 - 100)
 
 
 def test_a_kill_before_the_previous_recovery_is_not_reused() -> None:
@@ -303,10 +303,10 @@ def test_a_kill_before_the_previous_recovery_is_not_reused() -> None:
         save(121, 1, 23, "C"),
     ]
     result = recoveries(history)
-    assert [r["attempt"] for r in result] == ["B", "C"]  # oldest first
-    assert result[0]["kill_time"] == pytest.approx(T0 + 10)
-    assert result[1]["kill_time"] is None
-    assert result[1]["killed_nodes"] == []
+    assert [r.attempt for r in result] == ["B", "C"]  # oldest first
+    assert result[0].kill_time == pytest.approx(T0 + 10)
+    assert result[1].kill_time is None
+    assert result[1].killed_nodes == ()
 
 
 def test_restore_without_kill_has_no_kill_phases() -> None:
@@ -317,10 +317,10 @@ def test_restore_without_kill_has_no_kill_phases() -> None:
         save(32, 0, 11, "B"),
     ]
     (record,) = recoveries(history)
-    assert record["kill_time"] is None and record["killed_nodes"] == []
-    assert record["time_to_resume_s"] is None
-    assert record["phases_s"]["detect"] is None and record["phases_s"]["restart"] is None
-    assert record["phases_s"] == pytest.approx(
+    assert record.kill_time is None and record.killed_nodes == ()
+    assert record.time_to_resume_s is None
+    assert record.phases_s["detect"] is None and record.phases_s["restart"] is None
+    assert record.phases_s == pytest.approx(
         {
             "detect": None,
             "restart": None,
@@ -340,20 +340,20 @@ def test_first_step_ends_when_the_first_save_returned_not_when_it_committed() ->
     committed_late = {**save(40, 0, 11, "B"), "returned": T0 + 31.5}
     history = [save(1, 0, 10, "A"), kill(10, "n1"), dead(11, "n1"), restore(30, 0, "B", started=20, step=10)]
     (record,) = recoveries([*history, committed_late])
-    assert record["phases_s"]["first_step"] == pytest.approx(1.5)
-    assert record["time_to_resume_s"] == pytest.approx(31.5 - 10)
+    assert record.phases_s["first_step"] == pytest.approx(1.5)
+    assert record.time_to_resume_s == pytest.approx(31.5 - 10)
     (without_returned,) = recoveries([*history, save(40, 0, 11, "B")])  # older events: their time
-    assert without_returned["phases_s"]["first_step"] == pytest.approx(10)
+    assert without_returned.phases_s["first_step"] == pytest.approx(10)
 
 
 def test_kill_without_node_dead_measures_restart_from_the_kill() -> None:
     """A kill never followed by node_dead (e.g. a store kill) leaves detect None and restart = start - kill."""
     history = [save(0, 0, 10, "A"), kill(10, "s1"), restore(30, 0, "B", started=20, step=10)]
     (record,) = recoveries(history)
-    assert record["phases_s"]["detect"] is None
-    assert record["phases_s"]["restart"] == pytest.approx(10)
-    assert record["phases_s"]["first_step"] is None
-    assert record["time_to_resume_s"] == pytest.approx(30 - 10)  # no first save: ends at the restore
+    assert record.phases_s["detect"] is None
+    assert record.phases_s["restart"] == pytest.approx(10)
+    assert record.phases_s["first_step"] is None
+    assert record.time_to_resume_s == pytest.approx(30 - 10)  # no first save: ends at the restore
 
 
 def test_kills_of_another_job_before_this_job_began_are_not_its_failure() -> None:
@@ -361,7 +361,7 @@ def test_kills_of_another_job_before_this_job_began_are_not_its_failure() -> Non
     history = [kill(1, "n0"), save(5, 0, 0, "X", job="other"), restore(10, 0, "A", started=9, step=-1)]
     assert recoveries(history) == []
     (record,) = recoveries([*history[:2], restore(10, 0, "A", started=9, step=0)])  # restored: counted
-    assert record["kill_time"] is None and record["killed_nodes"] == []
+    assert record.kill_time is None and record.killed_nodes == ()
 
 
 def test_kills_more_than_burst_apart_are_separate_bursts() -> None:
@@ -374,8 +374,8 @@ def test_kills_more_than_burst_apart_are_separate_bursts() -> None:
         restore(30, 0, "B", started=20, step=10),
     ]
     (record,) = recoveries(history)
-    assert record["killed_nodes"] == ["n1", "n2"]
-    assert record["kill_time"] == pytest.approx(T0 + 10)
+    assert record.killed_nodes == ("n1", "n2")
+    assert record.kill_time == pytest.approx(T0 + 10)
 
 
 def test_fresh_starts_with_no_step_are_not_recoveries() -> None:
@@ -404,7 +404,7 @@ def test_a_first_start_from_scratch_is_no_recovery_but_a_restart_from_scratch_af
         save(22, 0, 0, "B"),
     ]
     (record,) = recoveries(history)
-    assert record["attempt"] == "B" and record["kill_time"] == T0 + 10 and record["step"] == -1
+    assert record.attempt == "B" and record.kill_time == T0 + 10 and record.step == -1
 
 
 def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:
@@ -423,11 +423,11 @@ def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:
         save(42, 0, 11, "C"),
     ]
     failed, resumed = recoveries(history)
-    assert failed["attempt"] == "B" and failed["failed"] is True
-    assert failed["error"] == error and failed["errors"] == {"0": error, "1": error, "2": error}
-    assert failed["step"] is None and failed["steps_lost"] is None and failed["time_to_resume_s"] is None
-    assert failed["kill_time"] == pytest.approx(T0 + 10) and failed["killed_nodes"] == ["n1"]
-    assert failed["phases_s"] == pytest.approx(
+    assert failed.attempt == "B" and failed.failed is True
+    assert failed.error == error and failed.errors == {"0": error, "1": error, "2": error}
+    assert failed.step is None and failed.steps_lost is None and failed.time_to_resume_s is None
+    assert failed.kill_time == pytest.approx(T0 + 10) and failed.killed_nodes == ("n1",)
+    assert failed.phases_s == pytest.approx(
         {
             "detect": 2,
             "restart": 6,
@@ -440,11 +440,11 @@ def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:
             "first_step": None,
         }
     )
-    assert resumed["attempt"] == "C" and resumed["failed"] is False and resumed["error"] is None
-    assert resumed["errors"] == {}
-    assert resumed["kill_time"] == pytest.approx(T0 + 10)  # the same failure, resolved by the retry
-    assert resumed["time_to_resume_s"] == pytest.approx(42 - 10)
-    assert resumed["phases_s"]["restart"] == pytest.approx(35 - 12)
+    assert resumed.attempt == "C" and resumed.failed is False and resumed.error is None
+    assert resumed.errors == {}
+    assert resumed.kill_time == pytest.approx(T0 + 10)  # the same failure, resolved by the retry
+    assert resumed.time_to_resume_s == pytest.approx(42 - 10)
+    assert resumed.phases_s["restart"] == pytest.approx(35 - 12)
 
 
 def test_a_partly_failed_attempt_is_failed_and_keeps_the_restored_step() -> None:
@@ -456,9 +456,9 @@ def test_a_partly_failed_attempt_is_failed_and_keeps_the_restored_step() -> None
         save(25, 0, 11, "B"),
     ]
     (record,) = recoveries(history)
-    assert record["failed"] is True and record["step"] == 10
-    assert record["error"] == "InsufficientShardsError: rank 1" and list(record["errors"]) == ["1"]
-    assert record["phases_s"]["fetch"] == pytest.approx(1.0) and record["phases_s"]["first_step"] is None
+    assert record.failed is True and record.step == 10
+    assert record.error == "InsufficientShardsError: rank 1" and list(record.errors) == ["1"]
+    assert record.phases_s["fetch"] == pytest.approx(1.0) and record.phases_s["first_step"] is None
 
 
 # ---- status snapshots -------------------------------------------------------------------

@@ -52,7 +52,8 @@ def test_one_recovery_per_failure_with_the_recorded_phases(events_file: pathlib.
     failed = data["recoveries"][2]
     assert failed["errors"] == {str(rank): recorded_events.WORLD_SIZE_ERROR for rank in range(3)}
     # the same records as timeline.recoveries, plus the dashboard's own fields
-    for got, plain in zip(data["recoveries"], timeline.recoveries(events.read(events_file))):
+    for got, recovery in zip(data["recoveries"], timeline.recoveries(events.read(events_file))):
+        plain = recovery.as_dict()
         assert {k: got[k] for k in plain} == plain
 
 
