@@ -32,7 +32,7 @@ import json
 import os
 import re
 import uuid
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -73,8 +73,10 @@ def job_segment(job: str) -> str:
     return segment
 
 
+@runtime_checkable
 class Backup(Protocol):
-    """A persistent backend for whole blobs. Every method may be called from any rank."""
+    """A persistent backend for whole blobs. Every method may be called from any rank. A
+    ``Checkpointer`` takes one as ``backup=`` (an ``ArrowBackup`` on ``backup_uri`` by default)."""
 
     def write(self, job: str, step: int, rank: int, world_size: int, data: np.ndarray) -> None:
         """Store one rank's blob of ``step`` atomically: visible whole or not at all."""

@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from ray_ckpt import settings
-from ray_ckpt.backup import ArrowBackup
+from ray_ckpt.backup import ArrowBackup, Backup
 from ray_ckpt.config import EVERY_AUTO, CheckpointConfig
 from ray_ckpt.core import dtensor, events, snapshot
 from ray_ckpt.core.interval import Decision, IntervalPolicy
@@ -51,7 +51,10 @@ class Checkpointer:
     incarnation are then discarded instead of being completed by the new one. Without one,
     ``restore`` gets the registry's (``attempt`` is then set): every rank must restore before
     it trains (docs/commit-protocol.md). ``writer``: this object's id, in its shards' keys.
-    Not thread-safe: one caller.
+
+    ``backup``: where persistent backups go and a restore falls back to (any
+    ``ray_ckpt.backup.Backup``); by default an ``ArrowBackup`` on ``config.backup_uri`` when that
+    is set, else none. Pass one or the other, not both. Not thread-safe: one caller.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Checkpointer:
         config: CheckpointConfig | None = None,
         namespace: str | None = None,
         attempt: str | None = None,
+        backup: Backup | None = None,
     ) -> None:
         if not isinstance(job, str) or not job or "/" in job:
             raise ConfigError(f"job must be a non-empty str without '/', got {job!r}")
@@ -77,6 +81,16 @@ class Checkpointer:
             )
         if config is not None and not isinstance(config, CheckpointConfig):
             raise ConfigError(f"config must be a ray_ckpt.CheckpointConfig, got {type(config).__name__}")
+        if backup is not None and not isinstance(backup, Backup):
+            raise ConfigError(
+                "backup must implement ray_ckpt.backup.Backup (write, complete_steps, saved_world_size, read, "
+                f"prune), got {type(backup).__name__}"
+            )
+        if backup is not None and config is not None and config.backup_uri:
+            raise ConfigError(
+                f"pass either backup= or CheckpointConfig.backup_uri ({config.backup_uri!r}), not both: "
+                "the backup backend is one of them"
+            )
         if not ray.is_initialized():
             raise StoreUnavailableError("Ray is not initialized: call ray.init() and ray_ckpt.start() first")
         self.job = job
@@ -84,16 +98,18 @@ class Checkpointer:
         self.world_size = world_size
         self.attempt = attempt
         self.config = config or CheckpointConfig()
-        if self.config.backup_every and not self.config.backup_uri:
+        if self.config.backup_every and not self.config.backup_uri and backup is None:
             raise ConfigError(
                 f"backup_every={self.config.backup_every} needs a backup_uri (a path or pyarrow.fs URI) "
-                "in CheckpointConfig; ray_ckpt.train.Checkpointer fills it in from the run's storage path"
+                "in CheckpointConfig, or a backup= backend; ray_ckpt.train.Checkpointer fills backup_uri in "
+                "from the run's storage path"
             )
         self.namespace = namespace or settings.namespace()
         self.node_id = ray.get_runtime_context().get_node_id()
         self._registry = RegistryClient(self.namespace)
         self._stores = StoreDirectory(self.namespace)
-        backup = ArrowBackup(self.config.backup_uri) if self.config.backup_uri else None
+        if backup is None and self.config.backup_uri:
+            backup = ArrowBackup(self.config.backup_uri)
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ray_ckpt-save-{rank}")
         identity: dict[str, Any] = {"job": job, "rank": rank, "world_size": world_size, "attempt": attempt}
         self.writer = uuid.uuid4().hex  # this Checkpointer's saves: no other save shares their shards' keys
