@@ -96,6 +96,12 @@ class InPlaceRecoveryError(RayCkptError, RuntimeError):
     restart overtook it); Ray Train then restarts the worker group, which restores from peers."""
 
 
+class CoordinatorTimeoutError(InPlaceRecoveryError, TimeoutError):
+    """The run's generation coordinator did not answer a call within its bound
+    (``ray_ckpt.transport.coordinator_client``); the message names the call and the bound. Like
+    any InPlaceRecoveryError, Ray Train then restarts the worker group."""
+
+
 class CliError(RayCkptError):
     """A command-line failure, reported as one line on stderr (exit status 1)."""
 

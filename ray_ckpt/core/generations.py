@@ -12,11 +12,16 @@ Ray actor around it, one per run, owned by the run's controller. It also watches
 the current generation that has not beaten for ``hang_timeout_s`` (its process stopped, or
 stuck outside Python) is killed, so Ray sees a dead worker and replaces it; a job too large for
 one actor to take every rank's beat at that rate gets a longer bound (``hang_bound_s``).
+
+The actor's replies are the frozen records here (``BeginReply``, ``JoinReply`` with its
+``JoinStatus``, ``CoordinatorReport``): they cross Ray by pickle, and
+``ray_ckpt.transport.coordinator_client.CoordinatorClient`` hands them to its callers as they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import uuid
 from typing import Any
 
@@ -42,6 +47,56 @@ class Member:
     pid: int
     host: str
     epoch: int
+
+
+class JoinStatus(enum.Enum):
+    """How a join ended: its generation formed; the wait ran out (the member left the round);
+    or a full start of the worker group (a new epoch) overtook it."""
+
+    FORMED = "formed"
+    TIMEOUT = "timeout"
+    SUPERSEDED = "superseded"
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinReply:
+    """The coordinator's answer to a join. ``FORMED``: ``generation``, its ``attempt`` id,
+    ``formed_at``, ``round_started`` (when the round's first member joined) and ``replaced``
+    (the ranks whose process the generation before did not have: empty when the same processes
+    go on). ``TIMEOUT``: ``missing``, the ranks that had not joined. ``SUPERSEDED``: nothing
+    more. A field its status does not name keeps its default."""
+
+    status: JoinStatus
+    generation: int = 0
+    attempt: str = ""
+    formed_at: float = 0.0
+    round_started: float | None = None
+    replaced: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class BeginReply:
+    """A full start's answer: the new ``epoch``, the ``generation`` Ray's process group carries
+    and its ``attempt`` id."""
+
+    epoch: int
+    generation: int
+    attempt: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorReport:
+    """What the coordinator can tell of its run: the ``epoch``, the current ``generation``
+    (None before the first start), the ``history`` of generations formed after failures
+    (``Generations.form``'s entries), the members killed as hung (``hung_killed``: rank, pid,
+    incarnation, time) and the ranks ``pending`` in the open round."""
+
+    epoch: int
+    generation: int | None
+    history: tuple[dict[str, Any], ...]
+    hung_killed: tuple[dict[str, Any], ...]
+    pending: tuple[int, ...]
 
 
 @dataclasses.dataclass
@@ -115,6 +170,32 @@ class Generations:
         self.pending[member.rank] = member
         self.beat(member, now)
         return True
+
+    def join_reply(self, member: Member, after: int) -> JoinReply | None:
+        """The reply to ``member``'s join, made when generation ``after`` was current: FORMED
+        once a newer generation formed with this very member, SUPERSEDED once its epoch is
+        over, None while it still waits."""
+        current = self.current
+        if current is not None and current.number > after and current.members.get(member.rank) == member:
+            formed = self.history[-1]
+            return JoinReply(
+                JoinStatus.FORMED,
+                generation=current.number,
+                attempt=self.attempt(current.number),
+                formed_at=current.formed_at,
+                round_started=formed["round_started"],
+                replaced=tuple(formed["replaced"]),
+            )
+        if member.epoch != self.epoch:
+            return JoinReply(JoinStatus.SUPERSEDED)
+        return None
+
+    def give_up(self, member: Member) -> JoinReply:
+        """``member`` stops waiting: the TIMEOUT reply naming the ranks missing from the round,
+        which ``member`` then leaves."""
+        missing = tuple(sorted(set(range(self.world_size)) - set(self.pending)))
+        self.leave(member.incarnation)
+        return JoinReply(JoinStatus.TIMEOUT, missing=missing)
 
     def leave(self, incarnation: str) -> None:
         """Take a member out of the round (it gave up waiting)."""

@@ -104,3 +104,44 @@ def test_the_hang_bound_grows_once_every_ranks_beat_would_overload_the_coordinat
     assert generations.hang_bound_s(10.0, largest) == 10.0
     bound = generations.hang_bound_s(10.0, 32768)
     assert bound > 10.0 and 32768 / (bound / 4) == pytest.approx(generations.BEATS_PER_S)
+
+
+def test_a_join_is_answered_formed_with_its_generation_or_superseded_or_given_up() -> None:
+    """The coordinator's typed replies (``JoinReply``): FORMED once a newer generation holds
+    this very member, SUPERSEDED once a full start ended its epoch, None while it waits, and
+    TIMEOUT naming the missing ranks when it gives up (it leaves the round)."""
+    gens = started()
+    after = gens.current.number  # type: ignore[union-attr]
+    gens.join(member(0), now=1.0)
+    gens.join(member(1), now=1.5)
+    assert gens.join_reply(member(0), after) is None
+    timeout = gens.give_up(member(1))
+    assert timeout == generations.JoinReply(generations.JoinStatus.TIMEOUT, missing=(2,))
+    assert sorted(gens.pending) == [0]
+    gens.join(member(1), now=2.0)
+    gens.join(member(2, "b"), now=3.0)
+    gens.form(now=3.5)
+    reply = gens.join_reply(member(0), after)
+    assert reply == generations.JoinReply(
+        generations.JoinStatus.FORMED,
+        generation=after + 1,
+        attempt=gens.attempt(after + 1),
+        formed_at=3.5,
+        round_started=1.0,
+        replaced=(2,),
+    )
+    assert gens.join_reply(member(2), after) is None, "rank 2's old process is not the one that formed"
+    gens.begin(3, now=4.0)
+    superseded = gens.join_reply(member(2), after)
+    assert superseded is not None and superseded.status is generations.JoinStatus.SUPERSEDED
+
+
+def test_the_coordinators_replies_come_back_whole_from_a_pickle() -> None:
+    """They cross Ray by pickle: the status is the same enum member, so ``is`` compares it."""
+    import pickle
+
+    reply = generations.JoinReply(generations.JoinStatus.FORMED, generation=2, attempt="r.g2", replaced=(1,))
+    back = pickle.loads(pickle.dumps(reply))
+    assert back == reply and back.status is generations.JoinStatus.FORMED
+    begun = generations.BeginReply(epoch=1, generation=1, attempt="r.g1")
+    assert pickle.loads(pickle.dumps(begun)) == begun

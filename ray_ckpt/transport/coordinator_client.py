@@ -1,0 +1,113 @@
+"""CoordinatorClient: every call to a run's generation coordinator, typed, and each one bounded.
+
+The coordinator (``actors.generation_coordinator``, one per in-place run) is made by the run's
+controller, which hands this client to every worker inside its role; nothing else calls the
+actor. Each call has an explicit bound, so a coordinator that stopped answering (its node is
+overloaded, the controller's process is stuck) is a ``CoordinatorTimeoutError`` naming the call,
+never a worker that hangs: the in-place recovery then gives up as for any
+``InPlaceRecoveryError``, and Ray Train restarts the worker group. The bounds:
+
+- a call the coordinator answers as soon as it runs it (``epoch``, ``register``, ``publish``,
+  ``report``): ``answer_s``, that is ``ANSWER_S`` plus ``QUEUE_S_PER_RANK`` for every rank of
+  the run; ``begin``, the run's first call, also gets ``START_S``;
+- a call that waits in the coordinator (``join``, ``address``): the wait it asks for, plus
+  ``answer_s``;
+- a heartbeat (``beat``): the caller's, its beat interval (a late beat is skipped; the next one
+  is sent).
+
+A ray_ckpt error the actor raised is raised here as itself (``ray_ckpt.transport.remote``); any
+other error (the actor died with the controller: the run is ending) as Ray raises it. The
+replies are ``ray_ckpt.core.generations``' frozen records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from ray_ckpt.core.generations import BeginReply, CoordinatorReport, JoinReply, Member
+from ray_ckpt.errors import CoordinatorTimeoutError
+from ray_ckpt.transport import remote
+
+ANSWER_S = 30.0
+"""How long a call the coordinator answers at once may take, before ``QUEUE_S_PER_RANK``: the
+actor answers one within milliseconds, so only a coordinator that stopped answering reaches it."""
+
+START_S = 60.0
+"""Added to ``begin``'s bound: the controller makes the coordinator just before its first
+``begin``, which therefore also waits for the actor's new process to start (seconds; more on a
+loaded node)."""
+
+QUEUE_S_PER_RANK = 0.004
+"""Added to every bound for each rank of the run: one actor takes every rank's joins and beats
+in turn (about 2 ms a call on the development machine, docs/in-place-recovery.md, "At scale"),
+so a call may queue behind one of every rank's; twice that (131 s more at 32768 ranks)."""
+
+
+class CoordinatorClient:
+    """The generation coordinator behind ``handle`` (the actor the run's controller made), for
+    a run of ``world_size`` ranks, which scales every bound (see the module docstring). It
+    pickles with its handle, so the controller hands it to the workers."""
+
+    def __init__(self, handle: Any, world_size: int) -> None:
+        self.handle = handle
+        self.world_size = world_size
+
+    @property
+    def answer_s(self) -> float:
+        """The bound on a call the coordinator answers at once, for this run's size."""
+        return ANSWER_S + QUEUE_S_PER_RANK * max(0, self.world_size)
+
+    def _call(self, method: str, *args: Any, timeout_s: float) -> Any:
+        try:
+            return remote.get(getattr(self.handle, method).remote(*args), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise CoordinatorTimeoutError(
+                f"the run's generation coordinator did not answer {method} within {timeout_s:.1f}s",
+                method=method,
+                timeout_s=timeout_s,
+            ) from None
+
+    # ---- the controller's calls ------------------------------------------------------------
+
+    def begin(self, world_size: int) -> BeginReply:
+        """A full start of ``world_size`` workers: a new epoch and its first generation."""
+        reply: BeginReply = self._call("begin", world_size, timeout_s=START_S + self.answer_s)
+        return reply
+
+    def epoch(self) -> int:
+        """The run's epoch (its number of full starts), for a replacement's role."""
+        return int(self._call("epoch", timeout_s=self.answer_s))
+
+    def report(self) -> CoordinatorReport:
+        """The generations formed after failures, the members killed as hung, and the round."""
+        reply: CoordinatorReport = self._call("report", timeout_s=self.answer_s)
+        return reply
+
+    # ---- a worker's calls ------------------------------------------------------------------
+
+    def register(self, member: Member, generation: int) -> bool:
+        """A worker of a full start announces itself; False if its generation is superseded."""
+        return bool(self._call("register", member, generation, timeout_s=self.answer_s))
+
+    def beat(self, member: Member, timeout_s: float) -> bool:
+        """A heartbeat; True when a round to replace ``member``'s generation has been open for
+        over a second without it. CoordinatorTimeoutError after ``timeout_s``."""
+        return bool(self._call("beat", member, timeout_s=timeout_s))
+
+    def join(self, member: Member, timeout_s: float) -> JoinReply:
+        """Wait up to ``timeout_s`` in the coordinator for the next generation with ``member``
+        (the reply says whether it formed, the wait ran out, or a full start overtook it)."""
+        reply: JoinReply = self._call("join", member, timeout_s, timeout_s=timeout_s + self.answer_s)
+        return reply
+
+    def publish(self, generation: int, address: str) -> None:
+        """Rank 0 publishes ``generation``'s rendezvous address (host:port)."""
+        self._call("publish", generation, address, timeout_s=self.answer_s)
+
+    def address(self, generation: int, timeout_s: float) -> str | None:
+        """``generation``'s rendezvous address once rank 0 published it; None if the generation
+        is superseded or its address did not come within ``timeout_s``."""
+        address = self._call("address", generation, timeout_s, timeout_s=timeout_s + self.answer_s)
+        return None if address is None else str(address)
