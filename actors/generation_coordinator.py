@@ -1,5 +1,7 @@
 """The generation coordinator: the per-run Ray actor over ``ray_ckpt.core.generations.Generations``
-(its module docstring tells the rendezvous and the hang watcher this actor serves)."""
+(its module docstring tells the rendezvous and the hang watcher this actor serves). Its replies
+are that module's frozen records; callers reach it through
+``ray_ckpt.transport.coordinator_client.CoordinatorClient``, which bounds every call."""
 
 from __future__ import annotations
 
@@ -12,7 +14,15 @@ from typing import Any
 
 import ray
 
-from ray_ckpt.core.generations import Generations, Member, hang_bound_s
+from ray_ckpt.core.generations import (
+    BeginReply,
+    CoordinatorReport,
+    Generations,
+    JoinReply,
+    JoinStatus,
+    Member,
+    hang_bound_s,
+)
 
 
 def _kill_pid(pid: int) -> None:
@@ -47,13 +57,14 @@ class GenerationCoordinator:
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-    async def begin(self, world_size: int) -> dict[str, Any]:
+    async def begin(self, world_size: int) -> BeginReply:
+        """A full start of ``world_size`` workers: a new epoch and its first generation."""
         self._ensure_watcher()
         async with self._changed:
             self._hang_s = hang_bound_s(self._hang_timeout_s, world_size)
             number = self._gens.begin(world_size, time.time())
             self._changed.notify_all()
-        return {"epoch": self._gens.epoch, "generation": number, "attempt": self._gens.attempt(number)}
+        return BeginReply(self._gens.epoch, number, self._gens.attempt(number))
 
     async def epoch(self) -> int:
         return self._gens.epoch
@@ -71,36 +82,25 @@ class GenerationCoordinator:
         waiting = self._gens.pending.get(member.rank)
         return started is not None and now - started > 1.0 and (waiting is None or waiting != member)
 
-    async def join(self, member: Member, timeout_s: float) -> dict[str, Any]:
-        """Wait until a generation with ``member`` forms: ``{"status": "formed", "generation",
-        "attempt", "formed_at", "round_started", "replaced"}`` (the ranks whose process the
-        generation before did not have); or ``{"status": "timeout", "missing"}``
-        after ``timeout_s``; or ``{"status": "superseded"}`` when a full start overtook it."""
+    async def join(self, member: Member, timeout_s: float) -> JoinReply:
+        """Wait until a generation with ``member`` forms (``JoinStatus.FORMED``, with the ranks
+        whose process the generation before did not have), or ``timeout_s`` runs out
+        (``TIMEOUT``, naming the missing ranks), or a full start overtakes it (``SUPERSEDED``):
+        ``Generations.join_reply`` and ``give_up`` make the replies."""
         self._ensure_watcher()
         deadline = time.monotonic() + timeout_s
         async with self._changed:
             after = 0 if self._gens.current is None else self._gens.current.number
             if not self._gens.join(member, time.time()):
-                return {"status": "superseded"}
+                return JoinReply(JoinStatus.SUPERSEDED)
             self._try_form(time.time())
             while True:
-                current = self._gens.current
-                if current is not None and current.number > after and current.members.get(member.rank) == member:
-                    return {
-                        "status": "formed",
-                        "generation": current.number,
-                        "attempt": self._gens.attempt(current.number),
-                        "formed_at": current.formed_at,
-                        "round_started": self._gens.history[-1]["round_started"],
-                        "replaced": self._gens.history[-1]["replaced"],
-                    }
-                if member.epoch != self._gens.epoch:
-                    return {"status": "superseded"}
+                reply = self._gens.join_reply(member, after)
+                if reply is not None:
+                    return reply
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = sorted(set(range(self._gens.world_size)) - set(self._gens.pending))
-                    self._gens.leave(member.incarnation)
-                    return {"status": "timeout", "missing": missing}
+                    return self._gens.give_up(member)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), min(left, self._watch_interval_s))
 
@@ -126,15 +126,15 @@ class GenerationCoordinator:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), left)
 
-    async def report(self) -> dict[str, Any]:
+    async def report(self) -> CoordinatorReport:
         """The generations formed after failures, the members killed as hung, and the round."""
-        return {
-            "epoch": self._gens.epoch,
-            "generation": None if self._gens.current is None else self._gens.current.number,
-            "history": list(self._gens.history),
-            "hung_killed": list(self._killed),
-            "pending": sorted(self._gens.pending),
-        }
+        return CoordinatorReport(
+            epoch=self._gens.epoch,
+            generation=None if self._gens.current is None else self._gens.current.number,
+            history=tuple(self._gens.history),
+            hung_killed=tuple(self._killed),
+            pending=tuple(sorted(self._gens.pending)),
+        )
 
     async def _watch(self) -> None:
         """Form a generation when its round is complete; kill hung members."""

@@ -50,10 +50,11 @@ from ray.train.torch import TorchConfig
 
 from actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt import _ray_compat, settings
-from ray_ckpt.core.generations import BEATS_PER_S, Member, hang_bound_s
+from ray_ckpt.core.generations import BEATS_PER_S, JoinStatus, Member, hang_bound_s
 from ray_ckpt.core.recovery_budget import RecoveryBudget
-from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, CoordinatorTimeoutError, InPlaceRecoveryError
 from ray_ckpt.train.gloo_connections import GlooConnections
+from ray_ckpt.transport.coordinator_client import CoordinatorClient
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class _Role:
     """What ``on_start`` told this worker process: its run's coordinator, epoch, and for a full
     start the generation Ray's process group carries (None for a replacement)."""
 
-    coordinator: Any
+    coordinator: CoordinatorClient
     epoch: int
     generation: int | None
     attempt: str | None
@@ -268,17 +269,18 @@ def _backend_class() -> type:
 
         def __init__(self) -> None:
             super().__init__()
-            self._coordinator: Any = None
+            self._coordinator: Any = None  # the actor's handle
+            self._world_size = 0  # of the last full start: a replacement's group is one worker
             self._spares: _WarmSpares | None = None  # made in the controller (it holds a lock)
 
-        def _coordinator_for(self, config: InPlaceRecovery) -> Any:
+        def _coordinator_for(self, config: InPlaceRecovery, world_size: int) -> CoordinatorClient:
             if self._coordinator is None:  # lives as long as the run's controller
                 node = ray.get_runtime_context().get_node_id()
                 strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
                 self._coordinator = GenerationCoordinator.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
                     config.settings.hang_timeout_s
                 )
-            return self._coordinator
+            return CoordinatorClient(self._coordinator, world_size)
 
         def _warm_spares(self, group: Any, config: InPlaceRecovery, *, full_start: bool) -> None:
             if self._spares is None:
@@ -295,13 +297,15 @@ def _backend_class() -> type:
                 super().on_start(group, config)
                 return
             _ray_compat.restart_when_a_replacement_fails()  # here: the controller's class exists by now
-            coordinator = self._coordinator_for(config)
             if _ray_compat.is_replica_group(group):  # a replacement: it rendezvouses in the train function
-                epoch = ray.get(coordinator.epoch.remote())
+                coordinator = self._coordinator_for(config, self._world_size)
+                epoch = coordinator.epoch()
                 group.execute(_ray_compat.set_torch_distributed_env_vars)
                 group.execute(_become, _Role(coordinator, epoch, None, None, config.settings))
                 self._warm_spares(group, config, full_start=False)
                 return
+            self._world_size = len(group)
+            coordinator = self._coordinator_for(config, self._world_size)
             super().on_start(group, config)
             bound = hang_bound_s(config.settings.hang_timeout_s, len(group))
             if bound > config.settings.hang_timeout_s:
@@ -313,8 +317,8 @@ def _backend_class() -> type:
                     config.settings.hang_timeout_s,
                     BEATS_PER_S,
                 )
-            begun = ray.get(coordinator.begin.remote(len(group)))
-            role = _Role(coordinator, begun["epoch"], begun["generation"], begun["attempt"], config.settings)
+            begun = coordinator.begin(len(group))
+            role = _Role(coordinator, begun.epoch, begun.generation, begun.attempt, config.settings)
             group.execute(_become, role)
             self._warm_spares(group, config, full_start=True)
 
@@ -459,7 +463,7 @@ class _Worker:
         coordinator = self.role.coordinator
         if self.role.generation is not None:  # a full start: Ray set up the process group
             self.backend = dist.get_backend() if dist.is_initialized() else self.backend
-            if not ray.get(coordinator.register.remote(self.member, self.role.generation)):
+            if not coordinator.register(self.member, self.role.generation):
                 raise InPlaceRecoveryError("this worker group was superseded by a full restart before it started")
             _attempt = self.role.attempt
         self._start_heartbeat()
@@ -508,8 +512,8 @@ class _Worker:
             aborted: Any = None  # the process group aborted last (at most once each)
             while not self._beating.wait(interval):
                 try:
-                    stuck = ray.get(coordinator.beat.remote(member), timeout=interval)
-                except ray.exceptions.GetTimeoutError:
+                    stuck = coordinator.beat(member, timeout_s=interval)
+                except CoordinatorTimeoutError:
                     continue
                 except Exception:  # the run is ending
                     return
@@ -564,31 +568,32 @@ class _Worker:
         while True:
             joined_at = time.time()
             left = max(0.0, deadline - time.monotonic())
-            reply = ray.get(coordinator.join.remote(self.member, left))
-            if reply["status"] == "superseded":
+            reply = coordinator.join(self.member, left)
+            if reply.status is JoinStatus.SUPERSEDED:
                 raise InPlaceRecoveryError(
                     f"rank {self.rank}: a full restart of the worker group overtook this in-place recovery"
                 )
-            if reply["status"] == "timeout":
+            if reply.status is JoinStatus.TIMEOUT:
+                missing = list(reply.missing)
                 raise InPlaceRecoveryError(
-                    f"rank {self.rank}: ranks {reply['missing']} did not join the next generation within "
+                    f"rank {self.rank}: ranks {missing} did not join the next generation within "
                     f"timeout_s={self.settings.timeout_s:g}s; Ray Train restarts the workers and they restore "
                     "from peers (raise InPlaceRecovery(timeout_s=...) if replacements start slowly)",
-                    missing_ranks=reply["missing"],
+                    missing_ranks=missing,
                 )
-            replaced.update(reply["replaced"])
+            replaced.update(reply.replaced)
             try:
-                self._init_process_group(reply["generation"], min(left, self.settings.collective_timeout_s))
+                self._init_process_group(reply.generation, min(left, self.settings.collective_timeout_s))
             except (dist.DistError, RuntimeError, TimeoutError) as error:
                 logger.warning(
-                    "rank %d: generation %d did not form (%s); joining again", self.rank, reply["generation"], error
+                    "rank %d: generation %d did not form (%s); joining again", self.rank, reply.generation, error
                 )
                 self._teardown()
                 continue
-            _attempt = reply["attempt"]
+            _attempt = reply.attempt
             _rejoin = {
                 "role": role,
-                "generation": reply["generation"],
+                "generation": reply.generation,
                 "pid": self.member.pid,
                 "process_started": psutil.Process().create_time(),
                 "warmed": _warmed_at,
@@ -596,8 +601,8 @@ class _Worker:
                 "detected": detected_at,
                 "torn_down": torn_down_at,
                 "joined": joined_at,
-                "round_started": reply["round_started"],
-                "formed": reply["formed_at"],
+                "round_started": reply.round_started,
+                "formed": reply.formed_at,
                 "ready": time.time(),
             }
             return sorted(replaced)
@@ -607,9 +612,9 @@ class _Worker:
         timeout = datetime.timedelta(seconds=max(1.0, timeout_s))
         if self.rank == 0:
             store = dist.TCPStore(self.member.host, 0, self.world_size, True, timeout, wait_for_workers=False)
-            ray.get(coordinator.publish.remote(generation, f"{self.member.host}:{store.port}"))
+            coordinator.publish(generation, f"{self.member.host}:{store.port}")
         else:
-            address = ray.get(coordinator.address.remote(generation, max(1.0, timeout_s)))
+            address = coordinator.address(generation, max(1.0, timeout_s))
             if address is None:
                 raise TimeoutError(f"generation {generation}'s rank 0 published no address")
             host, port = address.rsplit(":", 1)
