@@ -134,7 +134,7 @@ def test_every_error_survives_rays_wrapping_with_its_details(kind: type[RayCkptE
 
 
 def test_an_error_that_cannot_travel_reaches_the_driver_as_a_readable_in_place_error() -> None:
-    from ray_ckpt.train import inplace
+    from ray_ckpt.train import inplace_worker
 
     class Local(Exception):  # an error holding something that cannot be pickled
         def __init__(self) -> None:
@@ -144,8 +144,8 @@ def test_an_error_that_cannot_travel_reaches_the_driver_as_a_readable_in_place_e
         def __reduce__(self) -> Any:
             raise TypeError("cannot pickle a lambda")
 
-    sent = inplace._transportable(Local())
+    sent = inplace_worker._transportable(Local())
     assert type(sent) is errors.InPlaceRecoveryError
     assert "Local: the dataset shard is gone" in str(sent) and sent.error_type == "Local"  # type: ignore[attr-defined]
     plain = ValueError("fine")
-    assert inplace._transportable(plain) is plain
+    assert inplace_worker._transportable(plain) is plain

@@ -12,8 +12,9 @@ import pytest
 import torch.distributed as dist
 
 from ray_ckpt import _ray_compat, settings
-from ray_ckpt.errors import CommitTimeoutError, ConfigError
-from ray_ckpt.train import inplace
+from ray_ckpt.core.generations import JoinReply, JoinStatus, Member
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
+from ray_ckpt.train import inplace, inplace_controller, inplace_worker
 from ray_ckpt.train.inplace import InPlaceRecovery, is_peer_failure
 
 
@@ -38,14 +39,14 @@ def test_warm_up_imports_what_a_worker_needs_at_a_lower_priority_the_worker_take
     import sys
 
     before = os.nice(0)
-    renices = inplace._may_renice()
+    renices = inplace_worker._may_renice()
     try:
         inplace.warm_up()
-        assert all(module in sys.modules for module in inplace.WARM_MODULES)
-        assert inplace._warmed_at is not None
-        assert os.nice(0) == before + (inplace.WARM_NICENESS if renices else 0)
+        assert all(module in sys.modules for module in inplace_worker.WARM_MODULES)
+        assert inplace_worker.PROCESS.warmed_at is not None
+        assert os.nice(0) == before + (inplace_worker.WARM_NICENESS if renices else 0)
     finally:
-        inplace._take_priority_back()
+        inplace_worker._take_priority_back()
     assert os.nice(0) == before
 
 
@@ -68,15 +69,15 @@ def test_collective_and_commit_errors_count_as_a_lost_peer_and_others_do_not() -
 def test_without_the_replica_group_path_the_backend_restarts_the_whole_group(monkeypatch: pytest.MonkeyPatch) -> None:
     missing = _ray_compat.ReplicaGroups(None, None, "Ray lacks ReplicaGroup")
     monkeypatch.setattr(_ray_compat, "replica_groups", lambda: missing)
-    inplace._backend_class.cache_clear()
+    inplace_controller._backend_class.cache_clear()
     try:
-        assert inplace._backend_class().has_replica_groups is False
+        assert inplace_controller._backend_class().has_replica_groups is False
     finally:
-        inplace._backend_class.cache_clear()
+        inplace_controller._backend_class.cache_clear()
 
 
 def test_the_wrapped_function_without_its_config_says_what_to_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inplace, "_role", None)
+    monkeypatch.setattr(inplace_worker.PROCESS, "role", None)
     wrapped = InPlaceRecovery().wrap(lambda config: None)
     with pytest.raises(ConfigError, match="torch_config=recovery"):
         wrapped({})
@@ -119,11 +120,11 @@ class Job:
             ckpt._last_step = self.committed = step
 
 
-def worker(replaced: Callable[[], list[int]]) -> inplace._Worker:
+def worker(replaced: Callable[[], list[int]]) -> inplace_worker._Worker:
     """A _Worker without Ray: its rendezvous answers with ``replaced()`` ranks."""
-    w = inplace._Worker.__new__(inplace._Worker)
-    role_settings = inplace._Settings(120.0, 10.0, 300.0, "gloo")
-    w.role = inplace._Role(coordinator=None, epoch=1, generation=None, attempt=None, settings=role_settings)
+    w = inplace_worker._Worker.__new__(inplace_worker._Worker)
+    role_settings = inplace_worker._Settings(120.0, 10.0, 300.0, "gloo")
+    w.role = inplace_worker._Role(coordinator=None, epoch=1, generation=None, attempt=None, settings=role_settings)  # type: ignore[arg-type]
     w.settings, w.rank, w._beating = role_settings, 0, threading.Event()
     w._start_heartbeat = lambda: None  # type: ignore[method-assign]
 
@@ -172,3 +173,32 @@ def test_a_recovered_run_returns_the_functions_result() -> None:
         return "done"
 
     assert worker(lambda: [1]).run(train, ()) == "done" and len(runs) == 2
+
+
+class Answers:
+    """A coordinator client whose every join gets ``reply``."""
+
+    def __init__(self, reply: JoinReply) -> None:
+        self.reply = reply
+
+    def join(self, member: Member, timeout_s: float) -> JoinReply:
+        return self.reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (JoinReply(JoinStatus.TIMEOUT, missing=(2,)), r"ranks \[2\] did not join the next generation within"),
+        (JoinReply(JoinStatus.SUPERSEDED), "a full restart of the worker group overtook"),
+    ],
+)
+def test_a_join_that_ran_out_or_was_overtaken_gives_the_recovery_up(reply: JoinReply, says: str) -> None:
+    """The coordinator's typed reply decides: TIMEOUT names the missing ranks (also as
+    ``missing_ranks``), SUPERSEDED says a full restart came first; both raise
+    InPlaceRecoveryError for Ray Train to restart the workers."""
+    w = worker(lambda: [])
+    w.role.coordinator = Answers(reply)  # type: ignore[assignment]
+    w.member = Member(rank=0, incarnation="a0", node_id="n0", pid=1000, host="h", epoch=1)
+    with pytest.raises(InPlaceRecoveryError, match=says) as raised:
+        inplace_worker._Worker._rejoin(w, role="survivor", detected_at=None)
+    assert getattr(raised.value, "missing_ranks", None) == (list(reply.missing) or None)

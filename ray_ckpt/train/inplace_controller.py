@@ -1,0 +1,205 @@
+"""In-place recovery, the controller side: what runs in the Ray Train controller's process.
+
+``_backend_class`` builds the backend ``InPlaceRecovery.backend_cls`` names: a TorchConfig
+backend that says ``has_replica_groups`` (Ray's replica-group path, fenced in ``_ray_compat``), so
+the controller replaces only the failed workers. Its ``on_start`` makes the run's
+``GenerationCoordinator`` (once, on the controller's node), begins a new epoch at a full start,
+and gives every started worker its ``_Role`` (``inplace_worker._become``) with a
+``CoordinatorClient``; it never blocks on the workers' rendezvous. ``_WarmSpares`` keeps warm
+spare worker processes on free nodes. The worker side is ``ray_ckpt.train.inplace_worker``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import ray
+import ray.train
+
+from actors.generation_coordinator import GenerationCoordinator
+from ray_ckpt import _ray_compat
+from ray_ckpt.core.generations import BEATS_PER_S, hang_bound_s
+from ray_ckpt.train.inplace_worker import WARM_HOOK, _become, _Role
+from ray_ckpt.transport.coordinator_client import CoordinatorClient
+
+if TYPE_CHECKING:
+    from ray_ckpt.train.inplace import InPlaceRecovery
+
+logger = logging.getLogger(__name__)
+
+WARM_STAGGER_S = 1.0  # between two spares' starts
+
+
+@functools.cache
+def _backend_class() -> type:
+    path = _ray_compat.replica_groups()
+    base = _ray_compat.torch_backend_base()
+    if path.missing is None and not _ray_compat.tested():
+        logger.warning(
+            "in-place recovery was verified on Ray %s up to (not including) %s; this is Ray %s: run "
+            "tests/unit/test_ray_compat.py and the in-place cluster tests before relying on it",
+            *(".".join(map(str, v)) for v in (*_ray_compat.TESTED_RAY, _ray_compat.ray_version())),
+        )
+
+    if path.missing is None:  # here in the controller, before it starts any worker
+        _ray_compat.warm_worker_processes(WARM_HOOK)
+
+    class _InPlaceBackend(base):  # type: ignore[misc, valid-type]
+        has_replica_groups = path.missing is None
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._coordinator: Any = None  # the actor's handle
+            self._world_size = 0  # of the last full start: a replacement's group is one worker
+            self._spares: _WarmSpares | None = None  # made in the controller (it holds a lock)
+
+        def _coordinator_for(self, config: InPlaceRecovery, world_size: int) -> CoordinatorClient:
+            if self._coordinator is None:  # lives as long as the run's controller
+                node = ray.get_runtime_context().get_node_id()
+                strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
+                self._coordinator = GenerationCoordinator.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
+                    config.settings.hang_timeout_s
+                )
+            return CoordinatorClient(self._coordinator, world_size)
+
+        def _warm_spares(self, group: Any, config: InPlaceRecovery, *, full_start: bool) -> None:
+            if self._spares is None:
+                self._spares = _WarmSpares()
+            self._spares.refresh(
+                group, config.settings.warm_spares, config.settings.warm_keep_alive_s, full_start=full_start
+            )
+
+        def on_start(self, group: Any, config: InPlaceRecovery) -> None:
+            if path.missing is not None:
+                logger.warning(
+                    "ray_ckpt in-place recovery is off (%s): failures restart the worker group", path.missing
+                )
+                super().on_start(group, config)
+                return
+            _ray_compat.restart_when_a_replacement_fails()  # here: the controller's class exists by now
+            if _ray_compat.is_replica_group(group):  # a replacement: it rendezvouses in the train function
+                coordinator = self._coordinator_for(config, self._world_size)
+                epoch = coordinator.epoch()
+                group.execute(_ray_compat.set_torch_distributed_env_vars)
+                group.execute(_become, _Role(coordinator, epoch, None, None, config.settings))
+                self._warm_spares(group, config, full_start=False)
+                return
+            self._world_size = len(group)
+            coordinator = self._coordinator_for(config, self._world_size)
+            super().on_start(group, config)
+            bound = hang_bound_s(config.settings.hang_timeout_s, len(group))
+            if bound > config.settings.hang_timeout_s:
+                logger.warning(
+                    "ray_ckpt: %d workers beat one coordinator: hung workers are detected after %.0f s, not "
+                    "hang_timeout_s=%.0f s, to keep its heartbeats under %d a second",
+                    len(group),
+                    bound,
+                    config.settings.hang_timeout_s,
+                    BEATS_PER_S,
+                )
+            begun = coordinator.begin(len(group))
+            role = _Role(coordinator, begun.epoch, begun.generation, begun.attempt, config.settings)
+            group.execute(_become, role)
+            self._warm_spares(group, config, full_start=True)
+
+    return _InPlaceBackend
+
+
+class _WarmSpares:
+    """The run's warm spares, kept by its backend in the controller: after every start of
+    workers, and every ``keep_alive_s / 2`` while the run lives, one warm worker process
+    (Ray's prestarted worker with the workers' runtime env and job, so it has run ``warm_up``)
+    on each node that has room for a worker and runs none of the run's, up to the number asked
+    for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
+    spares belong to the job and outlive one run, so a later run of the same job counts them
+    and starts none twice; a worker starting on a node clears its mark (``_Worker``). Ray reaps
+    a spare its keep-alive ran out on, once its node has more idle workers than CPUs."""
+
+    def __init__(self) -> None:
+        self.workers: dict[int, str] = {}  # world rank -> node id
+        self._facts: dict[str, Any] | None = None  # a worker's runtime env, job and resources
+        self._wanted = 0
+        self._keep_alive_s = 600.0
+        self._lock = threading.Lock()
+        self._renewing = False
+
+    def refresh(self, group: Any, wanted: int, keep_alive_s: float, *, full_start: bool) -> None:
+        """Start the spares on a thread (the workers' training functions need not wait for it);
+        never raises: warm spares only make replacements start sooner."""
+        if wanted <= 0:
+            return
+        try:
+            pending = group.execute_async(_worker_facts)
+        except Exception as error:
+            logger.info("ray_ckpt: no warm spares: %s", error)
+            return
+        threading.Thread(
+            target=self._refresh,
+            args=(pending, wanted, keep_alive_s, full_start),
+            name="ray_ckpt-warm-spares",
+            daemon=True,
+        ).start()
+
+    def _refresh(self, pending: list[Any], wanted: int, keep_alive_s: float, full_start: bool) -> None:
+        try:
+            facts = ray.get(pending)
+            with self._lock:
+                if full_start:
+                    self.workers.clear()
+                self.workers.update({f["rank"]: f["node_id"] for f in facts})
+                self._facts, self._wanted, self._keep_alive_s = facts[0], wanted, keep_alive_s
+                renew, self._renewing = not self._renewing, True
+            self._start_spares()
+            if renew:
+                threading.Thread(target=self._renew, name="ray_ckpt-warm-spares-renew", daemon=True).start()
+        except Exception as error:
+            logger.info("ray_ckpt: could not start warm spares: %s", error)
+
+    def _renew(self) -> None:
+        while True:  # a daemon of the controller: it ends with the run
+            time.sleep(self._keep_alive_s / 2)
+            try:
+                self._start_spares()
+            except Exception as error:
+                logger.info("ray_ckpt: could not renew warm spares: %s", error)
+
+    def _start_spares(self) -> None:
+        with self._lock:
+            facts = self._facts
+            if facts is None:
+                return
+            env, job, needs = facts["runtime_env"], facts["job_id"], facts["resources"]
+            busy = set(self.workers.values())
+            room = {  # node id -> its raylet's address
+                str(node["NodeID"]): f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+                for node in ray.nodes()
+                if node.get("Alive")
+                and str(node["NodeID"]) not in busy
+                and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
+            }
+            fresh = time.time() - self._keep_alive_s / 2
+            waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
+            chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
+            for node in chosen:  # one at a time: a spare's imports take seconds of CPU
+                if _ray_compat.prestart_worker(room[node], env, job, math.ceil(self._keep_alive_s)):
+                    _ray_compat.mark_warm_spare(job, env, node, time.time())
+                time.sleep(WARM_STAGGER_S)
+        if chosen:
+            logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
+
+
+def _worker_facts() -> dict[str, Any]:
+    """What ``_WarmSpares`` needs of one worker: rank, node, runtime env, job, resources."""
+    runtime = ray.get_runtime_context()
+    return {
+        "rank": ray.train.get_context().get_world_rank(),
+        "node_id": runtime.get_node_id(),
+        "runtime_env": runtime.get_runtime_env_string(),
+        "job_id": runtime.get_job_id(),
+        "resources": {k: v for k, v in runtime.get_assigned_resources().items() if "_group_" not in k},
+    }

@@ -1,0 +1,433 @@
+"""In-place recovery, the worker side: what runs in each Ray Train worker process.
+
+``_Worker.run`` is the wrapper ``InPlaceRecovery.wrap`` puts around the training function: it
+runs the function and, when it fails because a peer is gone (``is_peer_failure``), tears the
+failed generation down (abandons its checkpointers, shuts its gloo connections, destroys its
+process group), joins the next generation at the run's coordinator with a fresh TCP store, and
+runs the function again in the same process, until the ``RecoveryBudget`` says the error is the
+job's own. A thread beats to the coordinator meanwhile, and makes this rank's collectives fail
+when a round to replace its generation is open without it.
+
+``warm_up`` is the setup hook of the run's worker processes, warm spares included (its public
+name is ``ray_ckpt.train.inplace.warm_up``, ``WARM_HOOK``); ``_become`` is what the controller's
+``on_start`` runs in a worker to give it its ``_Role``. What the process keeps between runs of
+the function is one object, ``PROCESS`` (``ProcessState``); the Ray Train Checkpointer reaches it
+through ``current_attempt``, ``take_rejoin`` and ``track``. The controller side is
+``ray_ckpt.train.inplace_controller``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import ray
+import ray.train
+import torch.distributed as dist
+
+from ray_ckpt import _ray_compat, settings
+from ray_ckpt.core.generations import BEATS_PER_S, JoinStatus, Member, hang_bound_s
+from ray_ckpt.core.recovery_budget import RecoveryBudget
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, CoordinatorTimeoutError, InPlaceRecoveryError
+from ray_ckpt.train.gloo_connections import GlooConnections
+from ray_ckpt.transport.coordinator_client import CoordinatorClient
+
+logger = logging.getLogger(__name__)
+
+_PEER_LOST_MARKERS = ("gloo", "nccl", "connection closed", "connection reset", "read error", "broken pipe", "timed out")
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` says a collective (or a commit) failed because a peer is gone. By its
+    type or its text only: the wrapper's ``RecoveryBudget`` stops a job's own error that reads
+    like one from being recovered from again and again."""
+    if isinstance(error, (dist.DistError, CommitTimeoutError)):
+        return True
+    if isinstance(error, RuntimeError):
+        text = str(error).lower()
+        return any(marker in text for marker in _PEER_LOST_MARKERS)
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """``InPlaceRecovery``'s arguments, as the controller and every worker read them."""
+
+    timeout_s: float
+    hang_timeout_s: float
+    collective_timeout_s: float
+    backend: str | None
+    warm_spares: int = 0
+    warm_keep_alive_s: float = 600.0
+
+
+WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts
+WARM_MODULES = (
+    _ray_compat.train_worker_module(),
+    "torch.distributed.fsdp",  # FSDP2 (0.7 s to import here)
+    "torch._dynamo",  # loaded by torch calls on first use: use_deterministic_algorithms, compile (0.7 s)
+)
+
+
+WARM_NICENESS = 10  # added to a process's niceness while it warms up, where it can be taken back
+
+
+@dataclasses.dataclass
+class _Role:
+    """What ``on_start`` told this worker process: its run's coordinator, epoch, and for a full
+    start the generation Ray's process group carries (None for a replacement)."""
+
+    coordinator: CoordinatorClient
+    epoch: int
+    generation: int | None
+    attempt: str | None
+    settings: _Settings
+
+
+@dataclasses.dataclass
+class ProcessState:
+    """What this worker process keeps of in-place recovery outside any one run of the training
+    function; ``PROCESS`` is its one instance, and no other module-level state is kept.
+
+    - ``warmed_at`` (when ``warm_up`` finished), ``niceness_before`` (the niceness ``warm_up``
+      raised, None once ``_become`` gave it back) and ``gloo`` (the process's gloo connections,
+      made before any process group) are set by ``warm_up`` as the process starts; where the job
+      runs its own setup hook instead, the first ``_Worker`` makes ``gloo``.
+    - ``role`` is set by ``_become``, which the controller's ``on_start`` runs in the process
+      (a later one replaces it); None: this process is no worker of an in-place run.
+    - ``attempt`` (the ray_ckpt attempt of the generation the process is in) and ``rejoin`` (how
+      it entered that generation, for the next Checkpointer's event) are set by ``_Worker`` as
+      each generation starts; ``checkpointers`` holds, weakly, the Checkpointers made in the
+      current generation, which ``_Worker``'s teardown abandons when the generation fails.
+    - Outside this module it is read and written only through ``current_attempt``,
+      ``take_rejoin`` (``rejoin`` is handed out once) and ``track``.
+    - It lives as long as the process and is never reset. Ray's calls into the process
+      (``warm_up``, ``_become``) and the training function's thread write it one after the
+      other; the heartbeat thread reads ``gloo`` only, set before it starts.
+    """
+
+    role: _Role | None = None
+    attempt: str | None = None
+    rejoin: dict[str, Any] | None = None
+    checkpointers: weakref.WeakSet[Any] = dataclasses.field(default_factory=weakref.WeakSet)
+    gloo: GlooConnections | None = None
+    warmed_at: float | None = None
+    niceness_before: int | None = None
+
+
+PROCESS = ProcessState()
+
+
+def warm_up() -> None:
+    """The setup hook of this run's Ray Train worker processes: import what a worker needs as
+    the process starts (importing the hook's module, ``ray_ckpt.train.inplace``, loads
+    torch.distributed and Ray Train's torch support; then ``WARM_MODULES``), so that a warm spare
+    has done it before a replacement lands in it. Workers that are not spares import them
+    anyway, or soon would. Where the process may lower its niceness again (root, or RLIMIT_NICE
+    allows it), it warms up at ``WARM_NICENESS`` more, so that spares starting beside training
+    on shared cores yield to it; a worker takes its priority back when it becomes one
+    (``_become``)."""
+    import importlib
+
+    PROCESS.gloo = GlooConnections()  # before any process group: what listens later is gloo's
+    if _may_renice():
+        PROCESS.niceness_before = os.nice(0)
+        os.nice(WARM_NICENESS)
+    for module in WARM_MODULES:
+        importlib.import_module(module)
+    PROCESS.warmed_at = time.time()
+
+
+def _may_renice() -> bool:
+    """Whether this process could raise its niceness by ``WARM_NICENESS`` and lower it back."""
+    if not hasattr(os, "nice"):
+        return False
+    if os.geteuid() == 0:
+        return True
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)  # the least niceness allowed is 20 - soft
+    return soft == resource.RLIM_INFINITY or 20 - soft <= os.nice(0)
+
+
+def _take_priority_back() -> None:
+    if PROCESS.niceness_before is not None:
+        try:
+            os.nice(PROCESS.niceness_before - os.nice(0))
+        except OSError as error:  # the limit changed since: the worker keeps the lower priority
+            logger.warning("ray_ckpt: could not restore this worker's CPU priority: %s", error)
+        PROCESS.niceness_before = None
+
+
+def _become(role: _Role) -> None:
+    _take_priority_back()  # this process is a worker now, no longer a spare
+    PROCESS.role = role
+
+
+def current_attempt() -> str | None:
+    """The attempt id of this worker's generation, or None outside an in-place run."""
+    return PROCESS.attempt if PROCESS.role is not None else None
+
+
+def take_rejoin() -> dict[str, Any] | None:
+    """How this process entered its generation (once; the first Checkpointer records it)."""
+    rejoin, PROCESS.rejoin = PROCESS.rejoin, None
+    return rejoin
+
+
+def track(checkpointer: Any) -> None:
+    """Abandon ``checkpointer`` if this generation fails (its in-flight save is left to finish)."""
+    PROCESS.checkpointers.add(checkpointer)
+
+
+def _newest_saved_step() -> int | None:
+    """The newest step this generation's checkpointers saved (None: none saved one), which
+    says how far the failed generation got."""
+    steps = [c._last_step for c in list(PROCESS.checkpointers) if getattr(c, "_last_step", None) is not None]
+    return max(steps, default=None)
+
+
+class _Worker:
+    """One worker process's side of in-place recovery."""
+
+    def __init__(self) -> None:
+        role = PROCESS.role
+        if role is None:
+            raise ConfigError(
+                "this training function was wrapped by InPlaceRecovery.wrap() but the trainer was not "
+                "given that InPlaceRecovery: pass TorchTrainer(..., torch_config=recovery)"
+            )
+        self.role = role
+        self.settings = role.settings
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.started = time.time()
+        runtime = ray.get_runtime_context()
+        self.member = Member(
+            rank=self.rank,
+            incarnation=uuid.uuid4().hex,
+            node_id=runtime.get_node_id(),
+            pid=os.getpid(),
+            host=ray.util.get_node_ip_address(),
+            epoch=role.epoch,
+        )
+        self.backend = self.settings.backend
+        self._store: Any = None
+        if PROCESS.gloo is None:  # no warm-up hook ran (the job has its own): from the generations formed here on
+            PROCESS.gloo = GlooConnections()
+        if self.settings.warm_spares > 0:  # this node's spare, if any, is taken or no longer needed
+            try:
+                _ray_compat.mark_warm_spare(
+                    runtime.get_job_id(), runtime.get_runtime_env_string(), self.member.node_id, None
+                )
+            except Exception as error:
+                logger.debug("clearing this node's warm spare mark: %s", error)
+        self._beating = threading.Event()
+
+    def run(self, train_loop: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        coordinator = self.role.coordinator
+        if self.role.generation is not None:  # a full start: Ray set up the process group
+            self.backend = dist.get_backend() if dist.is_initialized() else self.backend
+            if not coordinator.register(self.member, self.role.generation):
+                raise InPlaceRecoveryError("this worker group was superseded by a full restart before it started")
+            PROCESS.attempt = self.role.attempt
+        self._start_heartbeat()
+        budget = RecoveryBudget(settings.inplace_max_recoveries())
+        try:
+            if self.role.generation is None:
+                self._rejoin(role="replacement", detected_at=None)
+            while True:
+                try:
+                    return train_loop(*args)
+                except Exception as error:
+                    peer = is_peer_failure(error)
+                    reached = _newest_saved_step()
+                    refused = budget.give_up(reached) if peer else None
+                    if refused is not None:
+                        logger.warning(
+                            "rank %d: not recovering in place from %s: %s", self.rank, _first_line(error), refused
+                        )
+                        error.add_note(f"ray_ckpt: not recovered in place: {refused}")
+                    if not peer or refused is not None:  # the job's error: Ray Train counts it
+                        sendable = _transportable(error)
+                        if sendable is error:
+                            raise
+                        raise sendable from None
+                    detected_at = time.time()
+                    logger.warning("rank %d: a peer is gone (%s); recovering in place", self.rank, _first_line(error))
+                # Out of the except block: the failed generation's frames (its model, its DDP and
+                # so its process group) are released only now, and the teardown must close the
+                # group's connections, which fails the collectives peers are still blocked in.
+                self._teardown()
+                replaced = self._rejoin(role="survivor", detected_at=detected_at, torn_down_at=time.time())
+                budget.recovered(reached, replaced)
+        finally:
+            self._beating.set()
+
+    def _start_heartbeat(self) -> None:
+        # as often as the coordinator takes every rank's beat (BEATS_PER_S), at most a quarter
+        # of the hang bound and at least every quarter second
+        interval = min(
+            hang_bound_s(self.settings.hang_timeout_s, self.world_size) / 4,
+            max(0.25, self.world_size / BEATS_PER_S),
+        )
+        coordinator, member = self.role.coordinator, self.member
+
+        def beat() -> None:
+            aborted: Any = None  # the process group aborted last (at most once each)
+            while not self._beating.wait(interval):
+                try:
+                    stuck = coordinator.beat(member, timeout_s=interval)
+                except CoordinatorTimeoutError:
+                    continue
+                except Exception:  # the run is ending
+                    return
+                group = dist.group.WORLD if dist.is_initialized() else None
+                if not stuck or group is None or group is aborted:
+                    continue
+                # a round to replace this generation is open and this rank has not left it: its
+                # collectives wait on a peer that is gone or left. Make them fail so the training
+                # function raises and this rank joins the round.
+                if self.backend == "nccl":  # NCCL hangs on a lost peer instead of failing
+                    logger.warning("rank %d: aborting the NCCL process group stuck on a lost peer", self.rank)
+                    group.abort()
+                else:
+                    logger.warning("rank %d: closing the gloo connections stuck on a lost peer", self.rank)
+                    self._shut_gloo()
+                aborted = group
+
+        threading.Thread(target=beat, name=f"ray_ckpt-heartbeat-{self.rank}", daemon=True).start()
+
+    def _shut_gloo(self) -> int:
+        """Shut this process's accepted gloo connections (``GlooConnections``), but the
+        rendezvous stores': every peer still blocked on one fails at once."""
+        store_ports = [int(os.environ.get("MASTER_PORT") or 0)]  # Ray Train's store of a full start
+        if self._store is not None:
+            store_ports.append(int(self._store.port))
+        gloo = PROCESS.gloo
+        return 0 if gloo is None else gloo.shut(store_ports)
+
+    def _teardown(self) -> None:
+        """Abandon the failed generation's checkpointers, close its gloo connections (peers
+        blocked in a collective with this rank fail now, not at their timeout) and destroy its
+        process group."""
+        for checkpointer in list(PROCESS.checkpointers):
+            checkpointer.abandon()
+        PROCESS.checkpointers.clear()
+        if dist.is_initialized() and self.backend != "nccl":
+            self._shut_gloo()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as error:  # a broken group may fail to shut down cleanly
+                logger.debug("destroying the failed process group: %s", error)
+        gc.collect()  # drops the failed group's connections, so peers blocked on us fail fast
+
+    def _rejoin(self, *, role: str, detected_at: float | None, torn_down_at: float | None = None) -> list[int]:
+        """Join the next generation and set up its process group (retried if a member dies
+        during the rendezvous); raises InPlaceRecoveryError when it cannot form in time.
+        Returns the ranks whose process was replaced on the way (empty: no peer was lost)."""
+        coordinator = self.role.coordinator
+        deadline = time.monotonic() + self.settings.timeout_s
+        replaced: set[int] = set()
+        while True:
+            joined_at = time.time()
+            left = max(0.0, deadline - time.monotonic())
+            reply = coordinator.join(self.member, left)
+            if reply.status is JoinStatus.SUPERSEDED:
+                raise InPlaceRecoveryError(
+                    f"rank {self.rank}: a full restart of the worker group overtook this in-place recovery"
+                )
+            if reply.status is JoinStatus.TIMEOUT:
+                missing = list(reply.missing)
+                raise InPlaceRecoveryError(
+                    f"rank {self.rank}: ranks {missing} did not join the next generation within "
+                    f"timeout_s={self.settings.timeout_s:g}s; Ray Train restarts the workers and they restore "
+                    "from peers (raise InPlaceRecovery(timeout_s=...) if replacements start slowly)",
+                    missing_ranks=missing,
+                )
+            replaced.update(reply.replaced)
+            try:
+                self._init_process_group(reply.generation, min(left, self.settings.collective_timeout_s))
+            except (dist.DistError, RuntimeError, TimeoutError) as error:
+                logger.warning(
+                    "rank %d: generation %d did not form (%s); joining again", self.rank, reply.generation, error
+                )
+                self._teardown()
+                continue
+            PROCESS.attempt = reply.attempt
+            PROCESS.rejoin = {
+                "role": role,
+                "generation": reply.generation,
+                "pid": self.member.pid,
+                "process_started": psutil.Process().create_time(),
+                "warmed": PROCESS.warmed_at,
+                "worker_started": self.started,
+                "detected": detected_at,
+                "torn_down": torn_down_at,
+                "joined": joined_at,
+                "round_started": reply.round_started,
+                "formed": reply.formed_at,
+                "ready": time.time(),
+            }
+            return sorted(replaced)
+
+    def _init_process_group(self, generation: int, timeout_s: float) -> None:
+        coordinator = self.role.coordinator
+        timeout = datetime.timedelta(seconds=max(1.0, timeout_s))
+        if self.rank == 0:
+            store = dist.TCPStore(self.member.host, 0, self.world_size, True, timeout, wait_for_workers=False)
+            coordinator.publish(generation, f"{self.member.host}:{store.port}")
+        else:
+            address = coordinator.address(generation, max(1.0, timeout_s))
+            if address is None:
+                raise TimeoutError(f"generation {generation}'s rank 0 published no address")
+            host, port = address.rsplit(":", 1)
+            store = dist.TCPStore(host, int(port), self.world_size, False, timeout)
+        self._store = store  # rank 0 serves the rendezvous while it lives
+        backend = self.backend = self.backend or ("nccl" if _cuda_workers() else "gloo")
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"ray_ckpt/g{generation}", store),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=self.settings.collective_timeout_s),
+        )
+        self.backend = backend
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def _transportable(error: BaseException) -> BaseException:
+    """``error`` itself when it survives the trip to the driver (Ray Train pickles a worker's
+    error into the run's result); else an InPlaceRecoveryError carrying its type and text, so
+    the user reads the failure instead of a deserialization error from ``trainer.fit()``."""
+    try:
+        ray.cloudpickle.loads(ray.cloudpickle.dumps(error))
+        return error
+    except Exception as pickling:
+        return InPlaceRecoveryError(
+            f"the training function raised {type(error).__name__}: {error} (it cannot be sent to the "
+            f"driver as it is: {type(pickling).__name__}: {pickling})",
+            error_type=type(error).__name__,
+        )
+
+
+def _cuda_workers() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and bool(ray.get_gpu_ids())
