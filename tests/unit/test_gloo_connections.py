@@ -15,7 +15,7 @@ from typing import Any
 COLLECTIVE_TIMEOUT_S = 60.0
 
 
-def _rank(rank: int, port: int, results: Any) -> None:
+def _rank(rank: int, port: int, results: Any, left: Any) -> None:
     import torch
     import torch.distributed as dist
 
@@ -38,13 +38,15 @@ def _rank(rank: int, port: int, results: Any) -> None:
     if rank == 1:  # it left the collective the others are blocked in
         time.sleep(1.0)
         shut = connections.shut(store_ports=[port])
+        left.set()
         time.sleep(3.0)
         kept.sendall(b"x")
         results.put((rank, "left", shut, client.recv(1) == b"x"))
         _end(results)
 
     def interrupted() -> None:  # what the heartbeat does when the run says a round is open
-        time.sleep(1.5)
+        left.wait(timeout=COLLECTIVE_TIMEOUT_S)  # after rank 1 shut its ends, however slow this machine
+        time.sleep(0.5)
         connections.shut(store_ports=[port])
 
     threading.Thread(target=interrupted, daemon=True).start()
@@ -75,7 +77,8 @@ def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    ranks = [context.Process(target=_rank, args=(rank, port, results)) for rank in range(3)]
+    left = context.Event()
+    ranks = [context.Process(target=_rank, args=(rank, port, results, left)) for rank in range(3)]
     for process in ranks:
         process.start()
     try:
