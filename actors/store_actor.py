@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ckpt import settings
 from ray_ckpt.core.relay import Relay, subtrees
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import (
     GroupResult,
@@ -81,10 +81,10 @@ class ShardStoreActor:
         self._store.put(ShardMeta.from_dict(meta), data, local=local)
         metrics.observe_store(self._store.stats())
 
-    def get(
-        self, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
-    ) -> tuple[dict[str, Any], np.ndarray] | None:
-        found = self._store.get(job, step, rank, index, local=local, writer=writer)
+    def get(self, address: list[Any]) -> tuple[dict[str, Any], np.ndarray] | None:
+        """The shard (or local copy) at ``address`` (a ``ShardAddress`` on the wire): its
+        metadata dict and bytes, or None."""
+        found = self._store.get(ShardAddress.from_wire(address))
         return None if found is None else (found[0].to_dict(), found[1])
 
     def direct_endpoint(self, job: str) -> list[Any] | None:
@@ -93,16 +93,11 @@ class ShardStoreActor:
         return None if self._direct is None else self._direct.endpoint(str(job)).to_wire()
 
     def get_ranges(
-        self,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: list[tuple[int, int]],
-        local: bool = False,
-        writer: str = "",
+        self, address: list[Any], ranges: list[tuple[int, int]]
     ) -> tuple[dict[str, Any], bool, list[np.ndarray]] | None:
-        found = self._store.get_ranges(job, step, rank, index, ranges, local=local, writer=writer)
+        """Byte ranges of the shard (or local copy) at ``address`` (a ``ShardAddress`` on the
+        wire): ``ShardStore.get_ranges`` with its metadata as a dict."""
+        found = self._store.get_ranges(ShardAddress.from_wire(address), ranges)
         return None if found is None else (found[0].to_dict(), found[1], found[2])
 
     @ray.method(concurrency_group="stage")

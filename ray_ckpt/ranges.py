@@ -21,13 +21,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from ray_ckpt.core.codec import ReedSolomon
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import InsufficientShardsError
 from ray_ckpt.transport.direct_reads import Landing
 
 Ranges = list[tuple[int, int]]
 Targets = list[np.ndarray | None]  # per range: where its bytes go (None: anywhere)
+Ask = tuple[str, ShardAddress, Ranges, Landing | None]  # one read: node, shard, ranges, landing
 
 
 class RangeSource(Protocol):
@@ -37,20 +38,11 @@ class RangeSource(Protocol):
         """Which of these nodes run a store that is alive now."""
 
     def get_ranges(
-        self,
-        node_id: str,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: Ranges,
-        local: bool,
-        into: Landing | None = None,
-        writer: str = "",
+        self, node_id: str, address: ShardAddress, ranges: Ranges, into: Landing | None = None
     ) -> Future[Any]:
-        """``(meta dict, intact, pieces)`` of the shard ``writer`` saved, or None; the future
-        fails if the store does. A source may put pieces ``into`` the landing's arrays (or
-        ignore it)."""
+        """``(meta dict, intact, pieces)`` of the shard (or local copy) at ``address`` in that
+        node's store, or None; the future fails if the store does. A source may put pieces
+        ``into`` the landing's arrays (or ignore it)."""
 
 
 class RangeReader:
@@ -126,7 +118,8 @@ class RangeReader:
         meta = self.record.local
         if meta is None or self.record.local_node != self.node_id:
             return None
-        found = self._fetch({-1: (self.node_id, ranges, Landing(meta.checksum, targets))}, local=True).get(-1)
+        address = ShardAddress.local_copy(self.job, self.step, self.rank, writer=self.record.first.writer)
+        found = self._fetch({0: (self.node_id, address, ranges, Landing(meta.checksum, targets))}).get(0)
         if found is None or not self._usable(found, meta):
             return None
         self.fetched_bytes += sum(stop - start for start, stop in ranges)
@@ -135,12 +128,12 @@ class RangeReader:
     def _data_pieces(self, pieces: dict[int, Ranges], landing: dict[int, Targets]) -> dict[int, list[np.ndarray]]:
         nodes = self.record.nodes
         live = self._live_nodes if self._live_nodes is not None else self.source.live({nodes[i] for i in nodes})
-        asked: dict[int, tuple[str, Ranges, Landing | None]] = {
-            i: (nodes[i], r, Landing(self.record.metas[i].checksum, landing[i]))
+        asked: dict[int, Ask] = {
+            i: (nodes[i], self._address(i), r, Landing(self.record.metas[i].checksum, landing[i]))
             for i, r in pieces.items()
             if nodes.get(i) in live
         }
-        found = self._fetch(asked, local=False)
+        found = self._fetch(asked)
         got: dict[int, list[np.ndarray]] = {}
         for index, wanted in pieces.items():
             answer = found.get(index)
@@ -160,7 +153,7 @@ class RangeReader:
         valid: dict[int, np.ndarray] = {}
         while candidates and len(valid) < k:
             batch, candidates = candidates[: k - len(valid)], candidates[k - len(valid) :]
-            found = self._fetch({i: (self.record.nodes[i], wanted, None) for i in batch}, local=False)
+            found = self._fetch({i: (self.record.nodes[i], self._address(i), wanted, None) for i in batch})
             for index in batch:
                 answer = found.get(index)
                 if answer is not None and self._usable(answer, self.record.metas[index]):
@@ -185,15 +178,16 @@ class RangeReader:
             cursor += stop - start
         return out
 
-    def _fetch(self, asks: dict[int, tuple[str, Ranges, Landing | None]], *, local: bool) -> dict[int, Any]:
+    def _address(self, index: int) -> ShardAddress:
+        """Where coded shard ``index`` of this rank's blob is kept."""
+        return ShardAddress(self.job, self.step, self.rank, index, writer=self.record.first.writer)
+
+    def _fetch(self, asks: dict[int, Ask]) -> dict[int, Any]:
         """Answers by key (None for a failed or unanswered call), all asked at once."""
         futures: dict[int, Future[Any]] = {}
-        for key, (node_id, ranges, into) in asks.items():
-            index = 0 if local else key
+        for key, (node_id, address, ranges, into) in asks.items():
             try:
-                futures[key] = self.source.get_ranges(
-                    node_id, self.job, self.step, self.rank, index, ranges, local, into, self.record.first.writer
-                )
+                futures[key] = self.source.get_ranges(node_id, address, ranges, into)
             except KeyError:  # no live store there any more
                 continue
         deadline = time.monotonic() + self._timeout_s()

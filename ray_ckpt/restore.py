@@ -32,7 +32,7 @@ from ray_ckpt.core import blob, dtensor, hostmem, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.events import RestoreSource
-from ray_ckpt.core.shard import ShardMeta, check_step
+from ray_ckpt.core.shard import ShardAddress, ShardMeta, check_step
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
 from ray_ckpt.ranges import RangeReader, RangeSource
@@ -85,11 +85,9 @@ class ShardSource(RangeSource, Protocol):
         store: a ``PlanAnswer`` on the wire (KeyError: no live store there)."""
         ...
 
-    def get(
-        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
-    ) -> Future[Found]:
-        """The shard (or with ``local`` the rank's full copy) that ``writer`` saved, from that
-        node's store; the future fails if the store does."""
+    def get(self, node_id: str, address: ShardAddress) -> Future[Found]:
+        """The shard (or the rank's full local copy) at ``address``, from that node's store; the
+        future fails if the store does."""
 
 
 def check_shard(found: Any, expected: ShardMeta) -> str | None:
@@ -148,7 +146,8 @@ def fetch_shards(
     def launch() -> None:
         while candidates and len(valid) + len(pending) < k:
             index = candidates.pop(0)
-            pending[source.get(record.nodes[index], job, step, rank, index, False, record.first.writer)] = index
+            address = ShardAddress(job, step, rank, index, writer=record.first.writer)
+            pending[source.get(record.nodes[index], address)] = index
 
     launch()
     while pending and len(valid) < k:
@@ -394,7 +393,8 @@ class Restorer:
         if record.local is None or record.local_node != self.node_id or not self.stores.live([self.node_id]):
             return None
         try:
-            asked = self.stores.get(self.node_id, self.job, step, self.rank, 0, True, record.local.writer)
+            address = ShardAddress.local_copy(self.job, step, self.rank, writer=record.local.writer)
+            asked = self.stores.get(self.node_id, address)
             found = asked.result(timeout=self._timeout_s())
         except Exception:  # an unreachable or failing store: fetch from peers instead
             return None

@@ -353,6 +353,7 @@ class Trial:
         import numpy as np
         import ray
 
+        from ray_ckpt.core.shard import ShardAddress
         from ray_ckpt.transport import naming
 
         if not self.committed:
@@ -368,7 +369,8 @@ class Trial:
         if store is None:
             return
         writer = located[rank]["metas"][index]["writer"]
-        found = ray.get(store.get.remote(self.job, latest, rank, int(index), False, writer), timeout=PEER_TIMEOUT_S)
+        address = ShardAddress(self.job, latest, rank, int(index), writer=writer)
+        found = ray.get(store.get.remote(address.to_wire()), timeout=PEER_TIMEOUT_S)
         if found is None:
             return
         meta, data = found

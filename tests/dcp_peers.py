@@ -20,7 +20,7 @@ import numpy as np
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import CommitTimeoutError, NoCheckpointError
 from ray_ckpt.integrations.peers import ReaderStep
@@ -118,20 +118,9 @@ class CodedStores:
     def live(self, node_ids: Any) -> set[str]:
         return {n for n in node_ids if n not in self.peers.dead}
 
-    def get_ranges(
-        self,
-        node_id: str,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: Any,
-        local: bool,
-        into: Any = None,
-        writer: str = "",
-    ) -> Future[Any]:
+    def get_ranges(self, node_id: str, address: ShardAddress, ranges: Any, into: Any = None) -> Future[Any]:
         future: Future[Any] = Future()
-        meta, shard = self.held[(node_id, rank)]
-        self.peers.reads.extend((rank, a, b) for a, b in ranges)
+        meta, shard = self.held[(node_id, address.rank)]
+        self.peers.reads.extend((address.rank, a, b) for a, b in ranges)
         future.set_result((meta.to_dict(), True, [shard[a:b] for a, b in ranges]))
         return future

@@ -31,6 +31,7 @@ from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.placement import Node, place
 from ray_ckpt.core.registry import Registry
+from ray_ckpt.core.shard import ShardAddress
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import (
     PlanAnswer,
@@ -489,14 +490,12 @@ class _Stores:
     def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[Any]:
         raise KeyError(node_id)  # plans go to the registry directly
 
-    def get(
-        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
-    ) -> Future[Any]:
+    def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
         future: Future[Any] = Future()
         if node_id not in self.world.alive:
             future.set_exception(RuntimeError("dead store"))
             return future
-        found = self.world.stores[node_id].get(job, step, rank, index, local=local, writer=writer)
+        found = self.world.stores[node_id].get(address)
         future.set_result(None if found is None else (found[0].to_dict(), found[1]))
         return future
 

@@ -1,4 +1,5 @@
-"""ShardMeta: the self-describing record that travels and is stored with every shard."""
+"""ShardMeta, the self-describing record that travels and is stored with every shard, and
+ShardAddress, the key a store holds it under and a reader names it by."""
 
 from __future__ import annotations
 
@@ -19,6 +20,72 @@ def check_step(step: object) -> int:
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
         raise ConfigError(f"step must be an int in [0, 2**63), got {step!r}")
     return step
+
+
+@dataclasses.dataclass(frozen=True, order=True, slots=True)
+class ShardAddress:
+    """Where one shard is kept in a store, and what a reader names to get it back: the shard
+    ``index`` of rank ``rank``'s save of ``step`` of ``job`` by ``writer`` (the Checkpointer that
+    saved it, ``ShardMeta.writer``), or with ``local`` that save's full local copy.
+
+    A local copy is kept apart from the coded shards by ``local`` alone, never by its index: it
+    is the one shard of a k=1, m=0 code, so its index is always 0, as its ``ShardMeta`` says
+    (``ShardAddress.of(meta, local=True)``), and an address with ``local`` and another index is
+    refused. Shard 0 of the coded save and the local copy are thus two addresses that differ
+    only in ``local``.
+
+    Frozen and hashable (a store's table is keyed by it), ordered field by field. The fields are
+    checked here: ConfigError names the bad one. Across an actor boundary it travels as
+    ``to_wire()``, a list; the direct-read protocol keeps its own request fields
+    (``ray_ckpt.transport.direct_reads``).
+    """
+
+    job: str
+    step: int
+    rank: int
+    index: int
+    _: dataclasses.KW_ONLY
+    local: bool = False
+    writer: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job, str):
+            raise ConfigError(f"a shard address's job must be a str, got {self.job!r}")
+        for name in ("step", "rank", "index"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"a shard address's {name} must be an int >= 0, got {value!r}")
+        if not isinstance(self.local, bool):
+            raise ConfigError(f"a shard address's local must be a bool, got {self.local!r}")
+        if not isinstance(self.writer, str):
+            raise ConfigError(f"a shard address's writer must be a str (a Checkpointer's id), got {self.writer!r}")
+        if self.local and self.index != 0:
+            raise ConfigError(
+                f"a local copy's address has index 0 (the one shard of its k=1, m=0 code), got index {self.index}: "
+                "address a coded shard with local=False, or the local copy with index 0"
+            )
+
+    @classmethod
+    def of(cls, meta: ShardMeta, *, local: bool = False) -> ShardAddress:
+        """The address of the shard ``meta`` describes, or with ``local`` of the local copy it
+        describes (index 0)."""
+        return cls(meta.job, meta.step, meta.rank, meta.index, local=local, writer=meta.writer)
+
+    @classmethod
+    def local_copy(cls, job: str, step: int, rank: int, *, writer: str = "") -> ShardAddress:
+        """The address of rank ``rank``'s full local copy of ``step`` saved by ``writer``."""
+        return cls(job, step, rank, 0, local=True, writer=writer)
+
+    def to_wire(self) -> list[Any]:
+        return [self.job, self.step, self.rank, self.index, self.local, self.writer]
+
+    @classmethod
+    def from_wire(cls, values: Any) -> ShardAddress:
+        """Parse ``to_wire``'s list; ConfigError if malformed."""
+        if not isinstance(values, (list, tuple)) or len(values) != 6:
+            raise ConfigError(f"a shard address on the wire is [job, step, rank, index, local, writer], got {values!r}")
+        job, step, rank, index, local, writer = values
+        return cls(job, step, rank, index, local=local, writer=writer)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,6 +118,8 @@ class ShardMeta:
 
     @property
     def key(self) -> ShardKey:
+        """Which save's shard this is, as a plain tuple (job, step, rank, index, writer). A
+        store keeps it at ``ShardAddress.of(meta)`` (``local=True`` for a local copy)."""
         return (self.job, self.step, self.rank, self.index, self.writer)
 
     def to_dict(self) -> dict[str, Any]:

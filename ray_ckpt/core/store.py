@@ -14,11 +14,10 @@ import numpy as np
 
 from ray_ckpt.core import hostmem
 from ray_ckpt.core.checksum import checksum
-from ray_ckpt.core.shard import ShardKey, ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import StoreStats
 from ray_ckpt.errors import ConfigError, StoreFullError
 
-LOCAL_INDEX = -1  # key index of a rank's full local copy (kept apart from its coded shards)
 INTACT_TTL_S = 5.0  # a ranged read trusts a shard's checksum verdict this long (a restore reads many ranges)
 
 
@@ -31,7 +30,8 @@ class _Entry:
 
 
 class ShardStore:
-    """Holds shards in memory it owns, keyed by (job, step, rank, index, writer).
+    """Holds shards in memory it owns, keyed by their ``ShardAddress`` (job, step, rank, index,
+    writer, and whether it is a rank's full local copy).
 
     Contracts:
       * ``put`` copies the bytes (never keeps a reference to a caller-owned buffer) and
@@ -71,7 +71,7 @@ class ShardStore:
         self._node_memory = node_memory
         self._lock = threading.Lock()
         self._allocating = threading.Lock()
-        self._entries: dict[ShardKey, _Entry] = {}
+        self._entries: dict[ShardAddress, _Entry] = {}
         self._reserved = 0  # bytes of puts in progress
         self._reserved_by_job: dict[str, int] = {}  # the same, per job
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
@@ -102,11 +102,12 @@ class ShardStore:
     # ---- writes -------------------------------------------------------------------------
 
     def put(self, meta: ShardMeta, data: Any, *, local: bool = False) -> None:
-        """Store one shard, or with ``local`` a rank's full local copy (a k=1, m=0 "shard")."""
-        key = (meta.job, meta.step, meta.rank, LOCAL_INDEX, meta.writer) if local else meta.key
+        """Store one shard, or with ``local`` a rank's full local copy (a k=1, m=0 "shard", index
+        0: ConfigError for another index), at ``ShardAddress.of(meta, local=local)``."""
+        key = ShardAddress.of(meta, local=local)
         view = hostmem.as_bytes(data)
         if view.size != meta.shard_size:
-            raise ValueError(f"shard {meta.key} has {view.size} bytes, its metadata says {meta.shard_size}")
+            raise ValueError(f"shard {key} has {view.size} bytes, its metadata says {meta.shard_size}")
         metadata_bytes = len(msgpack.packb(meta.to_dict()))
         need = view.size + metadata_bytes
         with self._lock:
@@ -158,7 +159,7 @@ class ShardStore:
                 elif step > self._committed.get(job, step):
                     self._committed_by.pop(job, None)
             self._committed[job] = max(step, self._committed.get(job, step))
-            doomed = [k for k in self._entries if k[0] == job and k[1] < step and k[1] not in keep]
+            doomed = [k for k in self._entries if k.job == job and k.step < step and k.step not in keep]
             return self._drop_locked(doomed)
 
     def drop(
@@ -178,9 +179,9 @@ class ShardStore:
             doomed = [
                 k
                 for k, entry in self._entries.items()
-                if k[0] == job
-                and (wanted is None or k[1] in wanted)
-                and (not chosen or entry.meta.attempt in of_attempts or k[4] in of_writers)
+                if k.job == job
+                and (wanted is None or k.step in wanted)
+                and (not chosen or entry.meta.attempt in of_attempts or k.writer in of_writers)
             ]
             if steps is None:
                 self._committed.pop(job, None)
@@ -190,33 +191,23 @@ class ShardStore:
 
     # ---- reads --------------------------------------------------------------------------
 
-    def get(
-        self, job: str, step: int, rank: int, index: int, *, local: bool = False, writer: str = ""
-    ) -> tuple[ShardMeta, np.ndarray] | None:
-        """The shard (or with ``local`` the rank's local copy) that ``writer`` saved, and its
-        metadata, or None if this store does not hold it."""
+    def get(self, address: ShardAddress) -> tuple[ShardMeta, np.ndarray] | None:
+        """The shard (or the rank's local copy) at ``address``, and its metadata, or None if
+        this store does not hold it."""
         with self._lock:
-            entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index, writer))
+            entry = self._entries.get(address)
         return None if entry is None else (entry.meta, entry.data)
 
     def get_ranges(
-        self,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: list[tuple[int, int]],
-        *,
-        local: bool = False,
-        writer: str = "",
+        self, address: ShardAddress, ranges: list[tuple[int, int]]
     ) -> tuple[ShardMeta, bool, list[np.ndarray]] | None:
-        """Byte ranges ``[start, stop)`` of a shard (or with ``local`` the rank's local copy):
+        """Byte ranges ``[start, stop)`` of the shard (or the rank's local copy) at ``address``:
         ``(meta, intact, pieces)``, ``intact`` saying whether the whole shard still matches its
         checksum (a reader of ranges cannot check that itself; the verdict is reused for
         ``INTACT_TTL_S``, so the many ranged reads of one restore hash the shard once); None if
         this store does not hold it. ValueError for a range outside the shard."""
         with self._lock:
-            entry = self._entries.get((job, step, rank, LOCAL_INDEX if local else index, writer))
+            entry = self._entries.get(address)
         if entry is None:
             return None
         meta, data = entry.meta, entry.data
@@ -234,7 +225,7 @@ class ShardStore:
         """Metadata of every coded shard held (of one job when given; local copies are not
         listed); for rebuilding the registry."""
         with self._lock:
-            return [e.meta for k, e in self._entries.items() if (job is None or k[0] == job) and k[3] != LOCAL_INDEX]
+            return [e.meta for k, e in self._entries.items() if (job is None or k.job == job) and not k.local]
 
     def note_plan(self, job: str, mark: Any) -> None:
         """Keep ``job``'s newest restore plan (a ``PlanMark`` on the wire; its first item, the
@@ -294,7 +285,7 @@ class ShardStore:
         if self._job_fraction >= 1:
             return
         budget = int(self._job_fraction * self.budget_bytes)
-        used = sum(e.data.size + e.metadata_bytes for k, e in self._entries.items() if k[0] == meta.job)
+        used = sum(e.data.size + e.metadata_bytes for k, e in self._entries.items() if k.job == meta.job)
         reserved = self._reserved_by_job.get(meta.job, 0)
         if used + reserved + need - freed <= budget:
             return
@@ -313,11 +304,11 @@ class ShardStore:
 
     def _usage_by_job_locked(self) -> dict[str, int]:
         usage: dict[str, int] = {}
-        for (job, *_), entry in self._entries.items():
-            usage[job] = usage.get(job, 0) + entry.data.size + entry.metadata_bytes
+        for key, entry in self._entries.items():
+            usage[key.job] = usage.get(key.job, 0) + entry.data.size + entry.metadata_bytes
         return usage
 
-    def _drop_locked(self, keys: list[ShardKey]) -> int:
+    def _drop_locked(self, keys: list[ShardAddress]) -> int:
         freed = 0
         for key in keys:
             entry = self._entries.pop(key)

@@ -25,7 +25,9 @@ then one request per round trip, each framed as a 4-byte big-endian length (at m
 
   request   {"step", "rank", "index", "writer", "local", "ranges": [[start, stop], ...] | None}
             (step, rank, index and range bounds ints >= 0, never a float or bool; writer a str,
-            local a bool; anything else is answered {"error": str})
+            local a bool; anything else is answered {"error": str}): a ``ShardAddress`` but its
+            job, which the hello named. With local the index is not used: a reader sends 0, the
+            local copy's index, and the store answers with the local copy whatever it is
   answer    {"found": False} | {"error": str} |
             {"found": True, "meta": ShardMeta dict, "intact": bool | None, "sizes": [int, ...]}
             then the bytes of each range (or of the whole shard for ``ranges`` None), back to back.
@@ -58,7 +60,7 @@ import msgpack
 import numpy as np
 
 from ray_ckpt.core import hostmem
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 
 logger = logging.getLogger(__name__)
@@ -193,19 +195,20 @@ class DirectReadServer:
         try:
             if not isinstance(request, dict):
                 raise TypeError("a request is a map")
-            shard = (job, _count_int(request["step"]), _count_int(request["rank"]), _count_int(request["index"]))
+            step, rank, index = _count_int(request["step"]), _count_int(request["rank"]), _count_int(request["index"])
             writer, local, ranges = request.get("writer", ""), request["local"], request["ranges"]
             if type(writer) is not str or type(local) is not bool:
                 raise TypeError(f"writer must be a str and local a bool, got {writer!r} and {local!r}")
             if ranges is not None and (not isinstance(ranges, list) or len(ranges) > MAX_RANGES):
                 raise ValueError(f"ranges must be a list of at most {MAX_RANGES} [start, stop] pairs")
+            address = ShardAddress(job, step, rank, 0 if local else index, local=local, writer=writer)
             found: tuple[ShardMeta, bool | None, list[np.ndarray]] | None
             if ranges is None:
-                whole = self.store.get(*shard, local=local, writer=writer)
+                whole = self.store.get(address)
                 found = None if whole is None else (whole[0], None, [whole[1]])
             else:
                 spans = [(_count_int(start), _count_int(stop)) for start, stop in ranges]
-                found = self.store.get_ranges(*shard, spans, local=local, writer=writer)
+                found = self.store.get_ranges(address, spans)
         except (KeyError, TypeError, ValueError) as error:
             _send_frame(sock, {"error": f"{type(error).__name__}: {error}"})
             return
@@ -233,27 +236,22 @@ class Landing:
 
 def read(
     endpoint: Endpoint,
+    address: ShardAddress,
     *,
-    job: str,
-    step: int,
-    rank: int,
-    index: int,
     ranges: list[tuple[int, int]] | None,
-    local: bool,
     timeout_s: float,
-    writer: str = "",
     into: Landing | None = None,
     same_node: bool = False,
 ) -> tuple[dict[str, Any], bool | None, list[np.ndarray]] | None:
-    """``(meta dict, intact, pieces)`` of one shard (or with ``local`` a rank's local copy)
-    that ``writer`` saved, from the store at ``endpoint``, or None if it does not hold it.
+    """``(meta dict, intact, pieces)`` of the shard (or a rank's local copy) at ``address``,
+    from the store at ``endpoint``, or None if it does not hold it.
     ``ranges`` None reads the whole shard as one writable piece. A piece that landed ``into``
     is that array.
     ``same_node``: the store runs on the caller's node (its Unix socket is used when it has
     one). OSError when the store cannot be reached or the connection breaks; ValueError for an
     answer that is an error (a range out of bounds)."""
     with _connect(endpoint, same_node, timeout_s) as sock:
-        name = job.encode("utf-8", "surrogatepass")
+        name = address.job.encode("utf-8", "surrogatepass")
         token = _token_bytes(endpoint.token)
         sock.sendall(_HELLO.pack(MAGIC, token, len(name)) + name)
         hello = _recv_frame(sock, MAX_ANSWER_BYTES)
@@ -264,11 +262,11 @@ def read(
         _send_frame(
             sock,
             {
-                "step": step,
-                "rank": rank,
-                "index": index,
-                "writer": writer,
-                "local": local,
+                "step": address.step,
+                "rank": address.rank,
+                "index": address.index,
+                "writer": address.writer,
+                "local": address.local,
                 "ranges": None if ranges is None else [list(span) for span in ranges],
             },
         )

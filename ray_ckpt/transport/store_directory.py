@@ -24,7 +24,7 @@ import ray
 
 from ray_ckpt import settings
 from ray_ckpt.core.placement import Node
-from ray_ckpt.core.shard import ShardKey, ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import StageRequest
 from ray_ckpt.transport import direct_reads, naming, remote
 from ray_ckpt.transport.direct_reads import Endpoint, Landing
@@ -77,47 +77,37 @@ class StoreDirectory:
         """Copy ``data`` into that node's store (the store pulls it from this node's object store)."""
         return self._handle(node_id).put.remote(meta.to_dict(), ray.put(data), local).future()
 
-    def get(
-        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
-    ) -> Future[Any]:
-        """The shard (or local copy) ``writer`` saved: ``(meta dict, data)`` or None. Data read
-        directly is writable."""
+    def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
+        """The shard (or local copy) at ``address`` in that node's store: ``(meta dict, data)``
+        or None. Data read directly is writable."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
-            return handle.get.remote(job, step, rank, index, local, writer).future()
+            return handle.get.remote(address.to_wire()).future()
 
         def whole() -> Any:
-            found = self._read(node_id, handle, (job, step, rank, index, writer), None, local, None)
+            found = self._read(node_id, handle, address, None, None)
             if found is _THROUGH_RAY:
-                call = handle.get.remote(job, step, rank, index, local, writer)
+                call = handle.get.remote(address.to_wire())
                 return remote.get(call, timeout=settings.peer_timeout_s())
             return None if found is None else (found[0], found[2][0])
 
         return self._reader_pool().submit(whole)
 
     def get_ranges(
-        self,
-        node_id: str,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: list[tuple[int, int]],
-        local: bool,
-        into: Landing | None = None,
-        writer: str = "",
+        self, node_id: str, address: ShardAddress, ranges: list[tuple[int, int]], into: Landing | None = None
     ) -> Future[Any]:
-        """Byte ranges of the shard (or local copy) ``writer`` saved: ``(meta dict, intact,
-        pieces)`` or None. A direct read puts the pieces ``into`` its arrays when the store
-        vouches for them (``direct_reads.Landing``); the caller copies any other piece."""
+        """Byte ranges of the shard (or local copy) at ``address`` in that node's store:
+        ``(meta dict, intact, pieces)`` or None. A direct read puts the pieces ``into`` its
+        arrays when the store vouches for them (``direct_reads.Landing``); the caller copies any
+        other piece."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
-            return handle.get_ranges.remote(job, step, rank, index, ranges, local, writer).future()
+            return handle.get_ranges.remote(address.to_wire(), ranges).future()
 
         def spans() -> Any:
-            found = self._read(node_id, handle, (job, step, rank, index, writer), ranges, local, into)
+            found = self._read(node_id, handle, address, ranges, into)
             if found is _THROUGH_RAY:
-                call = handle.get_ranges.remote(job, step, rank, index, ranges, local, writer)
+                call = handle.get_ranges.remote(address.to_wire(), ranges)
                 return remote.get(call, timeout=settings.peer_timeout_s())
             return found
 
@@ -127,27 +117,21 @@ class StoreDirectory:
         self,
         node_id: str,
         handle: Any,
-        shard: ShardKey,
+        address: ShardAddress,
         ranges: list[tuple[int, int]] | None,
-        local: bool,
         into: Landing | None,
     ) -> Any:
         """A direct read from that store, or ``_THROUGH_RAY`` when it serves none or cannot be
         reached (then it is read through Ray from now on)."""
-        job, step, rank, index, writer = shard
+        job = address.job
         endpoint = self._endpoint(node_id, handle, job)
         if endpoint is None:
             return _THROUGH_RAY
         try:
             return direct_reads.read(
                 endpoint,
-                job=job,
-                step=step,
-                rank=rank,
-                index=index,
-                writer=writer,
+                address,
                 ranges=ranges,
-                local=local,
                 timeout_s=settings.peer_timeout_s(),
                 into=into,
                 same_node=node_id == self._own_node_id(),

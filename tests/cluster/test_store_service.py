@@ -14,6 +14,7 @@ from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nod
 import ray_ckpt
 from ray_ckpt import service
 from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.core.shard import ShardAddress
 from ray_ckpt.errors import InsufficientShardsError, StoreFullError
 from ray_ckpt.transport import naming
 
@@ -106,7 +107,7 @@ def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCl
     for index in (0, 1):  # corrupt two data shards in place
         store = stores[located["nodes"][index]]
         writer = located["metas"][index]["writer"]
-        meta, data = ray.get(store.get.remote(JOB, 0, 0, index, False, writer))
+        meta, data = ray.get(store.get.remote(ShardAddress(JOB, 0, 0, index, writer=writer).to_wire()))
         forged = np.array(data, copy=True)
         forged[::997] ^= 0x5A
         ray.get(store.put.remote(meta, forged))

@@ -13,7 +13,7 @@ import pytest
 
 from ray_ckpt.core import store as store_module
 from ray_ckpt.core.checksum import checksum
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.transport import direct_reads
 from ray_ckpt.transport.direct_reads import DirectReadServer, Endpoint, Landing
@@ -50,7 +50,8 @@ def served() -> Iterator[tuple[DirectReadServer, np.ndarray]]:
 def _read(endpoint: Endpoint, **kwargs: object) -> object:
     args: dict[str, object] = {"job": "j", "step": 4, "rank": 1, "index": 0, "local": False, "timeout_s": 5.0}
     args.update(kwargs)
-    return direct_reads.read(endpoint, **args)  # type: ignore[arg-type]
+    address = ShardAddress(**{name: args.pop(name) for name in ("job", "step", "rank", "index", "local")})  # type: ignore[arg-type]
+    return direct_reads.read(endpoint, address, **args)  # type: ignore[arg-type]
 
 
 def test_ranges_and_whole_shards_come_back_bit_exact(served: tuple[DirectReadServer, np.ndarray]) -> None:
@@ -83,7 +84,8 @@ def test_bytes_land_in_the_callers_arrays_only_when_the_store_vouches_for_them(
     assert pieces[0] is not other and not other.any()
     assert np.array_equal(pieces[0], data[: 1 << 20])
 
-    held = server.store.get("j", 4, 1, 0)  # corrupt the store's own copy of the shard (once the verdict is old)
+    # corrupt the store's own copy of the shard (once the verdict is old)
+    held = server.store.get(ShardAddress("j", 4, 1, 0))
     assert held is not None
     held[1][SIZE - 1] ^= 0xFF
     landed = np.zeros(1 << 20, dtype=np.uint8)

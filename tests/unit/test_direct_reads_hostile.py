@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from ray_ckpt.core.checksum import checksum
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.transport import direct_reads
 from ray_ckpt.transport.direct_reads import DirectReadServer
@@ -40,7 +40,7 @@ def server() -> Iterator[DirectReadServer]:
 
 def real_read(server: DirectReadServer, timeout_s: float = 5.0) -> bytes:
     _, _, (piece,) = direct_reads.read(  # type: ignore[misc]
-        server.endpoint("j"), job="j", step=1, rank=0, index=0, ranges=[(0, 64)], local=False, timeout_s=timeout_s
+        server.endpoint("j"), ShardAddress("j", 1, 0, 0), ranges=[(0, 64)], timeout_s=timeout_s
     )
     return bytes(piece)
 

@@ -11,7 +11,7 @@ from shard_metas import shard_metas
 
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.registry import Registry
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import StoreHoldings
 
@@ -135,11 +135,11 @@ def test_a_zombie_save_never_overwrites_the_next_generations_shards() -> None:
     old_meta, old_data = shard("abandoned", 2)
     store.put(new_meta, new_data)
     store.put(old_meta, old_data)  # the zombie's put lands last
-    found = store.get(JOB, 4, 0, 0, writer="next-generation")
+    found = store.get(ShardAddress(JOB, 4, 0, 0, writer="next-generation"))
     assert found is not None and found[0] == new_meta and np.array_equal(found[1], new_data)
     assert store.drop(JOB, [4], writers=["abandoned"]) > old_data.size  # its bytes and metadata
-    assert store.get(JOB, 4, 0, 0, writer="abandoned") is None
-    assert store.get(JOB, 4, 0, 0, writer="next-generation") is not None
+    assert store.get(ShardAddress(JOB, 4, 0, 0, writer="abandoned")) is None
+    assert store.get(ShardAddress(JOB, 4, 0, 0, writer="next-generation")) is not None
 
 
 def test_a_registry_restart_keeps_the_attempt_history_and_the_plan() -> None:

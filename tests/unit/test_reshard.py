@@ -25,7 +25,7 @@ from ray_ckpt import reshard
 from ray_ckpt.core import blob, dtensor, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import ConfigError, LayoutChangedError
 from ray_ckpt.ranges import RangeReader
@@ -107,21 +107,10 @@ class FileStores:
     def live(self, node_ids: Any) -> set[str]:
         return {n for n in node_ids if n not in self.dead}
 
-    def get_ranges(
-        self,
-        node_id: str,
-        job: str,
-        step: int,
-        rank: int,
-        index: int,
-        ranges: Any,
-        local: bool,
-        into: Any = None,
-        writer: str = "",
-    ) -> Future[Any]:
+    def get_ranges(self, node_id: str, address: ShardAddress, ranges: Any, into: Any = None) -> Future[Any]:
         """Like a direct read: pieces land ``into`` its arrays when the shard is intact."""
         future: Future[Any] = Future()
-        meta, shard = self.held[(node_id, rank)]
+        meta, shard = self.held[(node_id, address.rank)]
         intact = checksum(shard) == meta.checksum
         pieces = [shard[a:b] for a, b in ranges]
         if into is not None and intact and into.checksum == meta.checksum:

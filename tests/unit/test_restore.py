@@ -15,7 +15,7 @@ from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError
 from ray_ckpt.restore import Restorer
@@ -73,15 +73,14 @@ class FakeStores:
         future.set_result(PlanAnswer(plan, located).to_wire())
         return future
 
-    def get(
-        self, node_id: str, job: str, step: int, rank: int, index: int, local: bool = False, writer: str = ""
-    ) -> Future[Any]:
-        self.gets.append((node_id, index))
+    def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
+        self.gets.append((node_id, address.index))
         future: Future[Any] = Future()
         if node_id in self.failing:
             future.set_exception(RuntimeError("the store's process died"))
         else:
-            future.set_result(self.held[node_id].get((job, step, rank, index, local)))
+            key = (address.job, address.step, address.rank, address.index, address.local)
+            future.set_result(self.held[node_id].get(key))
         return future
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.errors import ConfigError, SnapshotFormatError
 
 VALID: dict[str, Any] = {
@@ -244,3 +244,41 @@ def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.data_shards = 8  # type: ignore[misc]
     assert config.data_shards == 4
+
+
+def test_a_shard_address_is_a_hashable_ordered_record_that_round_trips_on_the_wire() -> None:
+    meta = ShardMeta.from_dict(dict(VALID))
+    address = ShardAddress.of(meta)
+    assert address == ShardAddress("train-42", 100, 3, 5, writer="writer-1") and not address.local
+    assert ShardAddress.from_wire(address.to_wire()) == address
+    local = ShardAddress.local_copy("train-42", 100, 3, writer="writer-1")
+    assert (local.index, local.local) == (0, True) and ShardAddress.from_wire(local.to_wire()) == local
+    assert local != ShardAddress("train-42", 100, 3, 0, writer="writer-1")  # shard 0 is not the local copy
+    assert {address: 1, local: 2}[ShardAddress.of(meta)] == 1
+    assert sorted([address, local]) == [local, address]  # field by field: index 0 before 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        address.step = 7  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"job": 3}, "job"),
+        ({"step": -1}, "step"),
+        ({"step": 1.0}, "step"),
+        ({"rank": True}, "rank"),
+        ({"index": "0"}, "index"),
+        ({"local": 1}, "local"),
+        ({"writer": None}, "writer"),
+        ({"local": True, "index": 2}, "index 0"),
+    ],
+)
+def test_a_shard_address_names_its_bad_field(fields: dict[str, Any], named: str) -> None:
+    values: dict[str, Any] = {"job": "j", "step": 1, "rank": 0, "index": 0, "local": False, "writer": "", **fields}
+    with pytest.raises(ConfigError, match=named):
+        ShardAddress(**values)
+    wire = [values[name] for name in ("job", "step", "rank", "index", "local", "writer")]
+    with pytest.raises(ConfigError, match=named):
+        ShardAddress.from_wire(wire)
+    with pytest.raises(ConfigError, match="on the wire"):
+        ShardAddress.from_wire(wire[:5])

@@ -11,7 +11,7 @@ import pytest
 from ray_ckpt import settings
 from ray_ckpt.core import store as store_module
 from ray_ckpt.core.checksum import checksum
-from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.errors import ConfigError, StoreFullError
 
@@ -54,8 +54,8 @@ def test_put_keeps_its_own_copy() -> None:
     store.put(meta(index=1), raw)
     array[:] = 0
     raw[:] = b"y" * 64
-    got_array = store.get("job", 1, 0, 0)
-    got_raw = store.get("job", 1, 0, 1)
+    got_array = store.get(ShardAddress("job", 1, 0, 0))
+    got_raw = store.get(ShardAddress("job", 1, 0, 1))
     assert got_array is not None and got_raw is not None
     assert np.array_equal(got_array[1], np.arange(64, dtype=np.uint8))
     assert got_raw[1].tobytes() == b"x" * 64
@@ -67,9 +67,9 @@ def test_get_returns_none_for_absent_shards() -> None:
     """get answers None for any key component that does not match a held shard."""
     store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
     store.put(meta(), data(64))
-    assert store.get("job", 1, 0, 0) is not None
+    assert store.get(ShardAddress("job", 1, 0, 0)) is not None
     for key in [("other", 1, 0, 0), ("job", 2, 0, 0), ("job", 1, 1, 0), ("job", 1, 0, 1)]:
-        assert store.get(*key) is None
+        assert store.get(ShardAddress(*key)) is None
 
 
 def test_put_with_wrong_size_raises_and_stores_nothing() -> None:
@@ -78,7 +78,7 @@ def test_put_with_wrong_size_raises_and_stores_nothing() -> None:
     with pytest.raises(ValueError, match="63 bytes"):
         store.put(meta(size=64), data(63))
     assert store.stats().shards == 0
-    assert store.get("job", 1, 0, 0) is None
+    assert store.get(ShardAddress("job", 1, 0, 0)) is None
 
 
 def test_negative_budget_is_rejected() -> None:
@@ -109,9 +109,9 @@ def test_put_over_budget_raises_explains_and_changes_nothing() -> None:
     assert error.node_id == "n1"
     assert store.stats() == before
     assert store.inventory() == inventory
-    assert store.get("alpha", 2, 0, 0) is None
+    assert store.get(ShardAddress("alpha", 2, 0, 0)) is None
     # still serving: reads work and a put that fits succeeds, filling the budget exactly
-    held = store.get("beta", 1, 0, 1)
+    held = store.get(ShardAddress("beta", 1, 0, 1))
     assert held is not None and held[1].tobytes() == bytes([2]) * 100
     store.put(small, data(10))
     assert store.stats().used_bytes == budget
@@ -125,7 +125,7 @@ def test_replacing_a_key_adjusts_usage_without_double_counting() -> None:
     store.put(first, data(100, 2))  # the budget only fits one copy: the old one's bytes are freed
     stats = store.stats()
     assert (stats.shards, stats.used_bytes) == (1, cost(first))
-    got = store.get("job", 1, 0, 0)
+    got = store.get(ShardAddress("job", 1, 0, 0))
     assert got is not None and got[1].tobytes() == bytes([2]) * 100
     smaller = meta(size=40)
     store.put(smaller, data(40, 3))
@@ -226,14 +226,14 @@ def test_concurrent_puts_never_exceed_the_budget() -> None:
     done.set()
     watcher.join()
     stats = store.stats()
-    stored = [step for step in range(puts) if store.get("job", step, 0, 0) is not None]
+    stored = [step for step in range(puts) if store.get(ShardAddress("job", step, 0, 0)) is not None]
     assert stats.used_bytes <= budget
     assert peak[0] <= budget
     assert len(stored) == budget // one == 10  # reservations make the outcome exact
     assert len(errors) == puts - len(stored)
     assert stats.shards == len(stored)
     for step in stored:
-        got = store.get("job", step, 0, 0)
+        got = store.get(ShardAddress("job", step, 0, 0))
         assert got is not None and bool((got[1] == step).all())
 
 
@@ -259,7 +259,7 @@ def test_concurrent_puts_of_mixed_sizes_account_every_rejection() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    absent = [step for step in range(len(sizes)) if store.get("job", step, 0, 0) is None]
+    absent = [step for step in range(len(sizes)) if store.get(ShardAddress("job", step, 0, 0)) is None]
     assert sorted(rejected) == absent
     assert rejected  # the total was three times the budget
     assert store.stats().used_bytes <= budget
@@ -307,7 +307,7 @@ def test_a_put_needing_new_memory_past_the_node_ceiling_is_refused_and_changes_n
     with pytest.raises(StoreFullError, match=r"node's memory in use \(8900 of 10000 bytes, 89%\).*90%"):
         store.put(meta(step=2, size=200), data(200))
     assert store.stats().shards == 1
-    found = store.get("job", 1, 0, 0)
+    found = store.get(ShardAddress("job", 1, 0, 0))
     assert found is not None and (found[1] == 1).all()
     in_use["bytes"] = 8_000
     store.put(meta(step=2, size=200), data(200))  # room again: accepted
@@ -330,7 +330,7 @@ def test_reusing_an_evicted_array_needs_no_new_memory_so_saves_go_on_at_the_ceil
     store.put(meta(step=3, size=128), data(128, fill=3))
     with pytest.raises(StoreFullError, match="ceiling"):
         store.put(meta(step=3, index=1, size=128), data(128))  # no spare left: refused
-    found = store.get("job", 3, 0, 0)
+    found = store.get(ShardAddress("job", 3, 0, 0))
     assert found is not None and (found[1] == 3).all()
 
 
@@ -343,18 +343,18 @@ def test_get_ranges_returns_the_pieces_and_whether_the_whole_shard_still_matches
     shard = np.arange(64, dtype=np.uint8)
     good = dataclasses.replace(meta(), checksum=checksum(shard))
     store.put(good, shard)
-    found = store.get_ranges("job", 1, 0, 0, [(2, 5), (60, 64), (9, 9)])
+    found = store.get_ranges(ShardAddress("job", 1, 0, 0), [(2, 5), (60, 64), (9, 9)])
     assert found is not None
     held, intact, pieces = found
     assert held == good and intact
     assert [p.tolist() for p in pieces] == [[2, 3, 4], [60, 61, 62, 63], []]
-    store.get("job", 1, 0, 0)[1][40] ^= 1  # type: ignore[index]  # the bytes rot in memory
-    assert store.get_ranges("job", 1, 0, 0, [(0, 1)])[1] is True  # type: ignore[index]  # verdict reused
+    store.get(ShardAddress("job", 1, 0, 0))[1][40] ^= 1  # type: ignore[index]  # the bytes rot in memory
+    assert store.get_ranges(ShardAddress("job", 1, 0, 0), [(0, 1)])[1] is True  # type: ignore[index]  # verdict reused
     monkeypatch.setattr(store_module, "INTACT_TTL_S", 0.0)
-    assert store.get_ranges("job", 1, 0, 0, [(0, 1)])[1] is False  # type: ignore[index]
-    assert store.get_ranges("job", 1, 0, 1, [(0, 1)]) is None
+    assert store.get_ranges(ShardAddress("job", 1, 0, 0), [(0, 1)])[1] is False  # type: ignore[index]
+    assert store.get_ranges(ShardAddress("job", 1, 0, 1), [(0, 1)]) is None
     with pytest.raises(ValueError, match="outside"):
-        store.get_ranges("job", 1, 0, 0, [(60, 65)])
+        store.get_ranges(ShardAddress("job", 1, 0, 0), [(60, 65)])
 
 
 def test_a_job_past_its_share_of_the_store_is_refused_and_other_jobs_go_on() -> None:
@@ -424,3 +424,27 @@ def test_the_job_fraction_knob_defaults_to_no_limit_and_refuses_nan() -> None:
     for bad in ("nan", "0", "1.5", "-1"):
         with settings.override(RAY_CKPT_STORE_JOB_FRACTION=bad), pytest.raises(ValueError, match=r"in \(0, 1\]"):
             settings.store_job_fraction()
+
+
+def test_a_local_copy_is_kept_apart_from_shard_0_by_its_address_alone() -> None:
+    """A rank's local copy (index 0 of a k=1, m=0 code) and its coded shard 0 live side by side,
+    each read back at its own address; the inventory lists the coded shard only, a local copy
+    with another index is refused and changes nothing, and dropping the step evicts both."""
+    store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
+    coded = meta(index=0, size=64)
+    whole = dataclasses.replace(coded, data_shards=1, parity_shards=0, payload_size=128, shard_size=128)
+    store.put(coded, data(64, fill=1))
+    store.put(whole, data(128, fill=2), local=True)
+    shard_0, copy = store.get(ShardAddress.of(coded)), store.get(ShardAddress.local_copy("job", 1, 0))
+    assert shard_0 is not None and shard_0[0] == coded and shard_0[1].tobytes() == bytes([1]) * 64
+    assert copy is not None and copy[0] == whole and copy[1].tobytes() == bytes([2]) * 128
+    assert ShardAddress.of(whole, local=True) == ShardAddress.local_copy("job", 1, 0)
+    ranged = store.get_ranges(ShardAddress.local_copy("job", 1, 0), [(100, 104)])
+    assert ranged is not None and ranged[2][0].tobytes() == bytes([2]) * 4
+    assert store.inventory() == [coded]
+    before = store.stats()
+    with pytest.raises(ConfigError, match="index 0"):
+        store.put(dataclasses.replace(whole, index=1, data_shards=2, shard_size=64), data(64), local=True)
+    assert store.stats() == before
+    assert store.drop("job", [1]) == cost(coded) + cost(whole)
+    assert store.get(ShardAddress.of(coded)) is None and store.get(ShardAddress.local_copy("job", 1, 0)) is None
