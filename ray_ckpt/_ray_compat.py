@@ -209,6 +209,39 @@ def prestart_worker(raylet_address: str, runtime_env: str, job_id: str, keep_ali
         return False
 
 
+def job_workers(raylet_address: str, job_id: str) -> dict[int, bool] | None:
+    """The worker processes of the job ``job_id`` (hex) on the node whose raylet is at
+    ``raylet_address`` ("host:port"): pid -> whether it is idle (has run nothing yet, no actor
+    and no task, as a prestarted worker such as a warm spare). Ray's raylet ``GetNodeStats``
+    call (internal gRPC). None if the raylet could not be asked; never raises."""
+    try:
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+    except ImportError as error:
+        logger.info("cannot list a node's workers: Ray lacks the raylet's GetNodeStats call (%s)", error)
+        return None
+    try:
+        job = bytes.fromhex(job_id)
+        channel = init_grpc_channel(raylet_address)
+        try:
+            reply = node_manager_pb2_grpc.NodeManagerServiceStub(channel).GetNodeStats(
+                node_manager_pb2.GetNodeStatsRequest(include_memory_info=False),  # type: ignore[attr-defined]
+                timeout=5,
+            )
+        finally:
+            channel.close()
+        return {
+            stats.pid: (
+                not stats.actor_id.strip(b"\xff\x00") and stats.num_executed_tasks == 0 and stats.num_running_tasks == 0
+            )
+            for stats in reply.core_workers_stats
+            if stats.worker_type == common_pb2.WORKER and stats.job_id == job  # type: ignore[attr-defined]
+        }
+    except Exception as error:
+        logger.info("could not list the workers at %s: %s", raylet_address, error)
+        return None
+
+
 _WARM_NAMESPACE = "ray_ckpt"
 
 
@@ -217,6 +250,32 @@ def _warm_key(job_id: str, runtime_env: str, node_id: str) -> bytes:
 
     env = hashlib.sha1(runtime_env.encode()).hexdigest()[:16]
     return f"warm:{job_id}:{env}:{node_id}".encode()
+
+
+def note_warm_process(job_id: str, node_id: str, pid: int) -> None:
+    """Note in the GCS that the process ``pid`` on ``node_id`` of the job ``job_id`` ran the
+    warm-up hook (a spare, or a worker that started without one)."""
+    from ray.experimental import internal_kv
+
+    key = f"warmpid:{job_id}:{node_id}:{pid}".encode()
+    internal_kv._internal_kv_put(key, b"", overwrite=True, namespace=_WARM_NAMESPACE)
+
+
+def warm_processes(job_id: str, node_id: str) -> set[int]:
+    """The pids ``note_warm_process`` noted for the job on ``node_id`` (live or not)."""
+    from ray.experimental import internal_kv
+
+    prefix = f"warmpid:{job_id}:{node_id}:".encode()
+    keys = internal_kv._internal_kv_list(prefix, namespace=_WARM_NAMESPACE) or []
+    return {int(key[len(prefix) :]) for key in keys}
+
+
+def forget_warm_processes(job_id: str, node_id: str, pids: set[int]) -> None:
+    """Drop the notes of ``pids`` (processes that are gone)."""
+    from ray.experimental import internal_kv
+
+    for pid in pids:
+        internal_kv._internal_kv_del(f"warmpid:{job_id}:{node_id}:{pid}".encode(), namespace=_WARM_NAMESPACE)
 
 
 def warm_spare_started(job_id: str, runtime_env: str, node_id: str) -> float | None:

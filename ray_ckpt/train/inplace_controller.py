@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WARM_STAGGER_S = 1.0  # between two spares' starts
+SPARE_START_S = 60.0  # a spare noted as started this recently may still be starting: it counts
 
 
 @functools.cache
@@ -117,15 +118,16 @@ class _WarmSpares:
     on each node that has room for a worker and runs none of the run's, up to the number asked
     for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
     spares belong to the job and outlive one run, so a later run of the same job counts them
-    and starts none twice; a worker starting on a node clears its mark (``_Worker``). Ray reaps
-    a spare its keep-alive ran out on, once its node has more idle workers than CPUs."""
+    and starts none twice; a worker starting on a node clears its mark (``_Worker``). A renewal
+    starts a spare only where none waits (``_spare_waits``)."""
 
     def __init__(self) -> None:
         self.workers: dict[int, str] = {}  # world rank -> node id
         self._facts: dict[str, Any] | None = None  # a worker's runtime env, job and resources
         self._wanted = 0
         self._keep_alive_s = 600.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the fields above
+        self._starting = threading.Lock()  # one _start_spares at a time
         self._renewing = False
 
     def refresh(self, group: Any, wanted: int, keep_alive_s: float, *, full_start: bool) -> None:
@@ -169,12 +171,16 @@ class _WarmSpares:
                 logger.info("ray_ckpt: could not renew warm spares: %s", error)
 
     def _start_spares(self) -> None:
-        with self._lock:
-            facts = self._facts
+        """Start a spare on each node with room for a worker, none of the run's workers and no
+        spare of the job waiting (``_spare_waits``), up to the number wanted. Calls to start
+        spares go one at a time; the data lock is held only to read what they need."""
+        with self._starting:
+            with self._lock:
+                facts, wanted, keep_alive_s = self._facts, self._wanted, self._keep_alive_s
+                busy = set(self.workers.values())
             if facts is None:
                 return
             env, job, needs = facts["runtime_env"], facts["job_id"], facts["resources"]
-            busy = set(self.workers.values())
             room = {  # node id -> its raylet's address
                 str(node["NodeID"]): f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
                 for node in ray.nodes()
@@ -182,15 +188,33 @@ class _WarmSpares:
                 and str(node["NodeID"]) not in busy
                 and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
             }
-            fresh = time.time() - self._keep_alive_s / 2
-            waiting = [n for n in room if (_ray_compat.warm_spare_started(job, env, n) or 0.0) > fresh]
-            chosen = [n for n in room if n not in waiting][: max(0, self._wanted - len(waiting))]
+            waiting = [n for n, address in room.items() if _spare_waits(job, env, n, address, keep_alive_s)]
+            chosen = [n for n in room if n not in waiting][: max(0, wanted - len(waiting))]
             for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                if _ray_compat.prestart_worker(room[node], env, job, math.ceil(self._keep_alive_s)):
+                if _ray_compat.prestart_worker(room[node], env, job, math.ceil(keep_alive_s)):
                     _ray_compat.mark_warm_spare(job, env, node, time.time())
                 time.sleep(WARM_STAGGER_S)
         if chosen:
             logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
+
+
+def _spare_waits(job: str, env: str, node: str, raylet_address: str, keep_alive_s: float) -> bool:
+    """Whether a spare of ``job`` waits on ``node`` (so none is started there): one noted as
+    started less than ``SPARE_START_S`` ago (its process may not be up yet), else an idle
+    process of the job that ran the warm-up hook (``warm_up`` notes each one; the node's raylet
+    says which are idle). Ray keeps an idle worker past its keep-alive while its node has no
+    more idle workers than CPUs, so starting a spare per renewal would pile them up. Where the
+    raylet cannot be asked: a spare noted less than ``keep_alive_s / 2`` ago. Notes of
+    processes that are gone are dropped here."""
+    started = _ray_compat.warm_spare_started(job, env, node) or 0.0
+    if started > time.time() - SPARE_START_S:
+        return True
+    workers = _ray_compat.job_workers(raylet_address, job)
+    if workers is None:
+        return started > time.time() - keep_alive_s / 2
+    warmed = _ray_compat.warm_processes(job, node)
+    _ray_compat.forget_warm_processes(job, node, warmed - set(workers))
+    return any(workers[pid] for pid in warmed & set(workers))
 
 
 def _worker_facts() -> dict[str, Any]:

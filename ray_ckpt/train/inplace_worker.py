@@ -146,6 +146,11 @@ def warm_up() -> None:
     for module in WARM_MODULES:
         importlib.import_module(module)
     PROCESS.warmed_at = time.time()
+    try:  # the controller tells this process apart from the job's other idle workers by it
+        runtime = ray.get_runtime_context()
+        _ray_compat.note_warm_process(runtime.get_job_id(), runtime.get_node_id(), os.getpid())
+    except Exception as error:  # warm spares only make replacements start sooner
+        logger.info("ray_ckpt: this warm process could not be noted: %s", error)
 
 
 def _may_renice() -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from ray_ckpt import _ray_compat
 from ray_ckpt.core.nodes import RayNode
 
@@ -104,6 +106,52 @@ def test_warm_spares_find_the_raylet_call_and_the_setup_hook_ray_runs() -> None:
     assert "WORKER_PROCESS_SETUP_HOOK_ENV_VAR" in inspect.getsource(default_worker)
     importlib_name = _ray_compat.train_worker_module()
     assert __import__(importlib_name, fromlist=["RayTrainWorker"]).RayTrainWorker is not None
+
+
+def test_a_nodes_job_workers_are_listed_by_the_raylet_call_and_fields_ray_has() -> None:
+    """job_workers reads the raylet's GetNodeStats reply: each core worker's pid, type, job,
+    actor and task counts; an unreachable raylet is None, never an error."""
+    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+
+    assert "include_memory_info" in node_manager_pb2.GetNodeStatsRequest.DESCRIPTOR.fields_by_name
+    assert "core_workers_stats" in node_manager_pb2.GetNodeStatsReply.DESCRIPTOR.fields_by_name
+    fields = set(common_pb2.CoreWorkerStats.DESCRIPTOR.fields_by_name)
+    assert {"pid", "worker_type", "job_id", "actor_id", "num_executed_tasks", "num_running_tasks"} <= fields
+    assert "GetNodeStats" in inspect.getsource(node_manager_pb2_grpc.NodeManagerServiceStub)
+    assert _ray_compat.job_workers("127.0.0.1:1", "01000000") is None
+
+
+def test_warm_process_notes_are_kept_per_job_and_node_and_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What warm_up notes is listed back for its job and node only, and forget drops it."""
+    stored: dict[bytes, bytes] = {}
+
+    class KV:
+        @staticmethod
+        def _internal_kv_put(key: bytes, value: bytes, overwrite: bool, namespace: str) -> None:
+            stored[key] = value
+
+        @staticmethod
+        def _internal_kv_list(prefix: bytes, namespace: str) -> list[bytes]:
+            return [key for key in stored if key.startswith(prefix)]
+
+        @staticmethod
+        def _internal_kv_del(key: bytes, namespace: str) -> None:
+            stored.pop(key, None)
+
+    import ray.experimental
+
+    monkeypatch.setattr(ray.experimental, "internal_kv", KV)
+    for job, node, pid in (
+        ("01000000", "n1", 11),
+        ("01000000", "n1", 12),
+        ("01000000", "n2", 13),
+        ("02000000", "n1", 14),
+    ):
+        _ray_compat.note_warm_process(job, node, pid)
+    assert _ray_compat.warm_processes("01000000", "n1") == {11, 12}
+    _ray_compat.forget_warm_processes("01000000", "n1", {11})
+    assert _ray_compat.warm_processes("01000000", "n1") == {12}
+    assert _ray_compat.warm_processes("02000000", "n1") == {14}
 
 
 def test_train_workers_get_the_warm_up_hook_in_their_runtime_env_once() -> None:

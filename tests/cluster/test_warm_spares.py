@@ -1,0 +1,96 @@
+"""Warm spares stay one per node and job, however often they are renewed: on a node of several
+CPUs Ray keeps an idle worker past its keep-alive, so a renewal that started a new spare beside
+a waiting one piled them up (one more per renewal)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import pace
+import psutil
+import pytest
+import ray
+from ray.runtime_env import RuntimeEnv
+
+from ray_ckpt import _ray_compat
+from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.train import inplace, inplace_controller
+
+pytestmark = pytest.mark.cluster
+
+KEEP_ALIVE_S = 3.0  # short, so that every renewal below comes after the spare's keep-alive ran out
+
+
+@pytest.fixture(scope="module")
+def four_cpu_node() -> Iterator[SimulatedCluster]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckwarm"))
+        sim = SimulatedCluster(1, worker_cpus=4, start_service=False)
+        try:
+            yield sim
+        finally:
+            sim.shutdown()
+
+
+def spare_processes() -> list[int]:
+    """The pids of this machine's idle worker processes started with the warm-up hook."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            hooked = process.environ().get(_ray_compat.SETUP_HOOK_ENV_VAR) == inplace.WARM_HOOK
+            if hooked and process.cmdline()[:1] == ["ray::IDLE"]:
+                found.append(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def wait_for(what: str, condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + pace.bound(60)
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_renewals_keep_one_spare_per_node_and_replace_one_that_died(
+    four_cpu_node: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inplace_controller, "SPARE_START_S", KEEP_ALIVE_S)
+    monkeypatch.setattr(inplace_controller, "WARM_STAGGER_S", 0.0)
+    runtime = ray.get_runtime_context()
+    spares = inplace_controller._WarmSpares()
+    spares._facts = {
+        "runtime_env": RuntimeEnv(env_vars={_ray_compat.SETUP_HOOK_ENV_VAR: inplace.WARM_HOOK}).serialize(),
+        "job_id": runtime.get_job_id(),
+        "resources": {"CPU": 1.0},
+    }
+    spares._wanted, spares._keep_alive_s = 1, KEEP_ALIVE_S
+    node_id = four_cpu_node.node_id(0)
+    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
+    raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+    job = spares._facts["job_id"]
+
+    def one_spare_up() -> bool:  # its process runs and noted itself after its warm-up
+        found = spare_processes()
+        return len(found) == 1 and found[0] in _ray_compat.warm_processes(job, node_id)
+
+    spares._start_spares()
+    wait_for("the first spare did not come up", one_spare_up)
+    first = spare_processes()
+    for _ in range(4):  # each renewal after the last one's keep-alive and start grace ran out
+        time.sleep(KEEP_ALIVE_S + 0.5)
+        spares._start_spares()
+        assert spare_processes() == first
+
+    os.kill(first[0], signal.SIGKILL)  # the spare is gone: a renewal starts one once its raylet knows
+    wait_for(
+        "the raylet still lists the killed spare", lambda: first[0] not in (_ray_compat.job_workers(raylet, job) or {})
+    )
+    spares._start_spares()
+    wait_for("no new spare replaced the killed one", one_spare_up)
+    assert spare_processes() != first
+    assert first[0] not in _ray_compat.warm_processes(job, node_id), "the killed spare's note was kept"
