@@ -134,7 +134,10 @@ def run_mode(demo: Any, cluster: Any, shape: str, mode: str, args: Any) -> dict[
     kind = "ray_ckpt" if mode.startswith("ray_ckpt") else "baseline"
     meter = CpuMeter()
     meter.start()
-    run = demo.run_job(cluster, name, kind, args.steps, [], **extra)
+    try:  # no failure is planned: one would void the run's figures (Ray Train restarts it)
+        run = demo.run_job(cluster, name, kind, args.steps, [], max_failures=0, **extra)
+    except Exception as error:
+        raise BenchError(f"{shape} {mode}: the job failed, its figures are void: {error}") from error
     meter.stop()
     step_ends = run["final"]["step_ends"]
     gaps = step_times(step_ends)

@@ -335,6 +335,7 @@ def run_job(
     kills: list[tuple[int, list[int], int]],
     kill_delay_s: float = 0.0,
     in_place: bool = False,
+    max_failures: int = 6,
     **extra: Any,
 ) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -362,7 +363,7 @@ def run_job(
         run_config=RunConfig(
             name=name,
             storage_path=extra.get("storage", tempfile.mkdtemp()),
-            failure_config=FailureConfig(max_failures=6),
+            failure_config=FailureConfig(max_failures=max_failures),
         ),
     ).fit()
     killer.join(timeout=5)

@@ -163,7 +163,7 @@ def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
     rows = {row["mode"]: row for row in document["rows"]}
     assert list(rows) == ["none", "ray_ckpt/1", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N"]
     steps, every = document["steps"], document["every"]
-    assert all(row["steps"] == steps for row in rows.values())
+    assert all(row["steps"] == steps for row in rows.values()), {mode: row["steps"] for mode, row in rows.items()}
     assert rows["ray_ckpt/1"]["saves"] == steps
     assert rows["ray_ckpt/N"]["saves"] == len(range(0, steps, every))
     assert 1 <= rows["ray_ckpt/auto"]["saves"] < steps, rows["ray_ckpt/auto"]
