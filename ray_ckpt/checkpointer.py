@@ -15,8 +15,9 @@ from ray_ckpt import settings
 from ray_ckpt.backup import ArrowBackup, Backup
 from ray_ckpt.config import EVERY_AUTO, CheckpointConfig
 from ray_ckpt.core import dtensor, events, snapshot
+from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.interval import Decision, IntervalPolicy
-from ray_ckpt.core.shard import SAVE_ID_MAX, check_step
+from ray_ckpt.core.shard import check_step
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer
@@ -29,7 +30,7 @@ __all__ = ["Checkpointer", "Restored", "SaveHandle"]
 logger = logging.getLogger(__name__)
 
 
-class Checkpointer:
+class Checkpointer(WithIdentity):
     """Saves and restores one rank's state through the ray_ckpt service.
 
     ``save`` blocks only while the state is copied into a host buffer it reuses (pinned, with
@@ -51,6 +52,8 @@ class Checkpointer:
     incarnation are then discarded instead of being completed by the new one. Without one,
     ``restore`` gets the registry's (``attempt`` is then set): every rank must restore before
     it trains (docs/commit-protocol.md). ``writer``: this object's id, in its shards' keys.
+    ``identity``: job, rank, world size, attempt and this rank's Ray node, one checked
+    ``RankIdentity``; its fields read as attributes (``ckpt.rank``, ``ckpt.attempt``).
 
     ``backup``: where persistent backups go and a restore falls back to (any
     ``ray_ckpt.backup.Backup``); by default an ``ArrowBackup`` on ``config.backup_uri`` when that
@@ -68,17 +71,7 @@ class Checkpointer:
         attempt: str | None = None,
         backup: Backup | None = None,
     ) -> None:
-        if not isinstance(job, str) or not job or "/" in job:
-            raise ConfigError(f"job must be a non-empty str without '/', got {job!r}")
-        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-            raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
-            raise ConfigError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
-        if attempt is not None and (not isinstance(attempt, str) or not attempt or len(attempt) > SAVE_ID_MAX):
-            raise ConfigError(
-                f"attempt must be None or a non-empty str of at most {SAVE_ID_MAX} characters, the same on every "
-                f"rank of one worker group, got {attempt!r}"
-            )
+        RankIdentity.check(job=job, rank=rank, world_size=world_size, attempt=attempt)  # before Ray is needed
         if config is not None and not isinstance(config, CheckpointConfig):
             raise ConfigError(f"config must be a ray_ckpt.CheckpointConfig, got {type(config).__name__}")
         if backup is not None and not isinstance(backup, Backup):
@@ -93,10 +86,6 @@ class Checkpointer:
             )
         if not ray.is_initialized():
             raise StoreUnavailableError("Ray is not initialized: call ray.init() and ray_ckpt.start() first")
-        self.job = job
-        self.rank = rank
-        self.world_size = world_size
-        self.attempt = attempt
         self.config = config or CheckpointConfig()
         if self.config.backup_every and not self.config.backup_uri and backup is None:
             raise ConfigError(
@@ -105,18 +94,17 @@ class Checkpointer:
                 "from the run's storage path"
             )
         self.namespace = namespace or settings.namespace()
-        self.node_id = ray.get_runtime_context().get_node_id()
+        node_id = ray.get_runtime_context().get_node_id()
+        self.identity = RankIdentity(job=job, rank=rank, world_size=world_size, attempt=attempt, node_id=node_id)
         self._registry = RegistryClient(self.namespace)
         self._stores = StoreDirectory(self.namespace)
         if backup is None and self.config.backup_uri:
             backup = ArrowBackup(self.config.backup_uri)
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ray_ckpt-save-{rank}")
-        identity: dict[str, Any] = {"job": job, "rank": rank, "world_size": world_size, "attempt": attempt}
         self.writer = uuid.uuid4().hex  # this Checkpointer's saves: no other save shares their shards' keys
         self._saves = SavePipeline(
-            **identity,
+            identity=self.identity,
             writer=self.writer,
-            node_id=self.node_id,
             config=self.config,
             registry=self._registry,
             stores=self._stores,
@@ -124,8 +112,7 @@ class Checkpointer:
             record=self._record,
         )
         self._restorer = Restorer(
-            **identity,
-            node_id=self.node_id,
+            identity=self.identity,
             registry=self._registry,
             stores=self._stores,
             backup=backup,
@@ -363,7 +350,7 @@ class Checkpointer:
             raise
         self.last_restore_bytes = self._restorer.restored_bytes
         if self.attempt is None and self._restorer.attempt is not None:  # the registry gave this rank its attempt
-            self.attempt = self._saves.attempt = self._restorer.attempt
+            self.identity = self._saves.identity = self._restorer.identity
         self._saves.restart_counting()  # the next save is this incarnation's first step: always recorded
         newest = None if plan is None else plan.newest_staged
         self._record(

@@ -32,6 +32,7 @@ from ray_ckpt.core import blob, dtensor, hostmem, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.events import RestoreSource
+from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta, check_step
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
@@ -193,19 +194,17 @@ def _phases(t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, 
     return {"locate": t1 - t0, "fetch": t2 - t1, "decode": t3 - t2, "load": t4 - t3}
 
 
-class Restorer:
-    """One rank's layered restore. ``allocate`` maps output buffers (hostmem.allocate);
+class Restorer(WithIdentity):
+    """One rank's layered restore, for the rank ``identity`` names (its fields read as
+    attributes: ``job``, ``rank``, ...; a rank that restores without an attempt gets the
+    registry's, a new ``identity``). ``allocate`` maps output buffers (hostmem.allocate);
     ``background`` runs that mapping while shards are in flight. ``restored_bytes`` is what
     the last restore moved. Not thread-safe: one caller."""
 
     def __init__(
         self,
         *,
-        job: str,
-        rank: int,
-        world_size: int,
-        attempt: str | None,
-        node_id: str,
+        identity: RankIdentity,
         registry: RegistryView,
         stores: ShardSource,
         backup: Backup | None,
@@ -213,7 +212,7 @@ class Restorer:
         timeout_s: Callable[[], float],
         allocate: Callable[[int], np.ndarray] = hostmem.allocate,
     ) -> None:
-        self.job, self.rank, self.world_size, self.attempt, self.node_id = job, rank, world_size, attempt, node_id
+        self.identity = identity
         self.registry, self.stores, self.backup = registry, stores, backup
         self._background, self._timeout_s, self._allocate = background, timeout_s, allocate
         self.restored_bytes = 0
@@ -233,7 +232,7 @@ class Restorer:
         answer = self._plan()
         plan = answer.plan
         if self.attempt is None:  # the registry's attempt for ranks that restore without one
-            self.attempt = plan.attempt
+            self.identity = self.identity.with_attempt(plan.attempt)
         if plan.source == "peers" and plan.step is not None:
             reshard_into = into is not None and int(plan.world_size or 0) != self.world_size
             if not reshard_into:

@@ -28,6 +28,7 @@ from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, hostmem, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.placement import place
 from ray_ckpt.core.protection import cluster_margin, rank_protection
 from ray_ckpt.core.shard import ShardMeta
@@ -149,8 +150,9 @@ class SaveHandle:
         self._wait_committed(self.step, max(0.0, deadline - time.monotonic()))
 
 
-class SavePipeline:
-    """Buffers and steps of one rank's saves. ``record(kind, **fields)`` sends an event.
+class SavePipeline(WithIdentity):
+    """Buffers and steps of the saves of the rank ``identity`` names (its fields read as
+    attributes: ``job``, ``rank``, ...). ``record(kind, **fields)`` sends an event.
     ``last_protection``: node losses the last placement survives. Not thread-safe: the
     checkpointer calls ``snapshot`` on the caller's thread and ``complete`` on its one
     background thread, never two of either at once."""
@@ -158,19 +160,15 @@ class SavePipeline:
     def __init__(
         self,
         *,
-        job: str,
-        rank: int,
-        world_size: int,
-        attempt: str | None,
+        identity: RankIdentity,
         writer: str,
-        node_id: str,
         config: CheckpointConfig,
         registry: RegistryClient,
         stores: StoreDirectory,
         backup: Backup | None,
         record: Callable[..., None],
     ) -> None:
-        self.job, self.rank, self.world_size, self.attempt, self.node_id = job, rank, world_size, attempt, node_id
+        self.identity = identity
         self.writer = writer
         self.config = config
         self.code = ReedSolomon(config.data_shards, config.parity_shards)

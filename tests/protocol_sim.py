@@ -29,6 +29,7 @@ import torch
 
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.placement import Node, place
 from ray_ckpt.core.registry import Registry
 from ray_ckpt.core.shard import ShardAddress
@@ -177,11 +178,9 @@ class World:
 
     def _restorer(self, process: Process) -> Restorer:
         return Restorer(
-            job=JOB,
-            rank=process.rank,
-            world_size=self.world_size,
-            attempt=process.attempt,
-            node_id=process.node,
+            identity=RankIdentity(
+                job=JOB, rank=process.rank, world_size=self.world_size, attempt=process.attempt, node_id=process.node
+            ),
             registry=_RegistryView(self, process),
             stores=_Stores(self),
             backup=None,

@@ -12,6 +12,7 @@ import torch
 
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import snapshot
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.save import SavePipeline, record_copies
 
 
@@ -48,12 +49,8 @@ class FakeCudaTensor:
 
 def pipeline() -> SavePipeline:
     return SavePipeline(
-        job="gpu",
-        rank=0,
-        world_size=1,
-        attempt=None,
+        identity=RankIdentity(job="gpu", rank=0, world_size=1, node_id="here"),
         writer="w",
-        node_id="here",
         config=CheckpointConfig(data_shards=2, parity_shards=1),
         registry=None,  # type: ignore[arg-type]
         stores=None,  # type: ignore[arg-type]

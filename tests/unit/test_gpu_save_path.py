@@ -10,6 +10,7 @@ import torch
 
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, snapshot
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.restore import load
 from ray_ckpt.save import SavePipeline
 from ray_ckpt.testing import digest
@@ -20,12 +21,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def pipeline(k: int, m: int) -> SavePipeline:
     """A pipeline for the blocking part only: snapshot() uses none of its collaborators."""
     return SavePipeline(
-        job="gpu",
-        rank=0,
-        world_size=1,
-        attempt=None,
+        identity=RankIdentity(job="gpu", rank=0, world_size=1, node_id="here"),
         writer="w",
-        node_id="here",
         config=CheckpointConfig(data_shards=k, parity_shards=m),
         registry=None,  # type: ignore[arg-type]
         stores=None,  # type: ignore[arg-type]

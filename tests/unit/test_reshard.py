@@ -25,6 +25,7 @@ from ray_ckpt import reshard
 from ray_ckpt.core import blob, dtensor, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import ConfigError, LayoutChangedError
@@ -158,8 +159,8 @@ def _restore_other_mesh(rank: int, world: int, results: Any, folder: pathlib.Pat
     stores = FileStores(folder)
     registry = SimpleNamespace(locate=lambda job, step: stores.records)
     restorer = Restorer(
-        job="j", rank=rank, world_size=world, attempt="a", node_id="here", registry=registry, stores=stores,
-        backup=None, background=None, timeout_s=lambda: 5.0,
+        identity=RankIdentity(job="j", rank=rank, world_size=world, attempt="a", node_id="here"),
+        registry=registry, stores=stores, backup=None, background=None, timeout_s=lambda: 5.0,
     )  # fmt: skip
     own = Restored(3, load(np.fromfile(folder / f"old-{rank}.bin", dtype=np.uint8)), "peers", {})
     with pytest.raises(LayoutChangedError):

@@ -15,6 +15,7 @@ from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError
@@ -146,12 +147,10 @@ def pool() -> Iterable[ThreadPoolExecutor]:
 
 
 def restorer(registry: Any, stores: Any, pool: ThreadPoolExecutor, **overrides: Any) -> Restorer:
+    identity: dict[str, Any] = {"job": JOB, "rank": 1, "world_size": WORLD, "attempt": "a", "node_id": "here"}
+    identity.update((name, overrides.pop(name)) for name in list(overrides) if name in identity)
     options: dict[str, Any] = {
-        "job": JOB,
-        "rank": 1,
-        "world_size": WORLD,
-        "attempt": "a",
-        "node_id": "here",
+        "identity": RankIdentity(**identity),
         "registry": registry,
         "stores": stores,
         "backup": None,

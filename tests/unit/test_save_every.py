@@ -15,6 +15,7 @@ import torch
 from ray_ckpt import CheckpointConfig, ConfigError
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.core import events
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.interval import IntervalPolicy
 
 STATE = {"w": torch.zeros(4)}
@@ -62,7 +63,7 @@ def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegist
     """A Checkpointer past its constructor with fakes for the pipeline and the registry."""
     ckpt = object.__new__(Checkpointer)
     saves, registry = FakeSaves(), FakeRegistry()
-    ckpt.job, ckpt.rank, ckpt.world_size, ckpt.attempt, ckpt.node_id = "job", 0, 1, "a", "node"
+    ckpt.identity = RankIdentity(job="job", rank=0, world_size=1, attempt="a", node_id="node")
     ckpt.config = config
     ckpt._closed, ckpt._last_step, ckpt._in_flight, ckpt._previous_call = False, None, None, None
     ckpt._in_flight_blocking = ckpt._in_flight_since = ckpt._background_ended = 0.0
