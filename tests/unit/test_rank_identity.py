@@ -86,7 +86,7 @@ def test_the_checkpointer_its_pipeline_and_its_restorer_share_one_identity(recor
             ckpt._restorer.identity = ckpt._restorer.identity.with_attempt("auto-1")  # as a plan would
             return None, None
 
-        ckpt._restorer.restore = restore  # type: ignore[method-assign]
+        ckpt._restorer.restore = restore  # type: ignore[method-assign,assignment]
         assert ckpt.restore() is None
         assert ckpt.attempt == "auto-1" and ckpt._saves.attempt == "auto-1"
         assert ckpt._saves.identity is ckpt.identity is ckpt._restorer.identity
