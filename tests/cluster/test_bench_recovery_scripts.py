@@ -1,5 +1,5 @@
-"""scripts/bench_recovery.py, bench_memory.py, bench_goodput.py: quick runs write JSON of the
-documented shape; --help works without a cluster."""
+"""The benchmark scripts (bench_recovery, bench_memory, bench_goodput, bench_overhead, bench_dcp):
+quick runs write JSON of the documented shape; --help works without a cluster."""
 
 from __future__ import annotations
 
@@ -171,6 +171,24 @@ def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
     assert all(row["step_ratio"] > 0 and row["cpu_per_step_s"] > 0 for row in rows.values())
 
 
+def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
+    """Five ways of saving, three of loading (each load checked bit-exact by the script, at 4
+    ranks and at 2 after a node kill), every figure a positive time."""
+    target = tmp_path / "out" / "dcp.json"
+    _run("bench_dcp.py", target, pace.bound(300), plots=False)
+    document = json.loads(target.read_text())
+    assert list(document["saves"]) == [
+        "ray_ckpt save", "dcp.save -> peers", "dcp.async_save -> peers", "dcp.save -> disk", "dcp.async_save -> disk",
+    ]  # fmt: skip
+    for times in document["saves"].values():
+        assert all(_positive(t) for t in times["blocking_s"] + times["done_s"]), times
+        assert all(b <= d for b, d in zip(times["blocking_s"], times["done_s"], strict=True)), times
+    for pair in ("4 -> 4", "4 -> 2"):
+        loads = document["loads"][pair]
+        assert list(loads) == ["ray_ckpt restore", "dcp.load <- peers", "dcp.load <- disk"]
+        assert all(_positive(t) for times in loads.values() for t in times), loads
+
+
 @pytest.mark.parametrize(
     "script, options",
     [
@@ -180,6 +198,7 @@ def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
         ("scale_model.py", ("--calibration", "--nodes", "--quick", "--json", "--plots")),
         ("bench_reshard.py", ("--state-mib", "--repeats", "--quick", "--json")),
         ("bench_overhead.py", ("--steps", "--every", "--state-mib", "--compute-s", "--shapes", "--quick", "--json")),
+        ("bench_dcp.py", ("--state-mib", "--repeats", "--quick", "--json")),
     ],
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:

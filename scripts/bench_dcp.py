@@ -1,0 +1,266 @@
+"""DCP into peer memory, against DCP to local disk and against ray_ckpt's own save and restore.
+
+On a simulated Ray cluster (4 one-CPU worker nodes, all on this machine, a private RAY_TMPDIR),
+4 ranks (Ray actors, one per node, a gloo process group) hold the same FSDP2 model with Adam
+(``--state-mib`` of parameters plus moments in all). Each round, the same state is saved five
+ways, each as a new step, and timed on every rank from the call to its return ("blocking") and
+to the point where the step is durable where it went ("done": committed in peer memory, or its
+files written):
+
+- ``ray_ckpt save``: ``Checkpointer.save(step, state)``, then its handle's ``wait()``;
+- ``dcp.save -> peers`` and ``dcp.async_save -> peers``: DCP with ``PeerMemoryWriter``;
+- ``dcp.save -> disk`` and ``dcp.async_save -> disk``: DCP's own ``FileSystemWriter``.
+
+Then the step is loaded back three ways into the same processes (``Checkpointer.restore(into=)``,
+``dcp.load`` with ``PeerMemoryReader``, ``dcp.load`` from disk), and, after one node holding a
+data shard is hard-killed, by 2 new ranks in new processes (DCP reshards; ray_ckpt's restore
+reshards too). Every load is compared with the saved state (digests of every global tensor); a
+mismatch voids the run. Figures are the median over ``--repeats`` rounds of the slowest rank;
+ratios are against DCP to disk in the same run. All "nodes" share this machine's cores and its
+disk (a page-cache write, not a remote file system): compare within one run only.
+
+    python scripts/bench_dcp.py [--state-mib 128] [--repeats 3] [--json PATH] [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import bench_reshard
+import ray.cloudpickle
+from benchutil import BenchError, add_json_flag, kill, make_parser, on_node, private_ray_tmpdir, render_table
+
+ray.cloudpickle.register_pickle_by_value(bench_reshard)  # its Rank runs in Ray workers
+
+MIB = 1 << 20
+NODES = 4
+CODE = bench_reshard.CODE  # RS(2,1), local copies on
+SAVES = ("ray_ckpt save", "dcp.save -> peers", "dcp.async_save -> peers", "dcp.save -> disk", "dcp.async_save -> disk")
+LOADS = ("ray_ckpt restore", "dcp.load <- peers", "dcp.load <- disk")
+
+
+class DcpRank(bench_reshard.Rank):
+    """A bench_reshard rank that also saves and loads through DCP into peer memory."""
+
+    def _checkpointer(self, job: str) -> Any:
+        import ray_ckpt
+
+        return ray_ckpt.Checkpointer(
+            job=job, rank=self.rank, world_size=self.world, config=ray_ckpt.CheckpointConfig(**CODE)
+        )
+
+    def open(self, job: str) -> None:
+        """One Checkpointer per way of saving into peer memory (each its own job)."""
+        self.own, self.through_dcp, self.through_async = (self._checkpointer(f"{job}-{way}") for way in "abc")
+
+    def saves(self, step: int, folder: str) -> dict[str, tuple[float, float]]:
+        """``{way: (blocking_s, done_s)}`` for this rank; each way starts after a barrier."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        from ray_ckpt.integrations.dcp import PeerMemoryWriter
+
+        def timed(start: Any, finish: Any) -> tuple[float, float]:
+            dist.barrier()
+            began = time.perf_counter()
+            pending = start()
+            blocking = time.perf_counter() - began
+            finish(pending)
+            return blocking, time.perf_counter() - began
+
+        state = self.state()
+        disk = pathlib.Path(folder, f"step{step}")
+        return {
+            "ray_ckpt save": timed(lambda: self.own.save(step, state), lambda handle: handle.wait()),
+            "dcp.save -> peers": timed(
+                lambda: dcp.save(state, storage_writer=PeerMemoryWriter(self.through_dcp), checkpoint_id=step),
+                lambda _: None,
+            ),
+            "dcp.async_save -> peers": timed(
+                lambda: dcp.async_save(state, storage_writer=PeerMemoryWriter(self.through_async), checkpoint_id=step),
+                lambda future: future.result(),
+            ),
+            "dcp.save -> disk": timed(lambda: dcp.save(state, checkpoint_id=str(disk / "sync")), lambda _: None),
+            "dcp.async_save -> disk": timed(
+                lambda: dcp.async_save(state, checkpoint_id=str(disk / "async")), lambda future: future.result()
+            ),
+        }
+
+    def loads(self, job: str, step: int, folder: str) -> dict[str, Any]:
+        """``{way: seconds}`` of loading ``step`` into this rank's state, and the digest of
+        what each way loaded (a collective)."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        from ray_ckpt.integrations.dcp import PeerMemoryReader
+
+        opened = not hasattr(self, "own")  # new processes: Checkpointers of their own
+        own = self._checkpointer(f"{job}-a") if opened else self.own
+        through_dcp = self._checkpointer(f"{job}-b") if opened else self.through_dcp
+        ways = {
+            "ray_ckpt restore": lambda target: own.restore(step, into=target),
+            "dcp.load <- peers": lambda target: dcp.load(
+                target, storage_reader=PeerMemoryReader(through_dcp), checkpoint_id=step
+            ),
+            "dcp.load <- disk": lambda target: dcp.load(
+                target, checkpoint_id=str(pathlib.Path(folder, f"step{step}", "sync"))
+            ),
+        }
+        times, digests = {}, {}
+        for way, load in ways.items():
+            self._scramble()
+            target = self.state()
+            dist.barrier()
+            began = time.perf_counter()
+            load(target)
+            times[way] = time.perf_counter() - began
+            set_state_dict(self.model, self.optim, model_state_dict=target["model"], optim_state_dict=target["optim"])
+            digests[way] = self.digest()
+        if opened:
+            own.close()
+            through_dcp.close()
+        return {"times": times, "digests": digests}
+
+    def _scramble(self) -> None:
+        """Overwrite every parameter and moment, so a load that did nothing shows."""
+        import torch
+
+        with torch.no_grad():
+            for tensor in bench_reshard._tensors(self.state()):
+                local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+                if local.is_floating_point():
+                    local.fill_(float("nan"))
+
+    def close(self) -> None:
+        for ckpt in (self.own, self.through_dcp, self.through_async):
+            ckpt.close()
+
+
+def group(world: int, state_mib: int, seed: int, nodes: list[str]) -> list[Any]:
+    """``world`` DcpRank actors, one per node round robin, in a fresh process group."""
+    import ray
+
+    actor = ray.remote(num_cpus=0)(DcpRank)
+    ranks = [
+        actor.options(scheduling_strategy=on_node(nodes[r % len(nodes)])).remote("dcp", r, world, state_mib)
+        for r in range(world)
+    ]
+    master = f"{ray.get(ranks[0].host.remote())}:{bench_reshard._free_port()}"
+    ray.get([r.setup.remote(master, seed) for r in ranks])
+    return ranks
+
+
+def slowest(results: list[dict[str, Any]], way: str) -> Any:
+    return max(results, key=lambda r: r[way] if isinstance(r[way], float) else r[way][1])[way]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    parser.add_argument("--state-mib", type=int, default=128, help="parameters plus Adam moments, all ranks (MiB)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every save and load (median)")
+    parser.add_argument("--quick", action="store_true", help="24 MiB and one round (for tests)")
+    add_json_flag(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.state_mib, args.repeats = 24, 1
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if not 12 <= args.state_mib <= 2048:
+        parser.error("--state-mib must be in 12..2048")
+    private_ray_tmpdir("rckd")
+    import ray
+
+    from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
+    from ray_ckpt.transport.registry_client import RegistryClient
+
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="rck-bench-dcp"))
+    saves: dict[str, list[tuple[float, float]]] = {way: [] for way in SAVES}
+    loads: dict[str, dict[str, list[float]]] = {"4 -> 4": {way: [] for way in LOADS}, "4 -> 2": {}}
+    print(
+        f"FSDP2 state of {args.state_mib} MiB (parameters + Adam moments), 4 ranks, RS(2,1), {NODES} nodes", flush=True
+    )
+    budget = 3 * 3 * args.state_mib * MIB  # per store: 3 jobs, a step's 1.5x coded share + the local copy
+    try:
+        with SimulatedCluster(NODES, store_budget_bytes=budget, logging_level="ERROR") as sim:
+            quiet.quiet_driver()
+            nodes = [sim.node_id(i) for i in range(NODES)]
+            ranks = group(4, args.state_mib, seed=0, nodes=nodes)
+            ray.get([r.open.remote("bench") for r in ranks])
+            expected = ray.get([r.digest.remote() for r in ranks])[0]
+            for step in range(args.repeats):
+                results = ray.get([r.saves.remote(step, str(folder)) for r in ranks])
+                for way in SAVES:
+                    saves[way].append(slowest(results, way))
+                loaded = ray.get([r.loads.remote("bench", step, str(folder)) for r in ranks])
+                check(loaded, expected, "4 -> 4")
+                for way in LOADS:
+                    loads["4 -> 4"][way].append(max(r["times"][way] for r in loaded))
+                print(f"  round {step + 1} of {args.repeats}: done", flush=True)
+            last = args.repeats - 1
+            ray.get([r.close.remote() for r in ranks])
+            for r in ranks:
+                ray.kill(r)
+            record = RegistryClient(ray_ckpt_namespace()).locate("bench-b", last)[0]
+            victim = next(n for n in (record.nodes[i] for i in range(CODE["data_shards"])) if n in nodes)
+            kill(sim, [victim])
+            alive = [n for n in nodes if n != victim]
+            ranks = group(2, args.state_mib, seed=1, nodes=alive)
+            loaded = ray.get([r.loads.remote("bench", last, str(folder)) for r in ranks])
+            check(loaded, expected, "4 -> 2 after a node kill")
+            loads["4 -> 2"] = {way: [max(r["times"][way] for r in loaded)] for way in LOADS}
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(report(saves, loads, args.state_mib))
+    if args.json:
+        rows = {
+            "state_mib": args.state_mib,
+            "repeats": args.repeats,
+            "saves": {way: {"blocking_s": [b for b, _ in t], "done_s": [d for _, d in t]} for way, t in saves.items()},
+            "loads": loads,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def ray_ckpt_namespace() -> str:
+    import ray_ckpt
+
+    return ray_ckpt.settings.namespace()
+
+
+def check(loaded: list[dict[str, Any]], expected: str, what: str) -> None:
+    for way in LOADS:
+        got = {r["digests"][way] for r in loaded}
+        if got != {expected}:
+            raise BenchError(f"{what}: {way} loaded a state that differs from the saved one")
+
+
+def report(saves: dict[str, list[tuple[float, float]]], loads: dict[str, dict[str, list[float]]], mib: int) -> str:
+    disk = statistics.median(d for _, d in saves["dcp.save -> disk"])
+    lines = [("save", "blocking", "done", "done vs dcp.save -> disk")]
+    for way, times in saves.items():
+        blocking, done = statistics.median(b for b, _ in times), statistics.median(d for _, d in times)
+        lines.append((way, f"{blocking:.3f} s", f"{done:.3f} s", f"{done / disk:.2f}x"))
+    lines.append(("", "", "", ""))
+    lines.append(("load", "4 -> 4", "4 -> 2 (a node killed)", ""))
+    for way in LOADS:
+        same, fewer = (statistics.median(loads[pair][way]) for pair in ("4 -> 4", "4 -> 2"))
+        lines.append((way, f"{same:.3f} s", f"{fewer:.3f} s", ""))
+    return f"{mib} MiB in all, slowest rank, median of rounds\n" + render_table(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
