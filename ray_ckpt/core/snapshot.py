@@ -78,6 +78,7 @@ READ_VERSIONS = (1, 2, 3)
 ALIGNMENT = 64  # byte alignment of every tensor inside the payload
 MAX_DEPTH = 100  # containers nested deeper than this are refused (also stops reference cycles)
 MAX_DIMS = 64
+OWN_MEMORY_BYTES = 64 << 10  # restore(copy=False) copies tensors up to this size out of the payload
 MAX_ARRAY_BYTES = 1 << 20  # the largest numpy array kept (in the header); larger ones: torch.from_numpy
 
 _DTYPE_CANDIDATES = (
@@ -445,9 +446,13 @@ def restore(header: bytes, payload: Any, *, copy: bool = True) -> State:
     all raises TypeError.
 
     Tensors come back as plain CPU tensors (``requires_grad=False``). With ``copy=True`` each
-    owns its memory, so the caller may reuse the payload at once. With ``copy=False`` they are
-    views into ``payload`` (no copy; they change if it changes and keep it alive); the payload
-    must then be writable (else ValueError), C-contiguous, and 64-byte aligned for aligned access.
+    owns its memory, so the caller may reuse the payload at once. With ``copy=False`` those of
+    more than ``OWN_MEMORY_BYTES`` are views into ``payload`` (no copy; they change if it
+    changes and keep it alive); the payload must then be writable (else ValueError),
+    C-contiguous, and 64-byte aligned for aligned access. Smaller ones own their memory either
+    way: torch calls that ignore a view's storage offset get the right bytes (``torch.set_rng_state``
+    of a view into a payload crashes the process), and ``torch.save`` of one writes its own
+    bytes, not the payload's.
     """
     with _gc_paused():
         return _restore(header, payload, copy)
@@ -661,7 +666,7 @@ class _TreeDecoder:
                     made = TensorRef(dtype, shape, offset, nbytes)
                 elif not nbytes:
                     made = torch.empty(shape, dtype=dtype)
-                elif self.base is not None:
+                elif self.base is not None and nbytes > OWN_MEMORY_BYTES:
                     made = self.base[offset : offset + nbytes].view(dtype).view(shape)
                 else:
                     raw = torch.empty(nbytes, dtype=torch.uint8)

@@ -242,15 +242,28 @@ def write_checkpoint_folder(saved: Any, folder: str | os.PathLike[str], args: An
         )
     path = pathlib.Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    torch.save(saved["model"], path / _MODEL)
-    torch.save(saved["optimizer"], path / _OPTIMIZER)
+    torch.save(_own_bytes(saved["model"]), path / _MODEL)
+    torch.save(_own_bytes(saved["optimizer"]), path / _OPTIMIZER)
     if saved["scheduler"] is not None:
-        torch.save(saved["scheduler"], path / _SCHEDULER)
+        torch.save(_own_bytes(saved["scheduler"]), path / _SCHEDULER)
     if saved["scaler"] is not None:
-        torch.save(saved["scaler"], path / _SCALER)
+        torch.save(_own_bytes(saved["scaler"]), path / _SCALER)
     (path / _TRAINER_STATE).write_text(saved["trainer_state"])
     name = f"rng_state_{args.process_index}.pth" if args.world_size > 1 else "rng_state.pth"
     torch.save(_hf_rng(saved["rng"], distributed=args.world_size > 1), path / name)
+
+
+def _own_bytes(tree: Any) -> Any:
+    """``tree`` with each tensor that views a larger buffer (a restored step's payload) copied
+    into its own: ``torch.save`` writes a tensor's whole storage, so the model's file would
+    hold the optimizer's bytes too."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone() if tree.untyped_storage().nbytes() > tree.nbytes else tree
+    if isinstance(tree, dict):
+        return {key: _own_bytes(value) for key, value in tree.items()}
+    if type(tree) in (list, tuple):
+        return type(tree)(_own_bytes(value) for value in tree)
+    return tree
 
 
 def _hf_rng(saved: dict[str, Any], *, distributed: bool) -> dict[str, Any]:

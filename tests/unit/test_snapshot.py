@@ -215,16 +215,34 @@ def test_linear_and_adam_state_dicts_load_into_fresh_objects() -> None:
 
 
 def test_copy_true_tensors_own_memory_and_copy_false_views_the_payload() -> None:
-    """copy=True survives the payload being overwritten; copy=False tensors alias it."""
-    state = {"w": torch.arange(32, dtype=torch.float32)}
+    """copy=True survives the payload being overwritten; copy=False tensors above
+    OWN_MEMORY_BYTES alias it, smaller ones own their memory."""
+    large = snap.OWN_MEMORY_BYTES // 4 + 1
+    state = {"w": torch.arange(large, dtype=torch.float32), "small": torch.arange(32, dtype=torch.float32)}
     header, payload = snap.snapshot(state)
-    owned = snap.restore(header, payload)["w"]
-    viewed = snap.restore(header, payload, copy=False)["w"]
+    owned = snap.restore(header, payload)
+    viewed = snap.restore(header, payload, copy=False)
     payload[:] = 0
-    assert torch.equal(owned, state["w"])
-    assert torch.count_nonzero(viewed) == 0
+    assert torch.equal(owned["w"], state["w"]) and torch.equal(owned["small"], state["small"])
+    assert torch.count_nonzero(viewed["w"]) == 0
+    assert torch.equal(viewed["small"], state["small"])
+    assert viewed["small"].untyped_storage().nbytes() == viewed["small"].nbytes
     with pytest.raises(ValueError, match="writable"):
         snap.restore(header, payload.tobytes(), copy=False)
+
+
+def test_a_restored_rng_state_can_be_set_back_in_torch() -> None:
+    """torch.set_rng_state reads a tensor's storage from its start: a restored generator state
+    (5056 bytes, after other tensors in the payload) owns its memory, so setting it back gives
+    the saved generator (a view at an offset crashed the process)."""
+    torch.manual_seed(3)
+    state = {"weights": torch.randn(4096), "rng": torch.get_rng_state()}
+    expected = torch.rand(8)
+    header, payload = snap.snapshot(state)
+    restored = snap.restore(header, payload, copy=False)
+    assert restored["rng"].storage_offset() == 0
+    torch.set_rng_state(restored["rng"])
+    assert torch.equal(torch.rand(8), expected)
 
 
 @pytest.mark.parametrize("kind", ["numpy", "tensor", "bytes", "bytearray"])
