@@ -35,7 +35,7 @@ from typing import Any
 
 import bench_reshard
 import ray.cloudpickle
-from benchutil import BenchError, add_json_flag, kill, make_parser, on_node, private_ray_tmpdir, render_table
+from benchutil import BenchError, kill, private_ray_tmpdir, render_table
 
 ray.cloudpickle.register_pickle_by_value(bench_reshard)  # its Rank runs in Ray workers
 
@@ -144,37 +144,13 @@ class DcpRank(bench_reshard.Rank):
             ckpt.close()
 
 
-def group(world: int, state_mib: int, seed: int, nodes: list[str]) -> list[Any]:
-    """``world`` DcpRank actors, one per node round robin, in a fresh process group."""
-    import ray
-
-    actor = ray.remote(num_cpus=0)(DcpRank)
-    ranks = [
-        actor.options(scheduling_strategy=on_node(nodes[r % len(nodes)])).remote("dcp", r, world, state_mib)
-        for r in range(world)
-    ]
-    master = f"{ray.get(ranks[0].host.remote())}:{bench_reshard._free_port()}"
-    ray.get([r.setup.remote(master, seed) for r in ranks])
-    return ranks
-
-
-def slowest(results: list[dict[str, Any]], way: str) -> Any:
-    return max(results, key=lambda r: r[way] if isinstance(r[way], float) else r[way][1])[way]
+def slowest(results: list[dict[str, Any]], way: str) -> tuple[float, float]:
+    """The (blocking, done) times of the rank whose save ``way`` was done last."""
+    return max((r[way] for r in results), key=lambda times: times[1])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser(__doc__)
-    parser.add_argument("--state-mib", type=int, default=128, help="parameters plus Adam moments, all ranks (MiB)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of every save and load (median)")
-    parser.add_argument("--quick", action="store_true", help="24 MiB and one round (for tests)")
-    add_json_flag(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.state_mib, args.repeats = 24, 1
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
-    if not 12 <= args.state_mib <= 2048:
-        parser.error("--state-mib must be in 12..2048")
+    args = bench_reshard.state_arguments(__doc__, argv, default_mib=128, max_mib=2048)
     private_ray_tmpdir("rckd")
     import ray
 
@@ -193,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         with SimulatedCluster(NODES, store_budget_bytes=budget, logging_level="ERROR") as sim:
             quiet.quiet_driver()
             nodes = [sim.node_id(i) for i in range(NODES)]
-            ranks = group(4, args.state_mib, seed=0, nodes=nodes)
+            ranks = bench_reshard.group("dcp", 4, args.state_mib, seed=0, nodes=nodes, kind=DcpRank)
             ray.get([r.open.remote("bench") for r in ranks])
             expected = ray.get([r.digest.remote() for r in ranks])[0]
             for step in range(args.repeats):
@@ -213,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             victim = next(n for n in (record.nodes[i] for i in range(CODE["data_shards"])) if n in nodes)
             kill(sim, [victim])
             alive = [n for n in nodes if n != victim]
-            ranks = group(2, args.state_mib, seed=1, nodes=alive)
+            ranks = bench_reshard.group("dcp", 2, args.state_mib, seed=1, nodes=alive, kind=DcpRank)
             loaded = ray.get([r.loads.remote("bench", last, str(folder)) for r in ranks])
             check(loaded, expected, "4 -> 2 after a node kill")
             loads["4 -> 2"] = {way: [max(r["times"][way] for r in loaded)] for way in LOADS}

@@ -149,11 +149,11 @@ def _tensors(tree: Any) -> list[Any]:
     return []
 
 
-def group(job: str, world: int, state_mib: int, seed: int, nodes: list[str]) -> list[Any]:
-    """``world`` Rank actors, one per node round robin, in a fresh process group."""
+def group(job: str, world: int, state_mib: int, seed: int, nodes: list[str], kind: type = Rank) -> list[Any]:
+    """``world`` actors of ``kind`` (a Rank), one per node round robin, in a fresh process group."""
     import ray
 
-    actor = ray.remote(num_cpus=0)(Rank)
+    actor = ray.remote(num_cpus=0)(kind)
     ranks = [
         actor.options(scheduling_strategy=on_node(nodes[r % len(nodes)])).remote(job, r, world, state_mib)
         for r in range(world)
@@ -171,10 +171,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = make_parser(__doc__)
-    parser.add_argument("--state-mib", type=int, default=256, help="parameters plus Adam moments, all ranks (MiB)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of restores of every pair (median)")
+def state_arguments(doc: str | None, argv: list[str] | None, *, default_mib: int, max_mib: int) -> Any:
+    """The FSDP2 benchmarks' flags, parsed and checked: --state-mib, --repeats, --quick, --json."""
+    parser = make_parser(doc)
+    parser.add_argument(
+        "--state-mib", type=int, default=default_mib, help="parameters plus Adam moments, all ranks (MiB)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (the median is reported)")
     parser.add_argument("--quick", action="store_true", help="24 MiB and one round (for tests)")
     add_json_flag(parser)
     args = parser.parse_args(argv)
@@ -182,8 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         args.state_mib, args.repeats = 24, 1
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    if not 12 <= args.state_mib <= 4096:
-        parser.error("--state-mib must be in 12..4096")
+    if not 12 <= args.state_mib <= max_mib:
+        parser.error(f"--state-mib must be in 12..{max_mib}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = state_arguments(__doc__, argv, default_mib=256, max_mib=4096)
     private_ray_tmpdir("rckr")
     import ray
 
