@@ -38,7 +38,7 @@ def train_func(config: dict[str, Any]) -> None:
 
     from ray_ckpt.integrations.lightning import PeerMemoryCheckpointIO, SaveToPeers
 
-    rank = ray.train.get_context().get_world_rank()
+    rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
 
     class Regressor(pl.LightningModule):
         def __init__(self, lr: float = 0.05) -> None:
@@ -66,12 +66,16 @@ def train_func(config: dict[str, Any]) -> None:
     torch.manual_seed(0)
     module = Regressor()
     x = torch.randn(80, 4, generator=torch.Generator().manual_seed(0))
-    loader = StatefulDataLoader(list(zip(x, x.sum(1, keepdim=True))), batch_size=4, shuffle=True)
+    data = list(zip(x, x.sum(1, keepdim=True)))
+    # its own DistributedSampler (use_distributed_sampler=False): an order that depends on the
+    # epoch only, whose epoch SaveToPeers can set on a resume
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
+    loader = StatefulDataLoader(data, batch_size=4, sampler=sampler)
     io = PeerMemoryCheckpointIO(ray_ckpt.CheckpointConfig(**CHECKPOINT))
     trainer = pl.Trainer(
         max_steps=config["steps"], accelerator="cpu", devices="auto", strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment(), io], callbacks=[SaveToPeers(), Pace()], enable_checkpointing=False,
-        logger=False, enable_progress_bar=False,
+        logger=False, enable_progress_bar=False, use_distributed_sampler=False,
     )  # fmt: skip
     trainer = prepare_trainer(trainer)
     trainer.fit(module, loader, ckpt_path=io.resume_path())

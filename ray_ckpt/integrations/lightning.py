@@ -213,3 +213,30 @@ class SaveToPeers(_Callback):
             return  # no optimizer step since the last save (gradient accumulation), or not due
         self._last = step
         trainer.save_checkpoint(f"{SCHEME}{step}")
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of an epoch's last batch keeps no loader position: the epoch is done and
+        the resume starts the next one afresh (with the finished epoch's position, Lightning's
+        resume skipped the whole next epoch)."""
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        if getattr(trainer, "is_last_batch", False) and "combined_loader" in fit_loop.get("state_dict", {}):
+            fit_loop["state_dict"]["combined_loader"] = []
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """Set the epoch of the training loader's sampler to the one the resume trains in
+        before Lightning makes the loader's iterator: on a restart it makes it before it sets
+        the epoch, so an epoch-seeded sampler gave epoch 0's order. Only a loader and sampler
+        the caller passed to ``fit`` are reached (``use_distributed_sampler=False`` with one's
+        own ``DistributedSampler`` under Ray's strategies)."""
+        epoch = checkpoint.get("epoch")
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+        if not isinstance(epoch, int):
+            return
+        if progress.get("is_last_batch"):
+            epoch += 1  # the resume starts the next epoch
+        loader = getattr(getattr(trainer.fit_loop, "_data_source", None), "instance", None)
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        samplers: tuple[Any, ...] = (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None))
+        for sampler in samplers:
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)

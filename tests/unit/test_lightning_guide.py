@@ -1,6 +1,7 @@
 """docs/lightning.md: its blocks run as written (Ray's strategy, environment, prepare_trainer and
 the plugin's Checkpointer replaced by stand-ins, tests/memory_states.py), and the guide's
-train_func, lost at step 7 and run again, ends bit-exact with an uninterrupted run."""
+train_func, lost at step 12 and resumed from step 10 (the first epoch's last batch) into the
+second epoch, ends bit-exact with an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ def test_the_guides_blocks_train_lose_a_node_and_resume_bit_exact(monkeypatch: p
     namespace["RayDDPStrategy"] = lambda: "auto"
     namespace["RayLightningEnvironment"] = lambda: lit.plain({})  # dropped below
     namespace["prepare_trainer"] = lambda trainer: trainer
+
+    class Context:  # Ray Train's context of the one worker
+        def get_world_size(self) -> int:
+            return 1
+
+        def get_world_rank(self) -> int:
+            return 0
+
+    monkeypatch.setattr(namespace["ray"].train, "get_context", Context)
     real_trainer = namespace["pl"].Trainer
 
     def trainer(**kwargs: Any) -> Any:
@@ -39,15 +49,15 @@ def test_the_guides_blocks_train_lose_a_node_and_resume_bit_exact(monkeypatch: p
 
     def run(states: Any) -> Any:
         made.append(states)
-        return namespace["train_func"]({"data": data, "steps": 9})  # within the first epoch: see the guide
+        return namespace["train_func"]({"data": data, "steps": 16})  # 10 steps an epoch
 
     torch.set_num_threads(1)
     every = namespace["CHECKPOINT"].every
     reference_trainer, reference = run(MemoryStates(every=every))
     steps: dict[int, Any] = {}
     with pytest.raises(NodeLost):
-        run(LosingStates(steps, every=every, lost_at=7))
-    assert sorted(steps) == [5]
+        run(LosingStates(steps, every=every, lost_at=12))
+    assert sorted(steps) == [5, 10]  # resumed from the first epoch's last batch
     trainer_c, resumed = run(MemoryStates(steps, every=every))
     assert_equal_tree(resumed.state_dict(), reference.state_dict())
     assert_equal_tree(trainer_c.optimizers[0].state_dict(), reference_trainer.optimizers[0].state_dict())

@@ -85,6 +85,21 @@ def test_a_run_resumed_after_losing_its_process_ends_bit_exact() -> None:
     assert_equal_tree(final_state(*fit(2, MemoryStates(steps, every=EVERY))), reference)
 
 
+@pytest.mark.parametrize("lost_at", [12, 16], ids=["from-an-epochs-last-batch", "in-the-second-epoch"])
+def test_a_run_resumed_at_an_epoch_end_or_in_a_later_epoch_ends_bit_exact(lost_at: int) -> None:
+    """Kept every 5 steps (10 steps an epoch): lost at 12, the resume is from step 10, the
+    first epoch's last batch (Lightning's resume skipped the next epoch's data); lost at 16,
+    from step 15, in the second epoch (Lightning made the loader's iterator before setting the
+    sampler's epoch, which gave the first epoch's order)."""
+    torch.set_num_threads(1)
+    reference = final_state(*fit(1, MemoryStates(every=5)))
+    steps: dict[int, Any] = {}
+    with pytest.raises(NodeLost):
+        fit(1, LosingStates(steps, every=5, lost_at=lost_at))
+    assert max(steps) == (10 if lost_at < 15 else 15), sorted(steps)
+    assert_equal_tree(final_state(*fit(2, MemoryStates(steps, every=5))), reference)
+
+
 def test_what_is_kept_is_lightnings_dict_with_plain_dicts() -> None:
     store = MemoryStates(every=5)
     fit(1, store)
