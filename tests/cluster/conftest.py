@@ -162,15 +162,20 @@ def train_example(train_example_module: ModuleType) -> Iterator[ModuleType]:
     train_example_module.ABANDONED.set()
 
 
-@pytest.fixture(scope="session")
-def train_example_module() -> ModuleType:
-    """scripts/train_example.py as a module, pickled by value (workers cannot import scripts/)."""
-    path = pathlib.Path(__file__).parents[2] / "scripts" / "train_example.py"
-    spec = importlib.util.spec_from_file_location("train_example", path)
+def load_script(name: str) -> Any:
+    """scripts/<name>.py as a module, pickled by value (workers cannot import scripts/)."""
+    path = pathlib.Path(__file__).parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["train_example"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     ray.cloudpickle.register_pickle_by_value(module)
-    loaded: Any = module
+    return module
+
+
+@pytest.fixture(scope="session")
+def train_example_module() -> ModuleType:
+    """scripts/train_example.py as a module (``load_script``)."""
+    loaded: ModuleType = load_script("train_example")
     return loaded
