@@ -35,13 +35,14 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
     subgroup = dist.new_group([0, 1, 2])  # held, as FSDP2's meshes hold theirs
     tensor = torch.ones(1024)
     dist.all_reduce(tensor)
+    accepted = len(connections.accepted(store_ports=[port]))
     if rank == 1:  # it left the collective the others are blocked in
         time.sleep(1.0)
         shut = connections.shut(store_ports=[port])
         left.set()
         time.sleep(3.0)
         kept.sendall(b"x")
-        results.put((rank, "left", shut, client.recv(1) == b"x"))
+        results.put((rank, "left", shut, client.recv(1) == b"x", accepted))
         _end(results)
 
     def interrupted() -> None:  # what the heartbeat does when the run says a round is open
@@ -56,7 +57,7 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
         outcome = "returned"
     except RuntimeError as error:
         outcome = str(error)
-    results.put((rank, outcome, time.monotonic() - started, subgroup is not None))
+    results.put((rank, outcome, time.monotonic() - started, subgroup is not None, accepted))
     _end(results)
 
 
@@ -71,7 +72,10 @@ def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_
     """Rank 1 leaves a collective that ranks 0 (on a subgroup) and 2 (on WORLD) are blocked in;
     it shuts the gloo connections it accepted, they shut theirs half a second later: both
     collectives fail within seconds of the leave (not the 60 s timeout) with gloo's closed
-    connection, every process lives on, and a connection accepted on an older listener works."""
+    connection, every process lives on, and a connection accepted on an older listener works.
+    Which end of a pair accepts follows the order of the listeners' ports, so rank 1 may have
+    accepted none of its pairs (the others then shut them): the ranks together accepted each of
+    the two groups' three pairs once."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     with socket.socket() as probe:
@@ -91,10 +95,11 @@ def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-    _, shut, kept_works = found[1]
-    assert shut >= 1 and kept_works, found
+    assert sum(item[-1] for item in found.values()) == 6, found  # each of the two groups' 3 pairs, on one side
+    _, shut, kept_works, accepted = found[1]
+    assert shut == accepted and kept_works, found
     for rank in (0, 2):
-        outcome, waited_s, _ = found[rank]
+        outcome, waited_s, _, _ = found[rank]
         assert "Connection closed by peer" in outcome or "closed" in outcome.lower(), found
         assert waited_s < 10.0, found
     assert all(process.exitcode == 0 for process in ranks), [p.exitcode for p in ranks]
