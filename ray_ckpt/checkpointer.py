@@ -42,9 +42,10 @@ class Checkpointer(WithIdentity):
     ``wait`` or ``close``.
 
     ``CheckpointConfig.every`` picks the steps saved: those divisible by an int, or by the
-    interval ``every="auto"`` chooses (``ray_ckpt.core.interval``; under "auto" a step that
-    finds the previous save still running is skipped, never waited for). Any other step
-    returns a skipped ``SaveHandle`` without looking at the state.
+    interval ``every="auto"`` chooses (``ray_ckpt.core.interval``: every step of its warm-up,
+    then the multiples of a power of two; whether a step is due never depends on timing, so
+    every rank saves the steps of the grid). Any other step returns a skipped ``SaveHandle``
+    without looking at the state.
 
     ``attempt`` names the incarnation of the job (one worker group): all ranks of one
     incarnation must pass the same value, and a new incarnation must pass a new one
@@ -120,7 +121,7 @@ class Checkpointer(WithIdentity):
             timeout_s=settings.peer_timeout_s,
         )
         self._in_flight: Future[bool] | None = None
-        self._in_flight_blocking = 0.0  # the in-flight save's blocking time
+        self._in_flight_blocking = 0.0  # the in-flight save's blocking time, its wait for the previous left out
         self._in_flight_since = 0.0  # when it was handed to the background (perf_counter)
         self._background_ended = 0.0  # when the background work of the last save ended (its thread writes it)
         self._policy = (
@@ -168,7 +169,7 @@ class Checkpointer(WithIdentity):
         self._saves.check_placement()
         if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
             return self._skip(step, started, "busy")
-        self._finish_in_flight()
+        self._finish_in_flight(step)
         copy_start = time.perf_counter()
         buffer, size, copied = self._saves.snapshot(layout)
         self._last_step = step
@@ -176,7 +177,7 @@ class Checkpointer(WithIdentity):
         phases["blocking"] = time.perf_counter() - started
         self.last_save_phases_s = phases
         returned = time.time()  # training goes on from here; the event says so after the commit
-        self._in_flight_blocking = phases["blocking"]
+        self._in_flight_blocking = phases["blocking"] - phases["wait_previous"]  # the save's own cost
         self._in_flight_since = time.perf_counter()
         self._in_flight = self._background.submit(self._complete, step, buffer, size, copied, phases, returned)
         self._previous_call = (step, time.perf_counter(), True)
@@ -190,24 +191,21 @@ class Checkpointer(WithIdentity):
             self._background_ended = time.perf_counter()
 
     def _skip_reason(self, step: int, now: float) -> str | None:
-        """Why ``step`` is not saved ("not due" by ``CheckpointConfig.every``, or "busy" during
-        "auto"'s warm-up), None when it is. Under "auto" this also feeds the policy: the training time
-        per step since the previous call, and the last save's cost once it completed
-        (re-raising its background error, as the next save would)."""
+        """Why ``step`` is not saved ("not due" by ``CheckpointConfig.every``), None when it is.
+        Under "auto" this also feeds the policy the training time per step since the previous
+        call; a save found complete is collected (``_finish_in_flight``) only after ``step`` was
+        judged, so that its measurement, which arrives when it arrives, changes later steps only
+        and every rank judges the same steps the same way."""
         every = self.config.every
         if self._policy is None:
             return None if isinstance(every, int) and step % every == 0 else "not due"
         previous = self._previous_call
         if previous is not None and step > previous[0]:
             self._policy.observe_step((now - previous[1]) / (step - previous[0]), during_save=previous[2])
-        busy = self._in_flight is not None and not self._in_flight.done()
-        if self._in_flight is not None and not busy:
-            self._finish_in_flight()
-            background_s = max(0.0, self._background_ended - self._in_flight_since)
-            self._announce(step, self._policy.observe_save(self._in_flight_blocking, background_s))
-        if self._policy.due(step, busy=busy):
-            return None
-        return "busy" if busy and self._policy.warming_up else "not due"
+        due = self._policy.due(step)
+        if self._in_flight is not None and self._in_flight.done():
+            self._finish_in_flight(step)
+        return None if due else "not due"
 
     def _skip(self, step: int, started: float, reason: str) -> SaveHandle:
         self.last_save_phases_s = {"blocking": time.perf_counter() - started, "skipped": 1.0}
@@ -249,10 +247,16 @@ class Checkpointer(WithIdentity):
     def _handle(self, step: int, staged: Future[bool] | None, skip_reason: str | None = None) -> SaveHandle:
         return SaveHandle(step, staged, self._wait_committed, self.config.commit_timeout_s, skip_reason=skip_reason)
 
-    def _finish_in_flight(self) -> None:
+    def _finish_in_flight(self, step: int | None = None) -> None:
+        """Collect the in-flight save (re-raising its background failure); under "auto" its
+        cost feeds the policy, whose new interval, if any, is announced from ``step`` on."""
         if self._in_flight is not None:
             future, self._in_flight = self._in_flight, None
             future.result()  # re-raises a background failure
+            if self._policy is not None:
+                background_s = max(0.0, self._background_ended - self._in_flight_since)
+                decision = self._policy.observe_save(self._in_flight_blocking, background_s)
+                self._announce(step if step is not None else self._last_step or 0, decision)
 
     def _wait_committed(self, step: int, timeout_s: float) -> None:
         if self._registry.wait_committed(self.job, step, timeout_s):

@@ -115,7 +115,7 @@ class SaveHandle:
     """The future of one ``save``: ``staged()`` once this rank's shards are stored and staged,
     ``wait()`` once every rank staged the step (it committed). ``skipped`` is True when the
     step was not saved; ``skip_reason`` then says why: "busy" (the previous save was still
-    running: ``on_busy="skip"`` or ``every="auto"``) or "not due" (``CheckpointConfig.every``
+    running, under ``on_busy="skip"``) or "not due" (``CheckpointConfig.every``
     does not save this step). ``staged`` and ``wait`` of a skipped handle return at once."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """IntervalPolicy: how many steps apart one rank saves under ``CheckpointConfig(every="auto")``.
 
 Pure bookkeeping (no Ray, no torch, no clock): the caller feeds it what it measured and asks
-``due(step, busy=...)`` at every ``save``. The interval is Young's optimum
+``due(step)`` at every ``save``. The interval is Young's optimum
 
     interval = sqrt(2 * C * MTBF) / step_s        (in steps)
 
@@ -20,11 +20,13 @@ due when ``step % interval == 0``. Powers of two make the grids of ranks that me
 different intervals nest: every multiple of the larger interval is a multiple of the smaller
 one, so all ranks save it and it commits (docs/operations.md, "How often to save").
 
-A step on the grid is due whether or not the previous save still runs: the rank waits for it
-(``on_busy="wait"``) so that every rank saves the step and it commits. The first
-``warmup_saves`` saves are warm-up: every step that finds no save running is due, so the job
-has a step to restore and the policy has measurements before it adapts (a step some ranks
-skipped there never commits; the next commit evicts it).
+Whether a step is due depends on the interval and the step only, never on timing: a step on
+the grid is due whether or not the previous save still runs (the rank waits for it,
+``on_busy="wait"``), so that every rank saves it and it commits. The first ``warmup_saves``
+saves are warm-up: every step is due, so the job has a step to restore and the policy has
+measurements before it adapts. (A warm-up that skipped steps finding a save still running made
+ranks skip different steps: the step a rank saved last could then never commit, and its
+``wait()`` at the end of a run timed out.)
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Decision:
     def describe(self) -> str:
         """One line with the numbers, for a log."""
         if self.reason == "warm-up":
-            return "warm-up: saving every step that finds no save running, to measure"
+            return "warm-up: saving every step, to measure"
 
         def secs(value: float | None) -> str:
             return "?" if value is None else f"{value:.3g}s"
@@ -179,17 +181,14 @@ class IntervalPolicy:
 
     # ---- the rule -----------------------------------------------------------------------
 
-    def due(self, step: int, *, busy: bool) -> bool:
-        """Whether ``step`` is saved. During warm-up: every step that finds no save running
-        (``busy``). Then the steps divisible by the interval, busy or not: a step on the grid
-        commits only if every rank saves it, so a rank whose previous save still runs waits
-        for it (the Checkpointer's ``on_busy``) rather than skip; the keep-up floor makes that
-        wait rare. Skipping there instead starves commits: at 64 ranks with noisy background
-        times, almost no step on the grid found every rank idle."""
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is saved: during warm-up every step, then the multiples of the
+        interval. A rank whose previous save still runs waits for it (the Checkpointer's
+        ``on_busy``) rather than skip, since a step on the grid commits only if every rank saves
+        it; the keep-up floor makes that wait rare. (Skipping there starved commits: at 64 ranks
+        with noisy background times, almost no step on the grid found every rank idle.)"""
         self._newest_step = step if self._newest_step is None else max(step, self._newest_step)
-        if self.warming_up:
-            return not busy
-        return step % self.interval == 0
+        return self.warming_up or step % self.interval == 0
 
     def _decide(self) -> Decision | None:
         if self._saves < self.warmup_saves or not (self._idle or self._busy):

@@ -1,5 +1,5 @@
 """IntervalPolicy (``every="auto"``): Young's optimum from fed measurements, its floor and cap,
-power-of-two rounding, the busy rule (skip in warm-up, wait on the grid after), and the nested
+power-of-two rounding, the rule of due steps (every step in warm-up, the grid after, never timing), and the nested
 grids of ranks that measured different times. Measurements are fed as numbers: nothing here depends on a clock."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_every_rounding_gives_a_power_of_two(value: float, current: int | None) 
 def test_warm_up_saves_every_idle_step_then_adapts() -> None:
     policy = IntervalPolicy(max_interval_s=600, mtbf_prior_s=3600)
     assert policy.warming_up and policy.interval == 1
-    assert all(policy.due(step, busy=False) for step in range(1, 6))
+    assert all(policy.due(step) for step in range(1, 6))
     policy.observe_step(0.1, during_save=False)
     assert policy.observe_save(0.05, 0.05) is None
     assert policy.observe_save(0.05, 0.05) is None
@@ -116,17 +116,17 @@ def test_no_decision_without_a_step_time() -> None:
 def test_the_grid_after_warm_up() -> None:
     policy = fed()
     assert policy.interval == 256
-    assert [s for s in range(1, 1025) if policy.due(s, busy=False)] == [256, 512, 768, 1024]
+    assert [s for s in range(1, 1025) if policy.due(s)] == [256, 512, 768, 1024]
 
 
-def test_a_busy_rank_skips_only_in_warm_up_and_saves_every_step_of_the_grid_after() -> None:
-    """In warm-up a rank whose save still runs skips; after it, every multiple of the interval
-    is due, busy or not (the rank waits: a step all ranks save commits)."""
+def test_every_warm_up_step_is_due_then_only_the_grid() -> None:
+    """Due steps depend on the step and the interval only: every step in warm-up, the multiples
+    of the interval after it (a rank still saving waits: a step all ranks save commits)."""
     policy = IntervalPolicy(max_interval_s=600, mtbf_prior_s=3600)
-    assert not policy.due(1, busy=True) and policy.due(1, busy=False)
+    assert all(policy.due(step) for step in range(0, 7))
     policy = fed()
-    assert all(policy.due(step, busy=True) for step in (256, 512, 1024))
-    assert not any(policy.due(step, busy=busy) for step in (255, 257, 513) for busy in (True, False))
+    assert all(policy.due(step) for step in (256, 512, 1024))
+    assert not any(policy.due(step) for step in (255, 257, 513))
 
 
 def test_the_keep_up_floor_wins_over_the_optimum_and_the_cap() -> None:
@@ -163,7 +163,7 @@ def test_failures_seen_replace_the_prior() -> None:
 
 def test_without_a_job_time_it_is_the_step_number_times_the_step_time() -> None:
     policy = fed()
-    policy.due(1000, busy=False)  # 1000 steps of 0.1 s: 100 s
+    policy.due(1000)  # 1000 steps of 0.1 s: 100 s
     decision = policy.observe_failures(1)
     assert decision is not None and decision.mtbf_s == pytest.approx(100.0)
 
@@ -229,7 +229,7 @@ def feed(policy: IntervalPolicy, measured: tuple[float, float, float, float, flo
         policy.observe_step(step_s, during_save=False)
         policy.observe_step(step_s * slower, during_save=True)
         policy.observe_save(blocking_s, background_s)
-    policy.due(10_000, busy=False)
+    policy.due(10_000)
     policy.observe_failures(failures)
 
 
@@ -242,7 +242,7 @@ def feed(policy: IntervalPolicy, measured: tuple[float, float, float, float, flo
 def test_two_ranks_that_measured_within_a_ratio_share_the_coarser_grid(
     measured: tuple[float, float, float, float, float, int], ratios: list[float], rounds: int
 ) -> None:
-    """Every multiple of the larger interval is due for both ranks (when not busy): a step all
+    """Every multiple of the larger interval is due for both ranks: a step all
     ranks save, so the job keeps committing whatever each rank measured."""
     other = (*(value * ratio for value, ratio in zip(measured[:5], ratios[:5], strict=True)), measured[5])
     a = IntervalPolicy(max_interval_s=600.0, mtbf_prior_s=measured[4])
@@ -252,7 +252,7 @@ def test_two_ranks_that_measured_within_a_ratio_share_the_coarser_grid(
     assert is_power_of_two(a.interval) and is_power_of_two(b.interval)
     coarse = max(a.interval, b.interval)
     for k in range(1, 5):
-        assert a.due(k * coarse, busy=False) and b.due(k * coarse, busy=False), (a.decision, b.decision)
+        assert a.due(k * coarse) and b.due(k * coarse), (a.decision, b.decision)
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,6 +1,7 @@
 """``CheckpointConfig.every`` in ``Checkpointer.save``, over a fake save pipeline (no Ray): a step
-that is not due returns a skipped handle without looking at the state; under "auto" the first
-steps are saved, a busy rank skips instead of waiting, and a new interval is logged as an event."""
+that is not due returns a skipped handle without looking at the state; under "auto" every step of
+the warm-up is saved (a busy rank waits), ranks with different timings save the same steps, and a
+new interval is logged as an event."""
 
 from __future__ import annotations
 
@@ -105,17 +106,47 @@ def test_a_step_that_is_not_due_still_checks_the_step_number() -> None:
     ckpt._background.shutdown()
 
 
-def test_auto_saves_the_first_step_and_skips_while_busy_without_waiting() -> None:
+def test_auto_saves_every_warm_up_step_waiting_for_a_save_still_running() -> None:
     ckpt, saves, _ = wired(CheckpointConfig(every="auto"))
     saves.gate.clear()
     first = ckpt.save(0, STATE)
     assert not first.skipped
-    busy = ckpt.save(1, NOT_A_STATE)  # returned while the first save is held: it did not wait
-    assert busy.skipped and busy.skip_reason == "busy" and saves.completed == []
+    returned: list[Any] = []
+    caller = threading.Thread(target=lambda: returned.append(ckpt.save(1, STATE)))
+    caller.start()
+    caller.join(0.3)
+    assert caller.is_alive() and returned == [], "step 1 of the warm-up did not wait for the running save"
     saves.gate.set()
-    first.wait()
-    assert not ckpt.save(2, STATE).skipped  # still warming up: every step that finds no save running
+    caller.join(30)
+    (second,) = returned
+    assert not second.skipped and saves.completed[:1] == [0]
     ckpt._background.shutdown()
+
+
+def test_ranks_whose_saves_take_different_times_save_the_same_steps() -> None:
+    """Whether a step is due never depends on timing: a rank whose saves are done by its next
+    call and one whose saves still run then (it waits) save the same steps through the warm-up
+    and after it, as long as they chose the same interval. (A warm-up that skipped busy steps
+    left one rank's last saved step unsaved by the other: it never committed.)"""
+    quick, _, _ = wired(CheckpointConfig(every="auto"))
+    slow, slow_saves, _ = wired(CheckpointConfig(every="auto"))
+    saved: dict[str, list[int]] = {"quick": [], "slow": []}
+    for step in range(12):
+        handle = quick.save(step, STATE)
+        if not handle.skipped:
+            handle.staged()  # done before the next call
+            saved["quick"].append(step)
+        slow_saves.gate.clear()
+        opener = threading.Timer(0.02, slow_saves.gate.set)  # still running at the next call
+        opener.start()
+        if not slow.save(step, STATE).skipped:
+            saved["slow"].append(step)
+        opener.join()
+    assert saved["quick"][:4] == saved["slow"][:4] == [0, 1, 2, 3], saved
+    if quick.interval == slow.interval:
+        assert saved["quick"] == saved["slow"], saved
+    quick._background.shutdown()
+    slow._background.shutdown()
 
 
 def warmed_up(ckpt: Checkpointer) -> int:
