@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 _HANDLES_TTL_S = 1.0  # how stale the commit fan-out's list of stores may be
 # Stages serialize on the registry's lock anyway: a few threads take them, so that hundreds of
-# concurrent batches do not convoy on the GIL; blocking calls (wait_committed) use the others.
+# concurrent batches do not convoy on the GIL; blocking calls (wait_committed, wait_settled) use the others.
 _STAGE_THREADS = 4
 PLAN_MARK_WAIT_S = 2.0  # how long a plan call waits for the stores to keep its plan
 REBUILD_ROUNDS = 3  # times a store that does not answer the rebuild in time is asked
@@ -330,6 +330,13 @@ class RegistryActor:
 
     def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
         return self._registry.wait_committed(job, step, timeout_s)
+
+    def wait_settled(
+        self, job: str, step: int, rank: int, attempt: str | None, world_size: int, passed: int, timeout_s: float
+    ) -> str:
+        return self._registry.wait_settled(
+            job, step, rank=rank, attempt=attempt, world_size=world_size, passed=passed, timeout_s=timeout_s
+        )
 
     def latest_committed(self, job: str) -> int | None:
         return self._registry.latest_committed(job)

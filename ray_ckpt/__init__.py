@@ -28,6 +28,7 @@ from ray_ckpt.errors import (
     SnapshotFormatError,
     StoreFullError,
     StoreUnavailableError,
+    TornStepError,
     UnsupportedLeafError,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "SnapshotFormatError",
     "StoreFullError",
     "StoreUnavailableError",
+    "TornStepError",
     "UnsupportedLeafError",
     "drop",
     "rng_state",

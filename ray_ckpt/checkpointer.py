@@ -18,7 +18,7 @@ from ray_ckpt.core import dtensor, events, snapshot
 from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.interval import Decision, IntervalPolicy
 from ray_ckpt.core.shard import check_step
-from ray_ckpt.errors import CommitTimeoutError, ConfigError, StoreUnavailableError
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, RayCkptError, StoreUnavailableError, TornStepError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer
 from ray_ckpt.save import SaveHandle, SavePipeline
@@ -259,9 +259,29 @@ class Checkpointer(WithIdentity):
                 self._announce(step if step is not None else self._last_step or 0, decision)
 
     def _wait_committed(self, step: int, timeout_s: float) -> None:
-        if self._registry.wait_committed(self.job, step, timeout_s):
+        """Return once ``step`` (or a newer step) committed. TornStepError as soon as it never
+        can (ranks that did not save it went past it), CommitTimeoutError after ``timeout_s``."""
+        settled = self._registry.wait_settled(
+            self.job,
+            step,
+            rank=self.rank,
+            attempt=self.attempt,
+            world_size=self.world_size,
+            passed=self._passed_step(),
+            timeout_s=timeout_s,
+        )
+        if settled == "committed":
             return
         missing = sorted(set(range(self.world_size)) - set(self._registry.staged_ranks(self.job, step)))
+        if settled == "torn":
+            raise TornStepError(
+                f"job {self.job!r} step {step} will never commit: ranks {missing} went on without saving it "
+                "(they chose a longer interval under every='auto', or skipped it under on_busy='skip'); the "
+                f"newest committed step is {self._registry.latest_committed(self.job)}",
+                job=self.job,
+                step=step,
+                missing_ranks=missing,
+            )
         raise CommitTimeoutError(
             f"job {self.job!r} step {step} did not commit within {timeout_s:.1f}s: still waiting for "
             f"ranks {missing} to stage it (raise CheckpointConfig.commit_timeout_s if they are slow)",
@@ -270,15 +290,28 @@ class Checkpointer(WithIdentity):
             missing_ranks=missing,
         )
 
+    def _passed_step(self) -> int:
+        """The newest step this rank went past: the newest step ``save`` was called with, or
+        the one before a save still running (its stage may yet come)."""
+        if self._in_flight is not None and not self._in_flight.done() and self._last_step is not None:
+            return self._last_step - 1
+        return self._previous_call[0] if self._previous_call is not None else -1
+
     def wait(self, timeout_s: float | None = None) -> None:
-        """Wait until the last saved step committed (re-raising a background failure)."""
+        """Wait until the last saved step settled (re-raising a background failure): it
+        committed, or it never will because ranks that did not save it went on (a rank on a
+        shorter interval than others under ``every="auto"``; logged at INFO): every step all
+        ranks saved up to it has committed then. CommitTimeoutError after ``timeout_s``."""
         self._check_open()
         if self._last_step is None:
             return
-        if self._in_flight is not None:
-            self._handle(self._last_step, self._in_flight).wait(timeout_s)
-        else:  # its background work already collected (under "auto", by a later call)
-            self._wait_committed(self._last_step, self.config.commit_timeout_s if timeout_s is None else timeout_s)
+        try:
+            if self._in_flight is not None:
+                self._handle(self._last_step, self._in_flight).wait(timeout_s)
+            else:  # its background work already collected (under "auto", by a later call)
+                self._wait_committed(self._last_step, self.config.commit_timeout_s if timeout_s is None else timeout_s)
+        except TornStepError as torn:
+            logger.info("rank %d: %s", self.rank, torn.message)
 
     def _record(self, kind: events.EventKind, **fields: Any) -> None:
         """Send an event to the registry's log (fire and forget: never blocks or fails a save)."""
@@ -372,13 +405,34 @@ class Checkpointer(WithIdentity):
     # ---- lifecycle ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish the save in flight (re-raising its error) and release the buffers."""
+        """Finish the save in flight (re-raising its error), tell the registry this rank saves
+        no more (see ``_note_passed``) and release the buffers."""
         if self._closed:
             return
         try:
             self._finish_in_flight()
+            self._note_passed()
         finally:
             self._release(wait=True)
+
+    def _note_passed(self) -> None:
+        """Tell the registry which step this rank went past (``Registry.wait_settled``), so that
+        ranks waiting for a step it did not save learn that it is torn: only where ranks may
+        save different steps (``every="auto"``, ``on_busy="skip"``). Never raises."""
+        if self._last_step is None or (self._policy is None and self.config.on_busy != "skip"):
+            return
+        try:
+            self._registry.wait_settled(
+                self.job,
+                self._last_step,
+                rank=self.rank,
+                attempt=self.attempt,
+                world_size=self.world_size,
+                passed=self._passed_step(),
+                timeout_s=0.0,
+            )
+        except RayCkptError as error:
+            logger.debug("rank %d: could not tell the registry it is done: %s", self.rank, error)
 
     def abandon(self) -> None:
         """Close without raising and without waiting, for a checkpointer whose worker group

@@ -74,6 +74,11 @@ class CommitTimeoutError(RayCkptError):
     """Not every rank staged a step within the timeout; the message names the missing ranks."""
 
 
+class TornStepError(RayCkptError):
+    """A step can never commit: ranks that did not save it went past it (ranks on different
+    intervals under ``every="auto"``, or a skip under ``on_busy="skip"``); no failure."""
+
+
 class StaleAttemptError(RayCkptError):
     """A worker of a replaced worker group tried to stage or restore; it must stop."""
 

@@ -140,7 +140,9 @@ class SaveHandle:
             self._staged.result(timeout=timeout_s)
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Block until the step committed on all ranks; CommitTimeoutError names missing ranks."""
+        """Block until the step (or a newer one) committed on all ranks. TornStepError at once
+        when it never can (ranks that did not save it went on); CommitTimeoutError after the
+        timeout. Both name the missing ranks."""
         if self._staged is None:
             return
         timeout = self._commit_timeout_s if timeout_s is None else timeout_s

@@ -74,6 +74,7 @@ class Process:
     asked: bool = False  # it asked the registry for its plan (a restore, or its first save without an attempt)
     restored: int | None = None  # the step it restored (None: none yet, or nothing to restore)
     pending: StageRequest | None = None  # a save whose shards are put and whose stage is not sent
+    last_staged: int | None = None  # the newest step whose stage it sent and was not refused
     restorer: Restorer | None = None
 
 
@@ -107,6 +108,9 @@ class World:
         self.log: list[str] = []
         self.plan_seq = 0  # the newest plan mark handed to the stores
         self.amnesic: set[tuple[int, str | None]] = set()  # groups whose plan no store kept over a registry restart
+        self.torn: set[tuple[int, str | None]] = set()  # (step, attempt) wait_settled called torn
+        self.skipped: set[tuple[int, int, str | None]] = set()  # (step, rank, attempt) a rank trained unsaved
+        self.notes: dict[tuple[str | None, int], int] = {}  # (attempt, rank) -> the step it went past, since a restart
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -146,13 +150,16 @@ class World:
     def may_restore(self, process: Process) -> bool:
         return process.alive and process.restores_first and not process.asked
 
-    def may_put(self, process: Process) -> bool:
+    def may_train(self, process: Process) -> bool:
         """A rank trains a step only with every rank of its group (collectives): a group that
-        restores first saves once all its ranks restored (or died after restoring)."""
-        if not process.alive or process.pending is not None:
+        restores first trains once all its ranks restored (or died after restoring)."""
+        if not process.alive:
             return False
         group = [p for p in self.processes if p.incarnation == process.incarnation]
         return not process.restores_first or all(p.asked for p in group)
+
+    def may_put(self, process: Process) -> bool:
+        return process.pending is None and self.may_train(process)
 
     def start_incarnation(self, *, with_attempt: bool, restores_first: bool = True) -> None:
         """A new worker group. Without an attempt it restores first: a job that passes no
@@ -260,6 +267,40 @@ class World:
         self.put_epochs[(step, process.rank, process.writer)] = dict(self.epochs)
         self.log.append(f"rank {process.rank}@{process.incarnation} put step {step}")
 
+    def skip(self, process: Process) -> None:
+        """A step the rank trains without saving it (not on its interval; or busy under
+        ``on_busy="skip"``, its previous save still pending)."""
+        self.skipped.add((process.next_step, process.rank, process.attempt))
+        process.next_step += 1
+        self.log.append(f"rank {process.rank}@{process.incarnation} skip step {process.next_step - 1}")
+
+    def passed(self, process: Process) -> int:
+        """The step the rank went past (``Checkpointer._passed_step``)."""
+        return process.pending.metas[0].step - 1 if process.pending is not None else process.next_step - 1
+
+    def wait_settled(self, process: Process) -> None:
+        """The rank waits for its newest staged step (at the end of a run, or a handle's wait):
+        it notes the step it went past, and asks at once."""
+        step = process.last_staged
+        if step is None:
+            return
+        passed = self.passed(process)
+        settled = self.registry.wait_settled(
+            JOB, step, rank=process.rank, attempt=process.attempt, world_size=self.world_size, passed=passed,
+            timeout_s=0.0,
+        )  # fmt: skip
+        key = (process.attempt, process.rank)
+        self.notes[key] = max(passed, self.notes.get(key, -1))
+        self.log.append(
+            f"rank {process.rank}@{process.incarnation} wait_settled step {step} passed {passed}: {settled}"
+        )
+        if settled == "torn":
+            self.torn.add((step, process.attempt))
+        went_past = all(self.notes.get((process.attempt, r), -1) >= step for r in range(self.world_size))
+        skipped = any((step, r, process.attempt) in self.skipped for r in range(self.world_size))
+        if settled == "pending" and went_past and skipped:  # 7
+            raise Violation(f"step {step}: a rank skipped it and every rank went past it, but it is still pending")
+
     def stage(self, process: Process) -> None:
         """The second half of a save: the stage (through the store actor's glue)."""
         request, process.pending = process.pending, None
@@ -283,6 +324,7 @@ class World:
         if refused is not None:
             process.alive = False  # a refused stage fails the rank's next save
             return
+        process.last_staged = step
         decision = outcome.decision
         if decision is not None and decision.committed and self.registry.is_committed(JOB, step):
             self._saw_commit(step, decision.keep_steps)
@@ -304,6 +346,9 @@ class World:
             and self._physically_restorable(step, earlier)
         ):
             raise Violation(f"step {step} committed twice: {earlier} then {writers}")
+        by = self.registry.committed_by(JOB, step)
+        if (step, by) in self.torn:  # 7
+            raise Violation(f"step {step} of attempt {by} committed after wait_settled called it torn")
         incarnations = {self._incarnation_of(w) for w in writers.values()}
         if len(incarnations) > 1:
             raise Violation(f"step {step} committed with records of incarnations {sorted(incarnations)}: {writers}")
@@ -353,6 +398,7 @@ class World:
         """The registry actor restarts and rebuilds from the live stores (it asks a slow store
         again until it answers). The commit marks in flight are lost with it."""
         self.marks.clear()
+        self.notes.clear()  # the registry forgets them; the ranks note again when they ask again
         kept = [PlanMark.from_wire(m).seq for n in self.alive if (m := self.stores[n].plan_marks().get(JOB))]
         if max(kept, default=0) < self.plan_seq:  # no live store kept the newest plan: it is gone
             self.amnesic.update(self.restores)

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from typing import Literal
 
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.core.wire import (
@@ -83,6 +84,9 @@ class StepRecord:
                 self._records[request.metas[0].rank] = request.record()
         self._packed.clear()
         return self._records
+
+
+Settled = Literal["committed", "torn", "pending"]  # what ``Registry.wait_settled`` found
 
 
 @dataclasses.dataclass
@@ -177,6 +181,7 @@ class Registry:
         self._incarnations: dict[str, _Incarnations] = {}
         self._discarded: list[Discarded] = []
         self._plan_marks: dict[str, PlanMark] = {}
+        self._passed: dict[str, dict[tuple[str | None, int], int]] = {}  # job -> (attempt, rank) -> step (wait_settled)
 
     def take_plan_marks(self) -> dict[str, PlanMark]:
         """Per job, its newest restore plan if it changed since the last call: the caller (the
@@ -292,10 +297,10 @@ class Registry:
         incarnation = self._incarnations.setdefault(job, _Incarnations())
         incarnation.newest_staged = max(step, incarnation.newest_staged or 0)
         record.add(group.parts)
+        self._lock.notify_all()  # a commit, or a stage that may settle a step (``wait_settled``)
         if len(record.staged) < record.world_size:
             return GroupOutcome(decision=CommitDecision(False, (), ()), torn=torn)
         record.committed = True
-        self._lock.notify_all()
         return GroupOutcome(decision=self._retire_locked(job, group.keep_committed), torn=torn)
 
     def _restage_locked(
@@ -335,6 +340,9 @@ class Registry:
         evict = [s for s in steps if s < newest and s not in keep]
         for s in evict:
             del steps[s]
+        notes = self._passed.get(job)
+        if notes:  # a note no newer than the newest commit settles nothing any more
+            self._passed[job] = {key: passed for key, passed in notes.items() if passed > newest}
         return CommitDecision(True, tuple(keep), tuple(sorted(evict)))
 
     # ---- incarnations and restore plans -----------------------------------------------
@@ -522,6 +530,54 @@ class Registry:
         with self._lock:
             return self._lock.wait_for(lambda: self._committed_at_least_locked(job, step), timeout=timeout_s)
 
+    def wait_settled(
+        self,
+        job: str,
+        step: int,
+        *,
+        rank: int,
+        attempt: str | None,
+        world_size: int,
+        passed: int,
+        timeout_s: float,
+    ) -> Settled:
+        """Note that ``rank`` of ``attempt`` went past step ``passed``: it staged every step up
+        to ``passed`` that it will ever stage (its saves of them are staged or failed, and it
+        called ``save`` with a newer step or none). Then block until ``step`` settled:
+        "committed" once it or a newer step committed; "torn" once it never can, because every
+        rank that has not staged it went past it (noted so, or staged a newer step of the same
+        attempt: a rank stages its steps in order). Every step that all ranks save up to a torn
+        one has committed by then. "pending" after ``timeout_s``.
+
+        Ranks that chose different intervals under ``every="auto"`` save steps the others do
+        not; a rank whose last save was such a step learns here that it is torn instead of
+        waiting for a commit that cannot come. The notes are not rebuilt after a restart: the
+        caller asks again (``RegistryClient.wait_settled``), which notes its rank again. A note
+        no newer than the newest commit is dropped."""
+        with self._lock:
+            notes = self._passed.setdefault(job, {})
+            if notes.get((attempt, rank), -1) < passed:
+                notes[(attempt, rank)] = passed
+                self._lock.notify_all()
+            settled = self._lock.wait_for(lambda: self._settled_locked(job, step, attempt, world_size), timeout_s)
+            return settled or "pending"
+
+    def _settled_locked(self, job: str, step: int, attempt: str | None, world_size: int) -> Settled | None:
+        if self._committed_at_least_locked(job, step):
+            return "committed"
+        steps = self._jobs.get(job, {})
+        record = steps.get(step)
+        staged = record.staged if record is not None and record.attempt == attempt else set()
+        missing = set(range(world_size)) - staged
+        if not missing:  # every rank's shards are there (a rebuilt registry): the last stages may yet come
+            return None
+        passed = self._passed.get(job, {})
+        newer = [r.staged for s, r in steps.items() if s > step and r.attempt == attempt]
+        for rank in missing:
+            if passed.get((attempt, rank), -1) < step and not any(rank in ranks for ranks in newer):
+                return None
+        return "torn"
+
     def _committed_at_least_locked(self, job: str, step: int) -> bool:
         latest = self._latest_locked(job)
         return latest is not None and latest >= step
@@ -583,6 +639,7 @@ class Registry:
         with self._lock:
             self._jobs.pop(job, None)
             self._incarnations.pop(job, None)
+            self._passed.pop(job, None)
 
     # ---- rebuilding ---------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ from ray_ckpt.transport import naming, remote
 
 logger = logging.getLogger(__name__)
 
+SETTLED_ROUND_S = 10.0  # the longest one wait_settled call blocks the registry's thread
+
 
 class RegistryClient:
     """The registry of ``namespace``; StoreUnavailableError at construction if it is not
@@ -104,6 +106,24 @@ class RegistryClient:
     def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
         """True once ``step`` (or a newer one) committed; False after ``timeout_s``."""
         return bool(self.call("wait_committed", job, step, timeout_s, timeout_s=timeout_s + settings.peer_timeout_s()))
+
+    def wait_settled(
+        self, job: str, step: int, *, rank: int, attempt: str | None, world_size: int, passed: int, timeout_s: float
+    ) -> str:
+        """``Registry.wait_settled``: "committed", "torn" or "pending" (after ``timeout_s``). Asks in
+        rounds of at most SETTLED_ROUND_S, so that a registry restarted meanwhile (it forgets
+        which ranks went past a step) hears this rank's note again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            round_s = min(SETTLED_ROUND_S, max(0.0, deadline - time.monotonic()))
+            answer = str(
+                self.call(
+                    "wait_settled", job, step, rank, attempt, world_size, passed, round_s,
+                    timeout_s=round_s + settings.peer_timeout_s(),
+                )
+            )  # fmt: skip
+            if answer != "pending" or time.monotonic() >= deadline:
+                return answer
 
     def staged_ranks(self, job: str, step: int) -> list[int]:
         return [int(r) for r in self.call("staged_ranks", job, step)]

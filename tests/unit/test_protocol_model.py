@@ -1,7 +1,8 @@
 """The commit protocol under generated interleavings (docs/commit-protocol.md): hypothesis drives
 ``protocol_sim.World`` (the real registry, stores and restore path, no Ray) through saves, torn
-and abandoned saves, restores, node losses beyond m, store and registry restarts, incarnations
-with and without an attempt or a restore, and checks every invariant after each event.
+and abandoned saves, ranks that skip steps others save and wait for their last one, restores,
+node losses beyond m, store and registry restarts, incarnations with and without an attempt or
+a restore, and checks every invariant after each event.
 ``scripts/protocol_campaign.py`` runs the same machine longer."""
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule(index=st.integers(0, 8))
     def put(self, index: int) -> None:
         self.world.put(self._pick([p for p in self.world.live() if self.world.may_put(p)], index))
+
+    @precondition(lambda self: any(self.world.may_train(p) for p in self.world.live()))
+    @rule(index=st.integers(0, 8))
+    def skip(self, index: int) -> None:
+        """A rank trains a step it does not save (another interval, or busy)."""
+        self.world.skip(self._pick([p for p in self.world.live() if self.world.may_train(p)], index))
+
+    @precondition(lambda self: any(p.alive and p.last_staged is not None for p in self.world.processes))
+    @rule(index=st.integers(0, 8))
+    def wait_settled(self, index: int) -> None:
+        """A rank, live or a zombie, waits for its newest staged step."""
+        waiting = [p for p in self.world.processes if p.alive and p.last_staged is not None]
+        self.world.wait_settled(self._pick(waiting, index))
 
     @precondition(lambda self: any(p.pending is not None for p in self.world.processes if p.alive))
     @rule(index=st.integers(0, 8))

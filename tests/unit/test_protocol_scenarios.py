@@ -225,3 +225,30 @@ def test_a_zombies_first_stage_never_drops_a_later_groups_unstaged_shards() -> N
     assert sim.registry.committed_steps(JOB) == [0]
     assert {w[:2] for w in sim.commits[0].values()} == {"w2"}
     sim.check()  # invariant 1: the committed step is in the stores
+
+
+def test_a_step_a_rebuilt_registry_holds_every_ranks_shards_of_is_never_called_torn() -> None:
+    """Both ranks put step 1 and rank 0 staged it; two nodes die and the registry restarts: it
+    rebuilds step 1 as staged by both (their shards are there) but not committed. Rank 0, which
+    went past step 1, waits for it: no rank is missing, rank 1's stage may still come, so it is
+    pending, not torn; rank 1's stage then commits it (invariant 7: a torn step never commits)."""
+    sim = World(nodes=5, world_size=2, k=2, m=1, seed=0)
+    sim.start_incarnation(with_attempt=False, restores_first=False)
+    for process in sim.live():
+        sim.restore(process)
+    for process in sim.live():
+        sim.put(process)
+        sim.stage(process)
+    rank0, rank1 = sim.live()
+    sim.put(rank0)
+    sim.put(rank1)
+    sim.kill_node("n2")
+    sim.kill_node("n3")
+    sim.stage(rank0)
+    sim.restart_registry()
+    assert sim.registry.staged_ranks(JOB, 1) == [0, 1] and not sim.registry.is_committed(JOB, 1)
+    sim.wait_settled(rank0)
+    assert sim.log[-1].endswith(": pending"), sim.log[-1]
+    sim.stage(rank1)
+    assert sim.registry.is_committed(JOB, 1)
+    sim.check()

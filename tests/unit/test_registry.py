@@ -286,3 +286,46 @@ def test_jobs_are_isolated() -> None:
     assert set(registry.jobs()) == {"b"}
     assert registry.latest_committed("a") is None
     assert registry.latest_committed("b") == 1
+
+
+def test_a_step_only_some_ranks_saved_settles_as_torn_once_the_others_went_past_it() -> None:
+    """Under every="auto" rank 0 chose interval 2 and rank 1 interval 4: rank 0's last save
+    (step 6) can never commit. Its wait learns so as soon as rank 1 says it went past step 6
+    (at its own wait, whose step 4 committed), not after the commit timeout; a rank that went
+    only to step 5 settles nothing."""
+    registry = Registry()
+    for rank in (0, 1):
+        stage(registry, 4, rank, world_size=2)
+    stage(registry, 6, 0, world_size=2)
+
+    def settle(step: int, rank: int, passed: int, timeout_s: float = 0.0, attempt: str | None = None) -> str:
+        return registry.wait_settled(
+            "job", step, rank=rank, attempt=attempt, world_size=2, passed=passed, timeout_s=timeout_s
+        )
+
+    assert settle(6, rank=0, passed=7) == "pending"
+    assert settle(4, rank=1, passed=5) == "committed"
+    assert settle(6, rank=0, passed=7) == "pending"  # rank 1 may still save step 6
+    assert settle(4, rank=1, passed=7, attempt="another") == "committed"  # another attempt's note
+    assert settle(6, rank=0, passed=7) == "pending"
+    answers: list[str] = []
+    waiter = threading.Thread(target=lambda: answers.append(settle(6, rank=0, passed=7, timeout_s=30)))
+    waiter.start()
+    began = time.monotonic()
+    assert settle(4, rank=1, passed=7) == "committed"
+    waiter.join(30)
+    assert answers == ["torn"] and time.monotonic() - began < 10
+    assert registry.latest_committed("job") == 4
+
+
+def test_a_newer_step_a_rank_staged_shows_it_went_past() -> None:
+    """A rank stages its steps in order: once it staged step 8, an uncommitted step 6 it did not
+    stage is torn without any note from it; step 8 itself commits when the other rank saves it."""
+    registry = Registry()
+    stage(registry, 6, 0, world_size=2)
+    stage(registry, 8, 1, world_size=2)
+    settled = registry.wait_settled("job", 6, rank=0, attempt=None, world_size=2, passed=6, timeout_s=0)
+    assert settled == "torn"
+    assert registry.wait_settled("job", 8, rank=1, attempt=None, world_size=2, passed=8, timeout_s=0) == "pending"
+    stage(registry, 8, 0, world_size=2)
+    assert registry.wait_settled("job", 8, rank=1, attempt=None, world_size=2, passed=8, timeout_s=0) == "committed"

@@ -5,6 +5,7 @@ new interval is logged as an event."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ray_ckpt import CheckpointConfig, ConfigError
+from ray_ckpt import CheckpointConfig, ConfigError, TornStepError
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.core import events
 from ray_ckpt.core.identity import RankIdentity
@@ -31,8 +32,12 @@ class FakeSaves:
         self.gate.set()
         self.snapshots: list[int] = []
         self.completed: list[int] = []
+        self.commits = True
 
     def check_placement(self) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
     def snapshot(self, layout: Any) -> tuple[np.ndarray, int, list[Any]]:
@@ -43,7 +48,7 @@ class FakeSaves:
         if not self.gate.wait(30):  # a safety net against a hang, not a timing assert
             raise TimeoutError("the test never opened the gate")
         self.completed.append(step)
-        return True
+        return self.commits  # whether the stage committed the step
 
 
 class FakeRegistry:
@@ -54,10 +59,20 @@ class FakeRegistry:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
         self.waited: list[int] = []
+        self.passed: list[int] = []
+        self.settled = "committed"  # what wait_settled answers
+        self.latest: int | None = None
 
-    def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
+    def wait_settled(self, job: str, step: int, *, passed: int, **_: Any) -> str:
         self.waited.append(step)
-        return True
+        self.passed.append(passed)
+        return self.settled
+
+    def staged_ranks(self, job: str, step: int) -> list[int]:
+        return [0]
+
+    def latest_committed(self, job: str) -> int | None:
+        return self.latest
 
 
 def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegistry]:
@@ -72,6 +87,7 @@ def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegist
     ckpt._saves = saves  # type: ignore[assignment]
     ckpt._registry = registry  # type: ignore[assignment]
     ckpt._background = ThreadPoolExecutor(max_workers=1)
+    ckpt._stores = {}  # type: ignore[assignment]
     ckpt.last_save_phases_s = {}
     return ckpt, saves, registry
 
@@ -191,6 +207,57 @@ def test_wait_waits_for_the_last_saved_step_even_after_a_later_call_collected_it
     registry.waited.clear()
     ckpt.wait()
     assert registry.waited == [saved]
+    assert registry.passed[-1] == (saved + 1 if ckpt.interval > 1 else saved)  # the newest call
+    ckpt._background.shutdown()
+
+
+def test_a_torn_last_step_ends_wait_and_fails_its_handle_with_the_newest_commit_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ranks on a longer interval went past this rank's last saved step: ``wait`` (the end of a
+    run) returns and says so at INFO; the step's own handle raises TornStepError at once."""
+    ckpt, saves, registry = wired(CheckpointConfig(every=2, on_busy="skip"))
+    saves.commits = False
+    handle = ckpt.save(6, STATE)
+    ckpt.save(7, NOT_A_STATE)
+    registry.settled, registry.latest = "torn", 4
+    with caplog.at_level(logging.INFO, logger="ray_ckpt.checkpointer"):
+        ckpt.wait()
+    assert "step 6 will never commit" in caplog.text and "newest committed step is 4" in caplog.text
+    assert registry.passed == [7]
+    with pytest.raises(TornStepError, match="will never commit") as raised:
+        handle.wait()
+    assert raised.value.step == 6
+    ckpt._background.shutdown()
+
+
+@pytest.mark.parametrize("every", [2, "auto"])
+def test_close_tells_the_registry_the_step_a_rank_went_past_where_ranks_may_save_different_steps(
+    every: int | str,
+) -> None:
+    """So that a rank still waiting for a step this one did not save learns it is torn; with a
+    fixed interval and on_busy="wait" every rank saves the same steps, and close asks nothing."""
+    for on_busy, asked in (("wait", every == "auto"), ("skip", True)):
+        ckpt, _, registry = wired(CheckpointConfig(every=every, on_busy=on_busy))  # type: ignore[arg-type]
+        ckpt.save(0, STATE).staged()
+        ckpt.save(1, STATE if every == "auto" else NOT_A_STATE)
+        ckpt.close()
+        assert registry.passed == ([1] if asked else []), (every, on_busy)
+
+
+def test_a_wait_during_a_save_still_running_goes_past_only_the_steps_before_it() -> None:
+    """Its stage may yet come: the rank says it went past the step before the running save."""
+    ckpt, saves, registry = wired(CheckpointConfig(every=2))
+    saves.commits = False
+    first = ckpt.save(2, STATE)
+    first.staged()
+    saves.gate.clear()
+    ckpt.save(4, STATE)
+    first.wait()
+    assert registry.passed == [3]
+    saves.gate.set()
+    ckpt.wait()
+    assert registry.passed == [3, 4]
     ckpt._background.shutdown()
 
 
