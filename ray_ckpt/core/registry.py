@@ -544,9 +544,9 @@ class Registry:
         """Note that ``rank`` of ``attempt`` went past step ``passed``: it staged every step up
         to ``passed`` that it will ever stage (its saves of them are staged or failed, and it
         called ``save`` with a newer step or none). Then block until ``step`` settled:
-        "committed" once it or a newer step committed; "torn" once it never can, because every
-        rank that has not staged it went past it (noted so, or staged a newer step of the same
-        attempt: a rank stages its steps in order). Every step that all ranks save up to a torn
+        "committed" once it or a newer step committed; "torn" once it never can, because some
+        rank has not staged it and every such rank went past it (noted so, or staged a newer
+        step of the same attempt: a rank stages its steps in order). Every step that all ranks save up to a torn
         one has committed by then. "pending" after ``timeout_s``.
 
         Ranks that chose different intervals under ``every="auto"`` save steps the others do
