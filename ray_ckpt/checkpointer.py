@@ -308,6 +308,7 @@ class Checkpointer(WithIdentity):
         try:
             if self._in_flight is not None:
                 self._handle(self._last_step, self._in_flight).wait(timeout_s)
+                self._note_passed()  # its stage may have committed it: the registry was not asked
             else:  # its background work already collected (under "auto", by a later call)
                 self._wait_committed(self._last_step, self.config.commit_timeout_s if timeout_s is None else timeout_s)
         except TornStepError as torn:

@@ -245,6 +245,18 @@ def test_close_tells_the_registry_the_step_a_rank_went_past_where_ranks_may_save
         assert registry.passed == ([1] if asked else []), (every, on_busy)
 
 
+def test_wait_tells_the_registry_the_step_it_went_past_even_when_its_own_stage_committed() -> None:
+    """The rank on the longer interval: its last step committed at its own stage, so its handle
+    asks the registry nothing, yet a rank on a shorter interval waits for its note."""
+    ckpt, _, registry = wired(CheckpointConfig(every=4, on_busy="skip"))
+    ckpt.save(4, STATE).staged()
+    for step in (5, 6, 7):
+        ckpt.save(step, NOT_A_STATE)
+    ckpt.wait()
+    assert registry.passed == [7] and registry.waited == [4]
+    ckpt._background.shutdown()
+
+
 def test_a_wait_during_a_save_still_running_goes_past_only_the_steps_before_it() -> None:
     """Its stage may yet come: the rank says it went past the step before the running save."""
     ckpt, saves, registry = wired(CheckpointConfig(every=2))
