@@ -261,15 +261,7 @@ class Checkpointer(WithIdentity):
     def _wait_committed(self, step: int, timeout_s: float) -> None:
         """Return once ``step`` (or a newer step) committed. TornStepError as soon as it never
         can (ranks that did not save it went past it), CommitTimeoutError after ``timeout_s``."""
-        settled = self._registry.wait_settled(
-            self.job,
-            step,
-            rank=self.rank,
-            attempt=self.attempt,
-            world_size=self.world_size,
-            passed=self._passed_step(),
-            timeout_s=timeout_s,
-        )
+        settled = self._settle(step, timeout_s)
         if settled == "committed":
             return
         missing = sorted(set(range(self.world_size)) - set(self._registry.staged_ranks(self.job, step)))
@@ -288,6 +280,18 @@ class Checkpointer(WithIdentity):
             job=self.job,
             step=step,
             missing_ranks=missing,
+        )
+
+    def _settle(self, step: int, timeout_s: float) -> str:
+        """``Registry.wait_settled`` for ``step``, noting the step this rank went past."""
+        return self._registry.wait_settled(
+            self.job,
+            step,
+            rank=self.rank,
+            attempt=self.attempt,
+            world_size=self.world_size,
+            passed=self._passed_step(),
+            timeout_s=timeout_s,
         )
 
     def _passed_step(self) -> int:
@@ -423,15 +427,7 @@ class Checkpointer(WithIdentity):
         if self._last_step is None or (self._policy is None and self.config.on_busy != "skip"):
             return
         try:
-            self._registry.wait_settled(
-                self.job,
-                self._last_step,
-                rank=self.rank,
-                attempt=self.attempt,
-                world_size=self.world_size,
-                passed=self._passed_step(),
-                timeout_s=0.0,
-            )
+            self._settle(self._last_step, 0.0)
         except RayCkptError as error:
             logger.debug("rank %d: could not tell the registry it is done: %s", self.rank, error)
 
