@@ -45,7 +45,8 @@ WORLD_SIZE_ERROR = (
     "restore at world size 4, start a new job name, or drop the job"
 )
 
-# what timeline.recoveries must find: per failure, the phases in seconds
+# what timeline.recoveries must find: per failure, the phases in seconds (they add up to the time
+# to resume; the restore phases are rank 3's, whose restore ended last)
 EXPECTED = [
     {
         "attempt": "a2",
@@ -55,7 +56,7 @@ EXPECTED = [
         "steps_lost": 3,
         "phases_s": {
             "detect": 2.1,
-            "restart": 3.2,
+            "restart": 3.465,  # to the start of the slowest rank's restore: 26.6 - 1.035 - 22.1
             "locate": 0.015,
             "fetch": 0.7,
             "decode": 0.21,
@@ -72,7 +73,7 @@ EXPECTED = [
         "steps_lost": 2,
         "phases_s": {
             "detect": 2.6,
-            "restart": 2.7,
+            "restart": 2.677,  # 66.8 - 1.523 - 62.6
             "locate": 0.023,
             "fetch": 1.05,
             "decode": 0.33,

@@ -7,16 +7,19 @@ recovery has no first step and no time to resume. Its failure is the newest burs
 events (kills less than ``BURST_S`` apart) before the attempt's workers started, and after the
 job's previous successful recovery (or its first event): an attempt that follows a failed one
 still answers the same kills, and its time to resume includes the failed attempt.
-Phases, in seconds, on the critical path (the slowest rank):
+Phases, in seconds, follow the critical path: each ends at a moment that waited for every rank,
+and the restore is the slowest rank's (the rank whose restore ended last), so with a recorded
+kill they add up to ``time_to_resume_s``:
 
     detect      kill -> Ray declared the killed node(s) dead (``node_dead``); in place: kill ->
-                the first survivor saw its collective fail (its own view)
-    restart     dead -> the new worker group was running (its checkpointers were created);
-                None in place
-    replace     in place: detected -> the replacement worker started its training function
-    rendezvous  in place: the last rank asked to join -> every rank was back at its restore
-                (process group up, the training function re-run up to its Checkpointer)
-    locate, fetch, decode, load    the restore itself (slowest rank per phase)
+                the last survivor saw its collective fail (every survivor had left its step)
+    restart     dead -> the slowest rank began its restore (the new worker group started, its
+                training function ran up to ``restore()``); None in place
+    replace     in place: every survivor detected -> the last replacement started its training
+                function (0 when the replacements were up first)
+    rendezvous  in place: replaced -> the slowest rank began its restore (the join, the process
+                group, the training function re-run up to ``restore()``)
+    locate, fetch, decode, load    the slowest rank's restore
     first_step  restore done -> the first step of the new attempt done (its save returned:
                 a save event's ``returned``, else its time)
 
@@ -146,7 +149,6 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[Recovery]:
             previous.setdefault(record["job"], float(record["time"]))
     by_start = sorted(attempts.items(), key=lambda item: min(float(r.get("started", r["time"])) for r in item[1]))
     for (job, attempt), restores in by_start:
-        started = max(float(r.get("started", r["time"])) for r in restores)
         restored = max(float(r["time"]) for r in restores)
         first_start = min(float(r.get("started", r["time"])) for r in restores)
         burst = _burst_before([k for k in kills if float(k["time"]) > previous[job]], first_start)
@@ -158,9 +160,14 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[Recovery]:
         if not failed:
             previous[job] = restored
         phases: dict[str, float | None] = dict.fromkeys(PHASES)
+        slowest = max(restored_ranks or restores, key=lambda r: float(r["time"]))
+        measured = slowest.get("phases_s") or {}
         for name in RESTORE_PHASES:  # a failed rank may not have measured a phase: None, not 0
-            measured = [float(r["phases_s"][name]) for r in restores if name in (r.get("phases_s") or {})]
-            phases[name] = max(measured) if measured else (None if failed else 0.0)
+            phases[name] = float(measured[name]) if name in measured else (None if failed else 0.0)
+        if all(name in measured for name in RESTORE_PHASES):
+            restore_began = float(slowest["time"]) - sum(float(measured[name]) for name in RESTORE_PHASES)
+        else:  # a rank that raised mid-way, or an older event: its Checkpointer's creation
+            restore_began = float(slowest.get("started", slowest["time"]))
         saves = {} if failed else first_saves.get((job, attempt), {})
         first_step_done = max(saves.values()) if saves else None
         if first_step_done is not None:
@@ -172,14 +179,16 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[Recovery]:
             kill_time = float(burst[0]["time"])
             killed = [str(k.get("node_id")) for k in burst]
             dead = [float(d["time"]) for d in deaths if d.get("node_id") in killed and d["time"] >= kill_time]
-            if dead and not joined:
+            if joined:
+                _in_place_phases(phases, joined, kill_time, restore_began)
+            elif dead:
                 detected = max(dead)
                 phases["detect"] = detected - kill_time
-                phases["restart"] = max(0.0, started - detected)
-            elif not joined:
-                phases["restart"] = max(0.0, started - kill_time)
-        if joined:
-            _in_place_phases(phases, joined, kill_time, started)
+                phases["restart"] = max(0.0, restore_began - detected)
+            else:
+                phases["restart"] = max(0.0, restore_began - kill_time)
+        elif joined:
+            _in_place_phases(phases, joined, None, restore_began)
         began.append(kill_time if kill_time is not None else first_start)
         end = first_step_done if first_step_done is not None else restored
         result.append(
@@ -213,18 +222,22 @@ def recoveries(events: Iterable[dict[str, Any]]) -> list[Recovery]:
 
 
 def _in_place_phases(
-    phases: dict[str, float | None], rejoins: list[dict[str, Any]], kill_time: float | None, restarted: float
+    phases: dict[str, float | None], rejoins: list[dict[str, Any]], kill_time: float | None, restore_began: float
 ) -> None:
-    """Fill detect, replace and rendezvous from an in-place generation's rejoin events
-    (detect needs the kill; replace runs from the first survivor's detection, else the kill)."""
+    """Fill detect, replace and rendezvous from an in-place generation's rejoin events, along
+    the critical path: kill -> the last survivor detected -> the last replacement started ->
+    the slowest rank began its restore (detect and replace need the kill)."""
     detected = [float(r["detected"]) for r in rejoins if r.get("detected") is not None]
     started = [float(r["worker_started"]) for r in rejoins if r.get("role") == "replacement"]
-    seen = min(detected) if detected else kill_time
-    if detected and kill_time is not None:
-        phases["detect"] = max(0.0, min(detected) - kill_time)
-    if started and seen is not None:
-        phases["replace"] = max(0.0, max(started) - seen)
-    phases["rendezvous"] = max(0.0, restarted - max(float(r["joined"]) for r in rejoins))
+    if kill_time is None:
+        phases["rendezvous"] = max(0.0, restore_began - max(float(r["joined"]) for r in rejoins))
+        return
+    every_survivor_left = max(detected, default=kill_time)
+    replaced = max([every_survivor_left, *started])
+    phases["detect"] = max(0.0, every_survivor_left - kill_time)
+    if started:
+        phases["replace"] = replaced - every_survivor_left
+    phases["rendezvous"] = max(0.0, restore_began - replaced)
 
 
 def _burst_before(kills: list[dict[str, Any]], before: float) -> list[dict[str, Any]]:

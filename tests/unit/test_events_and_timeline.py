@@ -205,7 +205,9 @@ def one_failure() -> list[dict[str, Any]]:
 
 
 def test_one_failure_gives_one_recovery_with_every_phase() -> None:
-    """A kill burst, deaths, a 2-rank restore and first saves give one record with the critical-path phases."""
+    """A kill burst, deaths, a 2-rank restore and first saves give one record with the
+    critical-path phases: the restore is the slowest rank's (rank 1 ended last, at 31, having
+    begun its restore at 31 - 3.2), and the phases add up to the time to resume."""
     history = one_failure()
     result = recoveries(reversed(history))  # input order does not matter
     assert len(result) == 1
@@ -218,17 +220,18 @@ def test_one_failure_gives_one_recovery_with_every_phase() -> None:
     assert record.phases_s == pytest.approx(
         {
             "detect": 15 - 10,  # last node_dead - first kill
-            "restart": 21 - 15,  # newest worker start - last node_dead
+            "restart": (31 - 3.2) - 15,  # the slowest rank began its restore - last node_dead
             "replace": None,
             "rendezvous": None,
-            "locate": 0.2,
-            "fetch": 2.0,
+            "locate": 0.2,  # rank 1's, not the largest of each phase (rank 0's fetch was 2.0)
+            "fetch": 1.5,
             "decode": 0.7,
-            "load": 1.0,
+            "load": 0.8,
             "first_step": 36 - 31,  # the last rank's first save - the last restore
         }
     )
     assert record.time_to_resume_s == pytest.approx(36 - 10)
+    assert sum(record.phases_s[name] or 0.0 for name in PHASES) == pytest.approx(record.time_to_resume_s)
     assert record.steps_lost == 2
     assert record.bytes_moved == 3000
     assert record.sources == {"0": "peers", "1": "local"}
@@ -243,32 +246,57 @@ def rejoin(rank: int, role: str, **times: float) -> dict[str, Any]:
 
 
 def test_an_in_place_recovery_has_detect_replace_and_rendezvous_phases() -> None:
-    """With rejoin events, the survivor's own view is the detect phase, the replacement's start
-    the replace phase, and last join -> last process group up the rendezvous; no restart."""
+    """With rejoin events the phases follow the slowest rank: detect ends when the last survivor
+    saw its collective fail (not the first), replace when the last replacement started, and
+    rendezvous when the slowest rank began its restore; no restart. They add up to the time to
+    resume."""
+    restore_phases = {"locate": 0.01, "fetch": 0.05, "decode": 0.0, "load": 0.04}
     history = [
         save(1, 0, 10, "G1"),
         save(1.1, 1, 10, "G1"),
+        save(1.1, 2, 10, "G1"),
         kill(10, "n1"),
         dead(11.5, "n1"),
         rejoin(0, "survivor", worker_started=0, detected=10.4, joined=10.9, ready=16.2),
+        rejoin(2, "survivor", worker_started=0, detected=13.0, joined=13.1, ready=16.2),  # blocked in a collective
         rejoin(1, "replacement", worker_started=16.0, detected=None, joined=16.01, ready=16.3),
         restore(16.5, 0, "G2", started=16.4, step=10, source="local", phases={"locate": 0.01, "fetch": 0.02}),
-        restore(16.6, 1, "G2", started=16.4, step=10, source="peers", phases={"locate": 0.01, "fetch": 0.05}),
+        restore(16.7, 1, "G2", started=16.4, step=10, source="peers", phases=restore_phases),
+        restore(16.6, 2, "G2", started=16.4, step=10, source="local", phases={"locate": 0.01, "fetch": 0.02}),
         save(17, 0, 11, "G2"),
         save(17.2, 1, 11, "G2"),
+        save(17.1, 2, 11, "G2"),
     ]
     (record,) = recoveries(history)
     assert record.mode == "in_place"
-    assert record.survivor_pids == {"0": 100} and record.replacement_pids == {"1": 101}
+    assert record.survivor_pids == {"0": 100, "2": 102} and record.replacement_pids == {"1": 101}
     phases = record.phases_s
-    assert phases["detect"] == pytest.approx(0.4)
+    assert phases["detect"] == pytest.approx(13.0 - 10)  # the last survivor to leave its step
     assert phases["restart"] is None
-    assert phases["replace"] == pytest.approx(16.0 - 10.4)
-    assert phases["rendezvous"] == pytest.approx(16.4 - 16.01)  # last join -> last checkpointer created
-    assert phases["fetch"] == pytest.approx(0.05)
-    assert phases["first_step"] == pytest.approx(17.2 - 16.6)
+    assert phases["replace"] == pytest.approx(16.0 - 13.0)
+    assert phases["rendezvous"] == pytest.approx((16.7 - 0.1) - 16.0)  # rank 1 began its restore 0.1 s before its end
+    assert {name: phases[name] for name in restore_phases} == pytest.approx(restore_phases)
+    assert phases["first_step"] == pytest.approx(17.2 - 16.7)
     assert record.time_to_resume_s == pytest.approx(17.2 - 10)
-    assert record.sources == {"0": "local", "1": "peers"}
+    assert sum(phases[name] or 0.0 for name in PHASES) == pytest.approx(record.time_to_resume_s)
+    assert record.sources == {"0": "local", "1": "peers", "2": "local"}
+
+
+def test_replacements_up_before_the_last_survivor_left_add_no_replace_time() -> None:
+    """A warm spare can run the training function before a survivor blocked in a collective
+    leaves it: replace is 0, and the wait is detect's."""
+    history = [
+        save(1, 0, 10, "G1"),
+        kill(10, "n1"),
+        rejoin(0, "survivor", worker_started=0, detected=12.0, joined=12.1, ready=12.5),
+        rejoin(1, "replacement", worker_started=11.0, detected=None, joined=11.01, ready=12.5),
+        restore(13, 0, "G2", started=12.6, step=10, phases={"locate": 0.1, "fetch": 0.1, "decode": 0.1, "load": 0.1}),
+        save(14, 0, 11, "G2"),
+    ]
+    (record,) = recoveries(history)
+    assert (record.phases_s["detect"], record.phases_s["replace"]) == pytest.approx((2.0, 0.0))
+    assert record.phases_s["rendezvous"] == pytest.approx(12.6 - 12.0)
+    assert sum(record.phases_s[name] or 0.0 for name in PHASES) == pytest.approx(record.time_to_resume_s)
 
 
 def test_two_failures_give_two_records_each_with_its_own_kill_burst() -> None:
@@ -444,7 +472,7 @@ def test_a_restore_that_raised_is_a_failed_recovery_with_its_error() -> None:
     assert resumed.errors == {}
     assert resumed.kill_time == pytest.approx(T0 + 10)  # the same failure, resolved by the retry
     assert resumed.time_to_resume_s == pytest.approx(42 - 10)
-    assert resumed.phases_s["restart"] == pytest.approx(35 - 12)
+    assert resumed.phases_s["restart"] == pytest.approx((40 - 1.0) - 12)  # to the start of its restore
 
 
 def test_a_partly_failed_attempt_is_failed_and_keeps_the_restored_step() -> None:
