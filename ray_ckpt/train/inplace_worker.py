@@ -39,6 +39,7 @@ from ray_ckpt import _ray_compat, settings
 from ray_ckpt.core.generations import BEATS_PER_S, JoinStatus, Member, hang_bound_s
 from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, CoordinatorTimeoutError, InPlaceRecoveryError
+from ray_ckpt.train import process_groups
 from ray_ckpt.train.gloo_connections import GlooConnections
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
 
@@ -304,9 +305,9 @@ class _Worker:
                 # a round to replace this generation is open and this rank has not left it: its
                 # collectives wait on a peer that is gone or left. Make them fail so the training
                 # function raises and this rank joins the round.
-                if self.backend == "nccl":  # NCCL hangs on a lost peer instead of failing
-                    logger.warning("rank %d: aborting the NCCL process group stuck on a lost peer", self.rank)
-                    group.abort()
+                if self.backend == "nccl":  # NCCL hangs on a lost peer instead of failing, on every group
+                    logger.warning("rank %d: aborting the NCCL process groups stuck on a lost peer", self.rank)
+                    process_groups.abort_all()
                 else:
                     logger.warning("rank %d: closing the gloo connections stuck on a lost peer", self.rank)
                     self._shut_gloo()
@@ -324,13 +325,15 @@ class _Worker:
         return 0 if gloo is None else gloo.shut(store_ports)
 
     def _teardown(self) -> None:
-        """Abandon the failed generation's checkpointers, close its gloo connections (peers
-        blocked in a collective with this rank fail now, not at their timeout) and destroy its
-        process group."""
+        """Abandon the failed generation's checkpointers, close its gloo connections or abort
+        its NCCL communicators, on every group (peers blocked in a collective with this rank
+        fail now, not at their timeout) and destroy its process group."""
         for checkpointer in list(PROCESS.checkpointers):
             checkpointer.abandon()
         PROCESS.checkpointers.clear()
-        if dist.is_initialized() and self.backend != "nccl":
+        if dist.is_initialized() and self.backend == "nccl":  # destroying a group stuck on a lost peer hangs
+            process_groups.abort_all()
+        elif dist.is_initialized():
             self._shut_gloo()
         if dist.is_initialized():
             try:
