@@ -96,10 +96,12 @@ def set_torch_distributed_env_vars() -> None:
 
 
 def restart_when_a_replacement_fails() -> None:
-    """Make Ray Train's controller restart the whole worker group when replacing single workers
-    fails, instead of ending the run. In Ray 2.60 the replacement asks every surviving worker to
-    clear its result queue; if a survivor's node died meanwhile (a second failure during the
-    recovery), that error escapes the controller's loop and ends the run with retries left.
+    """Make Ray Train's controller replace several failed workers at once (every failing group
+    is shut down before the first replacement, see ``_patch_controller``), and restart the whole
+    worker group when replacing single workers fails, instead of ending the run. In Ray 2.60 a
+    replacement asks every surviving worker to clear its result queue; if a survivor's node died
+    meanwhile (a second failure during the recovery), that error escapes the controller's loop
+    and ends the run with retries left.
     Patches ``TrainController`` and its subclasses in this process (Ray's actor machinery
     subclasses it and wraps its methods for tracing); called where the backend class is built,
     which includes the controller; idempotent."""
@@ -130,6 +132,14 @@ def _patch_controller(cls: Any) -> None:
     @functools.wraps(replace)
     def replace_bad_workers(self: Any, poll_status: Any) -> None:
         try:
+            # Ray 2.60 replaces failing groups one at a time, and each replacement asks every
+            # other *active* group to clear its result queue, the failing ones included: with two
+            # workers lost on one node, the first replacement waits on the second's dead actor
+            # and fails. Shutting every failing group down first (as each replacement does to
+            # its own) keeps them out of that call; their workers' slots are kept.
+            groups = self._worker_group._replica_groups
+            for index in poll_status.failing_replica_group_indices:
+                groups[index].shutdown()
             replace(self, poll_status)
         except Exception as error:
             decision = self._ray_ckpt_decision

@@ -4,6 +4,7 @@ tools): this fails when a Ray upgrade moves them."""
 from __future__ import annotations
 
 import inspect
+from typing import ClassVar
 
 import pytest
 
@@ -35,9 +36,14 @@ def test_the_controller_replaces_only_failing_groups_when_the_size_is_unchanged(
         "old_placement_group_bundle_indices",
         "sync_actor.reset",
         "clear_result_queue",
+        "rg.is_active()",  # failing groups shut down first are left out of the clear
+        "old_replica_group.get_workers()",  # a shut-down group keeps its workers' slots
         "starting_world_rank",
     ):
         assert needed in replace, needed
+    assert "self._replica_groups" in inspect.getsource(WorkerGroup)
+    shutdown = inspect.getsource(_ray_compat.replica_groups().replica_group.shutdown)  # type: ignore[union-attr]
+    assert "self._active = False" in shutdown and "self._workers = " not in shutdown
 
 
 def test_a_replacement_gets_on_start_with_its_replica_group() -> None:
@@ -68,7 +74,16 @@ def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_ru
 
     calls: list[str] = []
 
+    class ReplicaGroup:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def shutdown(self) -> None:
+            calls.append(f"shut group {self.index}")
+
     class Group:
+        _replica_groups: ClassVar[list[ReplicaGroup]] = [ReplicaGroup(index) for index in range(3)]
+
         def replace_replica_group(self, index: int) -> None:
             raise RuntimeError("a survivor's node died")
 
@@ -89,7 +104,40 @@ def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_ru
         failing_replica_group_indices = frozenset({1})
 
     TrainController._replace_bad_workers(Controller(), PollStatus())  # type: ignore[arg-type]
-    assert calls == ["shutdown", "start 3 {'CPU': 1}"]
+    assert calls == ["shut group 1", "shutdown", "start 3 {'CPU': 1}"]
+
+
+def test_every_failing_group_is_shut_down_before_the_first_replacement() -> None:
+    """Two workers lost with one node: neither replacement may ask the other dead worker to
+    clear its result queue, so both groups are inactive before Ray replaces the first."""
+    from ray.train.v2._internal.execution.controller.controller import TrainController
+
+    _ray_compat.restart_when_a_replacement_fails()
+    calls: list[str] = []
+
+    class ReplicaGroup:
+        def __init__(self, index: int) -> None:
+            self.index, self.active = index, True
+
+        def shutdown(self) -> None:
+            self.active = False
+            calls.append(f"shut {self.index}")
+
+    class Group:
+        _replica_groups: ClassVar[list[ReplicaGroup]] = [ReplicaGroup(index) for index in range(4)]
+
+        def replace_replica_group(self, index: int) -> None:
+            active = [g.index for g in self._replica_groups if g.active and g.index != index]
+            calls.append(f"replace {index}, clearing {active}")
+
+    class Controller:
+        _worker_group = Group()
+
+    class PollStatus:
+        failing_replica_group_indices = (0, 1)
+
+    TrainController._replace_bad_workers(Controller(), PollStatus())  # type: ignore[arg-type]
+    assert calls == ["shut 0", "shut 1", "replace 0, clearing [2, 3]", "replace 1, clearing [2, 3]"]
 
 
 def test_warm_spares_find_the_raylet_call_and_the_setup_hook_ray_runs() -> None:
