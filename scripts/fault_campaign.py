@@ -548,10 +548,14 @@ class InPlaceCampaign:
     commit was seen, i.e. anywhere in the next step (forward, allreduce, save, before the
     commit). The oracle: the job finishes, its final parameters are bit-identical to an
     uninterrupted run's, every restore after a failure came from memory (local or peers), and
-    after the first failure of a plain kill the survivors kept their processes."""
+    after the first failure of a plain kill the survivors kept their processes.
+    ``ranks_per_node`` > 1: the simulated nodes have that many CPUs and the jobs twice as many
+    ranks, packed by Ray Train, so a node kill takes several ranks at once (every rank that was
+    on the node is replaced; the ranks of other nodes are the survivors)."""
 
-    def __init__(self, *, nodes: int, seed: int) -> None:
-        self.nodes, self.seed = nodes, seed
+    def __init__(self, *, nodes: int, seed: int, ranks_per_node: int = 1) -> None:
+        self.nodes, self.seed, self.ranks_per_node = nodes, seed, ranks_per_node
+        self.workers = IN_PLACE_WORKERS if ranks_per_node == 1 else 2 * ranks_per_node
         self.violations: list[str] = []
         self.faults = dict.fromkeys(IN_PLACE_FAULTS, 0)
         self.recoveries = 0
@@ -576,9 +580,11 @@ class InPlaceCampaign:
         os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
         rng = random.Random(self.seed)
         checkpoint = {"data_shards": 2, "parity_shards": 2}
-        with SimulatedCluster(self.nodes, store_budget_bytes=STORE_BUDGET_BYTES, logging_level="ERROR") as sim:
+        with SimulatedCluster(
+            self.nodes, worker_cpus=self.ranks_per_node, store_budget_bytes=STORE_BUDGET_BYTES, logging_level="ERROR"
+        ) as sim:
             quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
-            common: dict[str, Any] = {"steps": IN_PLACE_STEPS, "workers": IN_PLACE_WORKERS, "checkpoint": checkpoint}
+            common: dict[str, Any] = {"steps": IN_PLACE_STEPS, "workers": self.workers, "checkpoint": checkpoint}
             reference = example.run(
                 name="campaign-reference",
                 storage_path=tempfile.mkdtemp(),
@@ -590,13 +596,15 @@ class InPlaceCampaign:
                 kind = rng.choice(IN_PLACE_FAULTS)
                 first = rng.randint(2, IN_PLACE_STEPS - 10)
                 delays = (rng.uniform(0.0, 0.2), rng.uniform(0.3, 3.0))
-                victims = rng.sample(range(IN_PLACE_WORKERS), 2)
+                victims = rng.sample(range(self.workers), 2)
                 name, events = f"campaign-{index}", tempfile.mkdtemp()
                 plan = {"kind": kind, "first": first, "delays": delays, "victims": victims, "job": name}
+                plan["workers"] = self.workers  # the ranks a kill may find on its node
                 killed: list[str] = []
+                lost: list[list[int]] = []  # per node killed: the ranks it ran
                 errors: list[BaseException] = []
                 thread = threading.Thread(
-                    target=self._inject, args=(plan, sim, example, events, killed, errors), daemon=True
+                    target=self._inject, args=(plan, sim, example, events, killed, lost, errors), daemon=True
                 )
                 thread.start()
                 what = f"trial {index} ({kind} of ranks {victims} after step {first})"
@@ -618,11 +626,13 @@ class InPlaceCampaign:
                 if errors:
                     self.violations.append(f"{what}: the fault did not happen: {errors[0]!r}")
                 if final is not None:
-                    self._check(what, kind, final["params_digest"] == reference, example.read_restores(events))
+                    bit_exact = final["params_digest"] == reference
+                    self._check(what, kind, bit_exact, example.read_restores(events), lost[0] if lost else [])
                 sim.add_workers(max(1, len(killed)))
                 print(f"{what}: recoveries {self.recoveries}, violations {len(self.violations)}", flush=True)
         return {
             "mode": "in_place",
+            "ranks_per_node": self.ranks_per_node,
             "trials": trials,
             "recoveries": self.recoveries,
             "violations": len(self.violations),
@@ -632,7 +642,13 @@ class InPlaceCampaign:
 
     @staticmethod
     def _inject(
-        plan: dict[str, Any], sim: Any, example: Any, events: str, killed: list[str], errors: list[BaseException]
+        plan: dict[str, Any],
+        sim: Any,
+        example: Any,
+        events: str,
+        killed: list[str],
+        lost: list[list[int]],
+        errors: list[BaseException],
     ) -> None:
         """Carry out one fault plan (on its own thread); a failure to do so lands in ``errors``."""
         import signal
@@ -644,6 +660,7 @@ class InPlaceCampaign:
             time.sleep(delay_s)
             node = example.rank_node(job, rank)
             if node not in killed:
+                lost.append([r for r in range(plan["workers"]) if example.rank_node(job, r) == node])
                 killed.append(node)
                 example.remove_node(sim, node)
 
@@ -663,7 +680,7 @@ class InPlaceCampaign:
         except BaseException as error:  # reported as a violation
             errors.append(error)
 
-    def _check(self, what: str, kind: str, bit_exact: bool, restores: list[dict[str, Any]]) -> None:
+    def _check(self, what: str, kind: str, bit_exact: bool, restores: list[dict[str, Any]], lost: list[int]) -> None:
         attempts: dict[str, dict[int, dict[str, Any]]] = {}
         for record in restores:
             attempts.setdefault(record["attempt"], {})[record["rank"]] = record
@@ -678,10 +695,11 @@ class InPlaceCampaign:
             self.violations.append(f"{what}: a restore did not come from memory: {groups[1:]}")
         if kind in ("kill", "two_kills"):
             before, after = groups[0], groups[1]
-            kept = [r for r in after if after[r]["pid"] == before.get(r, {}).get("pid")]
-            if len(kept) != IN_PLACE_WORKERS - 1:
+            kept = sorted(r for r in after if after[r]["pid"] == before.get(r, {}).get("pid"))
+            survivors = sorted(set(range(self.workers)) - set(lost))
+            if not lost or kept != survivors:
                 self.violations.append(
-                    f"{what}: {len(kept)} survivor(s) kept their process, expected {IN_PLACE_WORKERS - 1}"
+                    f"{what}: ranks {kept} kept their process, expected the survivors {survivors} (lost {lost})"
                 )
 
 
@@ -702,12 +720,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--in-place", action="store_true", help="TorchTrainer jobs with InPlaceRecovery under random kills and hangs"
     )
+    parser.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=1,
+        help="with --in-place: CPUs per simulated node; > 1 runs twice as many ranks, packed: a kill takes several",
+    )
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rckcampaign"))
     started = time.time()
     if args.in_place:
-        report = InPlaceCampaign(nodes=max(args.nodes, 7), seed=args.seed).run(args.trials)
+        report = InPlaceCampaign(nodes=max(args.nodes, 7), seed=args.seed, ranks_per_node=args.ranks_per_node).run(
+            args.trials
+        )
     else:
         report = Campaign(nodes=args.nodes, ranks=args.ranks, seed=args.seed).run(
             args.trials, args.ops, tuple(args.always)
