@@ -226,15 +226,17 @@ def _in_place_phases(
 ) -> None:
     """Fill detect, replace and rendezvous from an in-place generation's rejoin events, along
     the critical path: kill -> the last survivor detected -> the last replacement started ->
-    the slowest rank began its restore (detect and replace need the kill)."""
+    the slowest rank began its restore. Detect needs the kill and a detection; without a
+    detection replace runs from the kill, without either rendezvous from the last join."""
     detected = [float(r["detected"]) for r in rejoins if r.get("detected") is not None]
     started = [float(r["worker_started"]) for r in rejoins if r.get("role") == "replacement"]
-    if kill_time is None:
+    every_survivor_left = max(detected) if detected else kill_time
+    if every_survivor_left is None:
         phases["rendezvous"] = max(0.0, restore_began - max(float(r["joined"]) for r in rejoins))
         return
-    every_survivor_left = max(detected, default=kill_time)
+    if detected and kill_time is not None:
+        phases["detect"] = max(0.0, every_survivor_left - kill_time)
     replaced = max([every_survivor_left, *started])
-    phases["detect"] = max(0.0, every_survivor_left - kill_time)
     if started:
         phases["replace"] = replaced - every_survivor_left
     phases["rendezvous"] = max(0.0, restore_began - replaced)

@@ -299,6 +299,22 @@ def test_replacements_up_before_the_last_survivor_left_add_no_replace_time() -> 
     assert sum(record.phases_s[name] or 0.0 for name in PHASES) == pytest.approx(record.time_to_resume_s)
 
 
+def test_an_in_place_recovery_without_a_recorded_kill_still_has_replace_and_rendezvous() -> None:
+    """A node removed without the kill tool (no kill event): detect is None, but the survivors'
+    detections still time the replacement and the rendezvous."""
+    history = [
+        save(1, 0, 10, "G1"),
+        rejoin(0, "survivor", worker_started=0, detected=10.4, joined=10.9, ready=16.2),
+        rejoin(1, "replacement", worker_started=16.0, detected=None, joined=16.01, ready=16.3),
+        restore(16.7, 0, "G2", started=16.4, step=10, phases={"locate": 0.1, "fetch": 0.1, "decode": 0.0, "load": 0.0}),
+        save(17, 0, 11, "G2"),
+    ]
+    (record,) = recoveries(history)
+    assert record.kill_time is None and record.phases_s["detect"] is None
+    assert record.phases_s["replace"] == pytest.approx(16.0 - 10.4)
+    assert record.phases_s["rendezvous"] == pytest.approx(16.5 - 16.0)
+
+
 def test_two_failures_give_two_records_each_with_its_own_kill_burst() -> None:
     """A second failure is a second record, after the first, attributed to its own kill and not the first one."""
     history = [
