@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ray_ckpt.train import _torch_compat
-from ray_ckpt.train import inplace_worker, process_groups
+from ray_ckpt.train import _torch_compat, inplace_worker, process_groups
 
 
 class FakeGroup:

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from ray_ckpt.train import _torch_compat
-from ray_ckpt.train import process_groups
+from ray_ckpt.train import _torch_compat, process_groups
 
 
 def test_this_torch_is_one_the_registry_was_verified_on() -> None:
