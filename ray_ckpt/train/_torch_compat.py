@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-TESTED_TORCH = ((2, 4), (2, 14))  # [from, to): the versions whose process-group registry was verified
+TESTED_TORCH = ((2, 13), (2, 14))  # [from, to): the versions whose process-group registry was verified
 _warned = False
 
 

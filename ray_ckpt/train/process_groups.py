@@ -5,7 +5,7 @@ WORLD and the subgroups device meshes make (FSDP2's, HSDP's, tensor parallelism'
 aborts them all, newest first (a mesh's subgroups before the group they were split from), NCCL
 communicators inside one group call, so every collective and every queued NCCL kernel of this
 process on them ends with an error instead of waiting for the peer. A group whose abort raises is
-logged and the rest are still aborted. What the groups are comes from ``ray_ckpt._torch_compat``.
+logged and the rest are still aborted. What the groups are comes from ``ray_ckpt.train._torch_compat``.
 """
 
 from __future__ import annotations
