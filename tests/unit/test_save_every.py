@@ -147,6 +147,7 @@ def test_ranks_whose_saves_take_different_times_save_the_same_steps() -> None:
     quick, _, _ = wired(CheckpointConfig(every="auto"))
     slow, slow_saves, _ = wired(CheckpointConfig(every="auto"))
     saved: dict[str, list[int]] = {"quick": [], "slow": []}
+    same_until = 11  # the last step judged while both ranks had the same interval
     for step in range(12):
         handle = quick.save(step, STATE)
         if not handle.skipped:
@@ -158,9 +159,11 @@ def test_ranks_whose_saves_take_different_times_save_the_same_steps() -> None:
         if not slow.save(step, STATE).skipped:
             saved["slow"].append(step)
         opener.join()
+        if quick.interval != slow.interval:  # measured costs differ: later steps may be judged apart
+            same_until = min(same_until, step)
     assert saved["quick"][:4] == saved["slow"][:4] == [0, 1, 2, 3], saved
-    if quick.interval == slow.interval:
-        assert saved["quick"] == saved["slow"], saved
+    agreed = {rank: [s for s in steps if s <= same_until] for rank, steps in saved.items()}
+    assert agreed["quick"] == agreed["slow"], (saved, same_until)
     quick._background.shutdown()
     slow._background.shutdown()
 
