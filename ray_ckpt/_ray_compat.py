@@ -135,12 +135,22 @@ def _patch_controller(cls: Any) -> None:
             # Ray 2.60 replaces failing groups one at a time, and each replacement asks every
             # other *active* group to clear its result queue, the failing ones included: with two
             # workers lost on one node, the first replacement waits on the second's dead actor
-            # and fails. Shutting every failing group down first (as each replacement does to
-            # its own) keeps them out of that call; their workers' slots are kept.
+            # and fails. So every failing group is shut down first (as each replacement does to
+            # its own; their workers' slots are kept), and so is every group whose worker died
+            # with them but whose poll had not failed yet when this poll ended.
             groups = self._worker_group._replica_groups
-            for index in poll_status.failing_replica_group_indices:
+            failing = set(poll_status.failing_replica_group_indices)
+            late = _dead_groups(groups, failing)
+            if late:
+                logger.warning(
+                    "replica groups %s died with %s before their poll failed; replacing them together",
+                    sorted(late),
+                    sorted(failing),
+                )
+            for index in sorted(failing | late):
                 groups[index].shutdown()
-            replace(self, poll_status)
+            for index in sorted(failing | late):  # as Ray's own _replace_bad_workers does
+                self._worker_group.replace_replica_group(index)
         except Exception as error:
             decision = self._ray_ckpt_decision
             logger.warning("replacing the failed workers failed (%s); restarting the worker group", error)
@@ -153,6 +163,31 @@ def _patch_controller(cls: Any) -> None:
     cls._execute_resize_decision = execute_resize_decision
     cls._replace_bad_workers = replace_bad_workers
     cls._ray_ckpt_restarts_on_failed_replacement = True
+
+
+def _dead_groups(groups: list[Any], failing: set[int], timeout_s: float = 60.0) -> set[int]:
+    """The active replica groups outside ``failing`` with a worker whose actor is dead, found by
+    the call Ray's replacement makes to them anyway (``clear_result_queue``; a live worker
+    answers at once, a dead one raises once Ray knows). A worker that does not answer within
+    ``timeout_s`` counts as alive: Ray's own call then waits on it."""
+    calls = [
+        (index, worker.actor.clear_result_queue.remote())
+        for index, group in enumerate(groups)
+        if index not in failing and group.is_active()
+        for worker in group.get_workers()
+    ]
+    if not calls:
+        return set()
+    ready, _ = ray.wait([ref for _, ref in calls], num_returns=len(calls), timeout=timeout_s)
+    answered = set(ready)
+    dead: set[int] = set()
+    for index, ref in calls:
+        if ref in answered:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.add(index)
+    return dead
 
 
 # ---- warm spares: replacements that start in a waiting, warmed-up process --------------------

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import pathlib
+import re
 import sys
 import tempfile
 import time
@@ -133,10 +136,42 @@ def cluster_pool() -> Iterator[ClusterPool]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Keep each phase's report on the test (``rep_setup``, ``rep_call``) for its fixtures."""
+    """Keep each phase's report on the test (``rep_setup``, ``rep_call``) for its fixtures; a
+    failed test's report gets what its cluster's recovery logged (``ray_log_excerpt``)."""
     report = yield
     setattr(item, f"rep_{report.when}", report)
+    if report.when == "call" and report.failed:
+        excerpt = ray_log_excerpt(pathlib.Path(os.environ.get("RAY_TMPDIR", "")))
+        if excerpt:
+            report.sections.append(("what Ray Train and ray_ckpt logged", excerpt))
     return report
+
+
+_RECOVERY_LINE = re.compile(r"^rank \d+: |InPlaceRecoveryError|replica groups|restarting the worker group")
+
+
+def ray_log_excerpt(ray_tmpdir: pathlib.Path, limit: int = 80) -> str:
+    """The last session's controller warnings, errors and replacements and the workers'
+    in-place recovery lines, at most ``limit`` lines: what a failed recovery test needs to
+    tell why it fell back or failed, in the report CI keeps."""
+    logs = ray_tmpdir / "ray" / "session_latest" / "logs"
+    lines: list[str] = []
+    for path in sorted(logs.glob("train/ray-train-app-controller-*.log")):
+        for raw in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            message = str(record.get("message", ""))
+            if record.get("levelname") in ("WARNING", "ERROR") or message.startswith(("Replacing", "[FailurePolicy]")):
+                lines.append(f"{record.get('asctime')} controller: {' | '.join(message.splitlines()[:6])[:400]}")
+    for path in sorted(logs.glob("worker-*.err")):
+        lines += [
+            f"{path.name[-9:-4]}: {line[:300]}"
+            for line in path.read_text(errors="replace").splitlines()
+            if _RECOVERY_LINE.search(line)
+        ]
+    return "\n".join(lines[-limit:])
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ tools): this fails when a Ray upgrade moves them."""
 from __future__ import annotations
 
 import inspect
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -62,13 +62,16 @@ def test_is_replica_group_tells_a_replacement_from_a_full_start() -> None:
     assert not _ray_compat.is_replica_group(object())
 
 
-def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_run() -> None:
+def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A survivor dying while Ray replaces another worker makes replace_replica_group raise; the
     patched controller then shuts the group down and starts it again with the decision's size."""
     from ray.train.v2._internal.execution.controller.controller import TrainController
 
     replace = inspect.getsource(TrainController._replace_bad_workers)
-    assert "replace_replica_group" in replace
+    assert "self._worker_group.replace_replica_group(rg_index)" in replace  # what the patch does in its stead
+    monkeypatch.setattr(_ray_compat, "_dead_groups", lambda groups, failing: set())
     _ray_compat.restart_when_a_replacement_fails()
     _ray_compat.restart_when_a_replacement_fails()  # idempotent
 
@@ -107,12 +110,23 @@ def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_ru
     assert calls == ["shut group 1", "shutdown", "start 3 {'CPU': 1}"]
 
 
-def test_every_failing_group_is_shut_down_before_the_first_replacement() -> None:
+@pytest.mark.parametrize("polled, late", [((0, 1), set()), ((0,), {1})], ids=["both-polled", "one-polled-late"])
+def test_every_failing_group_is_shut_down_before_the_first_replacement(
+    monkeypatch: pytest.MonkeyPatch, polled: tuple[int, ...], late: set[int]
+) -> None:
     """Two workers lost with one node: neither replacement may ask the other dead worker to
-    clear its result queue, so both groups are inactive before Ray replaces the first."""
+    clear its result queue, so both groups are inactive before Ray replaces the first, also
+    when the poll that ended first had heard of one death only (the other is found dead)."""
     from ray.train.v2._internal.execution.controller.controller import TrainController
 
     _ray_compat.restart_when_a_replacement_fails()
+    swept: list[set[int]] = []
+
+    def dead_groups(groups: list[Any], failing: set[int]) -> set[int]:
+        swept.append(set(failing))
+        return late
+
+    monkeypatch.setattr(_ray_compat, "_dead_groups", dead_groups)
     calls: list[str] = []
 
     class ReplicaGroup:
@@ -134,9 +148,10 @@ def test_every_failing_group_is_shut_down_before_the_first_replacement() -> None
         _worker_group = Group()
 
     class PollStatus:
-        failing_replica_group_indices = (0, 1)
+        failing_replica_group_indices = polled
 
     TrainController._replace_bad_workers(Controller(), PollStatus())  # type: ignore[arg-type]
+    assert swept == [set(polled)]
     assert calls == ["shut 0", "shut 1", "replace 0, clearing [2, 3]", "replace 1, clearing [2, 3]"]
 
 
