@@ -260,7 +260,7 @@ class ShardStoreActor:
 
     def stats(self) -> dict[str, Any]:
         """The store's usage (``ShardStore.stats``), its place in the relay tree and the direct
-        reads it served: a ``StoreStatus`` on the wire."""
+        reads and writes it served: a ``StoreStatus`` on the wire."""
         return StoreStatus(
             usage=self._store.stats(),
             parent=self._parent,
@@ -268,6 +268,8 @@ class ShardStoreActor:
             relayed=self._relayed,
             direct_reads=0 if self._direct is None else self._direct.reads,
             direct_bytes=0 if self._direct is None else self._direct.bytes_sent,
+            direct_writes=0 if self._direct is None else self._direct.writes,
+            direct_bytes_received=0 if self._direct is None else self._direct.bytes_received,
         ).to_wire()
 
     def set_memory_ceiling(self, fraction: float) -> None:

@@ -146,6 +146,17 @@ def inplace_max_recoveries() -> int:
     return max(0, _read("RAY_CKPT_INPLACE_MAX_RECOVERIES", 100, int))
 
 
+def direct_writes() -> bool:
+    """RAY_CKPT_DIRECT_WRITES: saves write each shard into its store over the store's socket
+    (``direct_reads.write``) rather than through Ray's object store (a ``ray.put`` and a store
+    call); 0 turns it off (the path to compare against, or for networks that allow only Ray's own
+    ports). Off whatever it says when direct reads are off (RAY_CKPT_DIRECT_READS=0, or TLS):
+    stores then serve no socket. Read by savers as they save."""
+    return direct_reads() and _read(
+        "RAY_CKPT_DIRECT_WRITES", True, lambda raw: raw.strip().lower() not in ("0", "false", "no", "off")
+    )
+
+
 def direct_reads() -> bool:
     """RAY_CKPT_DIRECT_READS: restores read shards and byte ranges from each store over a
     plain TCP connection (``ray_ckpt.transport.direct_reads``) rather than through Ray's object store;

@@ -7,6 +7,8 @@ cluster (one-CPU nodes on this machine, dashboard off, a private RAY_TMPDIR), on
 
 * none: no checkpoint at all (the reference every ratio is taken against);
 * ray_ckpt/1: ray_ckpt RS(2,2) every step (``ray_ckpt.train.Checkpointer``);
+* ray_ckpt/1 ray-put: the same, each shard put through Ray's object store instead of written
+  over the store's socket (``RAY_CKPT_DIRECT_WRITES=0``, the save path before direct writes);
 * ray_ckpt/N: ray_ckpt every ``--every`` steps (``CheckpointConfig(every=N)``);
 * ray_ckpt/auto: ray_ckpt at the interval ``CheckpointConfig(every="auto")`` picks;
 * ray_train/N: ``torch.save`` + ``ray.train.report(checkpoint=...)`` every ``--every`` steps.
@@ -53,7 +55,7 @@ from benchutil import (
 
 GIB = 1 << 30
 WORKERS = 2  # the demo job's
-MODES = ("none", "ray_ckpt/1", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N")
+MODES = ("none", "ray_ckpt/1", "ray_ckpt/1 ray-put", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N")
 
 
 class CpuMeter(threading.Thread):
@@ -122,13 +124,15 @@ def step_times(step_ends: list[float]) -> list[float]:
 
 def run_mode(demo: Any, cluster: Any, shape: str, mode: str, args: Any) -> dict[str, Any]:
     """One run of the job in ``mode`` with ``shape`` steps; its measurements."""
-    name = f"{shape}-{mode.replace('/', '-')}"
+    name = job_name(shape, mode)
     extra: dict[str, Any] = {"state_mib": args.state_mib, "baseline_every": 0}
     if shape == "gpu-like":
         extra.update(compute="sleep", compute_s=args.compute_s)
     if mode.startswith("ray_ckpt"):
-        every = {"ray_ckpt/1": 1, "ray_ckpt/N": args.every, "ray_ckpt/auto": "auto"}[mode]
+        every = {"ray_ckpt/1": 1, "ray_ckpt/1 ray-put": 1, "ray_ckpt/N": args.every, "ray_ckpt/auto": "auto"}[mode]
         extra["checkpoint"] = {"data_shards": 2, "parity_shards": 2, "every": every}
+        if mode.endswith("ray-put"):
+            extra["env"] = {"RAY_CKPT_DIRECT_WRITES": "0"}
     elif mode == "ray_train/N":
         extra["baseline_every"] = args.every
     kind = "ray_ckpt" if mode.startswith("ray_ckpt") else "baseline"
@@ -163,6 +167,10 @@ def run_mode(demo: Any, cluster: Any, shape: str, mode: str, args: Any) -> dict[
         "background_s": statistics.median(background) if background else 0.0,
         "intervals": demo.intervals_chosen(name, records),
     }
+
+
+def job_name(shape: str, mode: str) -> str:
+    return f"{shape}-{mode.replace('/', '-').replace(' ', '-')}"
 
 
 def add_ratios(rows: list[dict[str, Any]], memcpy_s: float) -> None:
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{shape}: {mode} ...", flush=True)
                 rows.append(run_mode(demo, sim.cluster, shape, mode, args))
                 if mode.startswith("ray_ckpt"):
-                    ray_ckpt.drop(f"{shape}-{mode.replace('/', '-')}")  # its shards' memory, for the runs below
+                    ray_ckpt.drop(job_name(shape, mode))  # its shards' memory, for the runs below
         add_ratios(rows, memcpy_s)
         ok = True
     finally:

@@ -124,6 +124,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    os.environ.update(config.get("env", {}))  # ray_ckpt settings of this run (benchmarks compare paths)
     context = ray.train.get_context()
     rank = context.get_world_rank()
     text = corpus()

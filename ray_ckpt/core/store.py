@@ -104,12 +104,22 @@ class ShardStore:
     def put(self, meta: ShardMeta, data: Any, *, local: bool = False) -> None:
         """Store one shard, or with ``local`` a rank's full local copy (a k=1, m=0 "shard", index
         0: ConfigError for another index), at ``ShardAddress.of(meta, local=local)``."""
-        key = ShardAddress.of(meta, local=local)
         view = hostmem.as_bytes(data)
         if view.size != meta.shard_size:
-            raise ValueError(f"shard {key} has {view.size} bytes, its metadata says {meta.shard_size}")
+            raise ValueError(
+                f"shard {ShardAddress.of(meta, local=local)} has {view.size} bytes, its metadata says {meta.shard_size}"
+            )
+        self.receive(meta, lambda owned: np.copyto(owned, view), local=local)
+
+    def receive(self, meta: ShardMeta, fill: Callable[[np.ndarray], Any], *, local: bool = False) -> None:
+        """``put``, with the bytes written by ``fill`` into ``meta.shard_size`` bytes of memory
+        this store owns (a direct write receives them from its socket there). The budget is
+        reserved before ``fill`` runs (StoreFullError before a byte is taken); if ``fill``
+        raises, nothing is stored and the reservation is released."""
+        key = ShardAddress.of(meta, local=local)
+        size = meta.shard_size
         metadata_bytes = len(msgpack.packb(meta.to_dict()))
-        need = view.size + metadata_bytes
+        need = size + metadata_bytes
         with self._lock:
             replaced = self._entries.get(key)
             freed = replaced.data.size + replaced.metadata_bytes if replaced else 0
@@ -128,16 +138,20 @@ class ShardStore:
                 )
             self._check_job_budget_locked(meta, need, freed)
             self._reserve_locked(meta.job, need)
+        owned: np.ndarray | None = None
         try:
-            owned = self._take_spare(view.size)
+            owned = self._take_spare(size)
             if owned is None:
                 with self._allocating:  # one at a time, so concurrent puts see each other's memory
                     self._check_node_memory(meta, need)
-                    owned = hostmem.allocate(view.size)
-            np.copyto(owned, view)
+                    owned = hostmem.allocate(size)
+            fill(owned)
         except BaseException:
             with self._lock:
                 self._reserve_locked(meta.job, -need)
+                if owned is not None:  # a fill that failed midway: the memory is reused later
+                    self._spare.setdefault(size, []).append(owned)
+                    self._trim_spare_locked()
             raise
         with self._lock:
             self._reserve_locked(meta.job, -need)

@@ -272,7 +272,8 @@ class StoreStatus:
     """A store actor's answer to ``stats``: its ``usage`` and its place in the relay tree:
     ``parent`` (None: it stages with the registry), the calls it made up the tree
     (``relay_sends``), the relay calls it took from stores below (``relayed``), and the direct
-    reads it served (``direct_reads``, of ``direct_bytes`` in all). On the wire (and in
+    reads it served (``direct_reads``, of ``direct_bytes`` in all) and the direct writes it
+    stored (``direct_writes``, of ``direct_bytes_received`` in all). On the wire (and in
     ``ray_ckpt.status()``, per node) one flat dict: the usage's fields, then these."""
 
     usage: StoreStats
@@ -281,6 +282,8 @@ class StoreStatus:
     relayed: int = 0
     direct_reads: int = 0
     direct_bytes: int = 0
+    direct_writes: int = 0
+    direct_bytes_received: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -290,6 +293,8 @@ class StoreStatus:
             "relayed": self.relayed,
             "direct_reads": self.direct_reads,
             "direct_bytes": self.direct_bytes,
+            "direct_writes": self.direct_writes,
+            "direct_bytes_received": self.direct_bytes_received,
         }
 
     @classmethod
@@ -311,6 +316,8 @@ class StoreStatus:
             relayed=int(values.get("relayed", 0)),
             direct_reads=int(values.get("direct_reads", 0)),
             direct_bytes=int(values.get("direct_bytes", 0)),
+            direct_writes=int(values.get("direct_writes", 0)),
+            direct_bytes_received=int(values.get("direct_bytes_received", 0)),
         )
 
 

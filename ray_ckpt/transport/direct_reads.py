@@ -1,4 +1,5 @@
-"""Direct reads: a store's shards served over a plain socket connection, one per read.
+"""Direct reads and writes: a store's shards served and stored over a plain socket connection,
+one per read or write.
 
 Restores read shards through here, not through Ray's object store. A Ray call that returns an
 array copies it into the store node's object store, the reader's node pulls it over in chunks,
@@ -13,7 +14,8 @@ the throughput of a loopback TCP connection here, and no room needed in Ray's ob
 which a Ray get of a local copy needs for the whole copy).
 
 A reader learns the endpoint and its job's token from the store actor (``direct_endpoint(job)``),
-so only those who can call the Ray actor can read, and a job's token reads that job only: it is
+so only those who can call the Ray actor can read or write, and a job's token reads and writes
+that job only: it is
 an HMAC of the job with the store's secret, which never leaves the store. A connection starts
 with a fixed-size hello that the store checks before it allocates anything else:
 
@@ -31,6 +33,19 @@ then one request per round trip, each framed as a 4-byte big-endian length (at m
   answer    {"found": False} | {"error": str} |
             {"found": True, "meta": ShardMeta dict, "intact": bool | None, "sizes": [int, ...]}
             then the bytes of each range (or of the whole shard for ``ranges`` None), back to back.
+
+A save writes its shards the same way (``write``), in the place of a Ray call that would copy
+them into the object store of the saver's node, pull them into the store's node and copy them
+once more: the store reserves the shard's memory from its budget, says so, and receives the
+bytes into it:
+
+  put       {"op": "put", "meta": ShardMeta dict (of the hello's job), "local": bool}
+  answer    {"ready": True}, then the shard's bytes arrive, then {"ok": True} |
+            {"error": str, "kind": "StoreFullError" | "ConfigError", "details": {...}} |
+            {"error": str} (nothing is sent, nothing stored)
+
+The bytes must arrive within ``REQUEST_TIMEOUT_S`` plus their size at ``MIN_WRITE_BYTES_PER_S``;
+a write that breaks off stores nothing and gives its memory back.
 
 ``intact`` says whether the whole shard still matches its checksum, which a reader of ranges
 cannot check (the store hashes a shard at most once per ``INTACT_TTL_S`` for it, not once per
@@ -62,6 +77,7 @@ import numpy as np
 from ray_ckpt.core import hostmem
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
+from ray_ckpt.errors import ConfigError, RayCkptError, StoreFullError
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +92,7 @@ MAX_CONNECTIONS = 64  # served at once per server; more are refused
 HELLO_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 120.0
+MIN_WRITE_BYTES_PER_S = 16 << 20  # a write's bytes must arrive at least this fast (after REQUEST_TIMEOUT_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +116,16 @@ class Endpoint:
 class DirectReadServer:
     """Serves ``store``'s shards on ``host`` (port 0: one the system picks) from a daemon
     thread per connection, at most ``MAX_CONNECTIONS`` at once. ``reads`` and ``bytes_sent``
-    count what it served, ``refused`` the connections turned away at the cap."""
+    count what it served, ``writes`` and ``bytes_received`` what it stored, ``refused`` the
+    connections turned away at the cap."""
 
     def __init__(self, store: ShardStore, host: str, port: int = 0) -> None:
         self.store = store
         self._secret = secrets.token_bytes(32)  # never leaves this process: readers get job tokens
         self.reads = 0
         self.bytes_sent = 0
+        self.writes = 0
+        self.bytes_received = 0
         self.refused = 0
         self._count = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -192,6 +212,9 @@ class DirectReadServer:
         return job
 
     def _answer(self, sock: socket.socket, job: str, request: Any) -> None:
+        if isinstance(request, dict) and request.get("op") == "put":
+            self._receive(sock, job, request)
+            return
         try:
             if not isinstance(request, dict):
                 raise TypeError("a request is a map")
@@ -223,6 +246,35 @@ class DirectReadServer:
             self.reads += 1
             self.bytes_sent += sum(piece.size for piece in pieces)
 
+    def _receive(self, sock: socket.socket, job: str, request: dict[str, Any]) -> None:
+        """A direct write: the store reserves the shard's memory from its budget, says it is
+        ready, and receives the bytes into that memory; nothing is stored unless every byte came."""
+        try:
+            meta = ShardMeta.from_dict(request["meta"])
+            local = request["local"]
+            if type(local) is not bool:
+                raise TypeError(f"local must be a bool, got {local!r}")
+            if meta.job != job:
+                raise ValueError(f"this connection writes job {job!r}, not {meta.job!r}")
+        except (KeyError, TypeError, ValueError, RayCkptError) as error:
+            _send_frame(sock, {"error": f"{type(error).__name__}: {error}"})
+            return
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S + meta.shard_size / MIN_WRITE_BYTES_PER_S
+
+        def fill(owned: np.ndarray) -> None:
+            _send_frame(sock, {"ready": True})
+            _recv_into(sock, hostmem.as_bytes(owned).data, deadline=deadline)
+
+        try:
+            self.store.receive(meta, fill, local=local)
+        except (StoreFullError, ConfigError) as error:  # refused before the bytes were asked for
+            _send_frame(sock, {"error": str(error), "kind": type(error).__name__, "details": error.details})
+            return
+        _send_frame(sock, {"ok": True})
+        with self._count:
+            self.writes += 1
+            self.bytes_received += meta.shard_size
+
 
 @dataclasses.dataclass(frozen=True)
 class Landing:
@@ -251,14 +303,7 @@ def read(
     one). OSError when the store cannot be reached or the connection breaks; ValueError for an
     answer that is an error (a range out of bounds)."""
     with _connect(endpoint, same_node, timeout_s) as sock:
-        name = address.job.encode("utf-8", "surrogatepass")
-        token = _token_bytes(endpoint.token)
-        sock.sendall(_HELLO.pack(MAGIC, token, len(name)) + name)
-        hello = _recv_frame(sock, MAX_ANSWER_BYTES)
-        if not isinstance(hello, dict):  # refused at the cap, or gone: the reader goes through Ray
-            raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
-        if not hello.get("ok"):
-            raise ValueError(f"store at {endpoint.host}:{endpoint.port}: {hello.get('error')}")
+        _open(sock, endpoint, address.job)
         _send_frame(
             sock,
             {
@@ -289,6 +334,42 @@ def read(
             _recv_into(sock, target.data)
             pieces.append(target)
         return answer["meta"], answer["intact"], pieces
+
+
+def write(
+    endpoint: Endpoint, meta: ShardMeta, data: np.ndarray, *, local: bool, timeout_s: float, same_node: bool = False
+) -> None:
+    """Store ``data`` (a shard, or with ``local`` a rank's local copy) as ``meta`` in the store at
+    ``endpoint``: the bytes go from ``data`` onto the socket and into memory the store took from
+    its budget. StoreFullError or ConfigError as the store raised them (nothing was sent);
+    OSError when the store cannot be reached or the connection breaks (nothing was stored);
+    ValueError for any other refusal."""
+    with _connect(endpoint, same_node, timeout_s) as sock:
+        _open(sock, endpoint, meta.job)
+        _send_frame(sock, {"op": "put", "meta": meta.to_dict(), "local": local})
+        ready = _recv_frame(sock, MAX_ANSWER_BYTES)
+        if isinstance(ready, dict) and "error" in ready:
+            kind = {"StoreFullError": StoreFullError, "ConfigError": ConfigError}.get(str(ready.get("kind")))
+            if kind is not None and isinstance(ready.get("details"), dict):
+                raise kind(str(ready["error"]), **ready["details"])
+            raise ValueError(f"store at {endpoint.host}:{endpoint.port}: {ready['error']}")
+        if not isinstance(ready, dict) or not ready.get("ready"):
+            raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
+        sock.sendall(hostmem.as_bytes(data).data)
+        done = _recv_frame(sock, MAX_ANSWER_BYTES)
+        if not isinstance(done, dict) or not done.get("ok"):
+            raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} did not confirm the write: {done!r}")
+
+
+def _open(sock: socket.socket, endpoint: Endpoint, job: str) -> None:
+    """Send the hello for ``job`` and check the store's answer to it."""
+    name = job.encode("utf-8", "surrogatepass")
+    sock.sendall(_HELLO.pack(MAGIC, _token_bytes(endpoint.token), len(name)) + name)
+    hello = _recv_frame(sock, MAX_ANSWER_BYTES)
+    if not isinstance(hello, dict):  # refused at the cap, or gone: the caller goes through Ray
+        raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
+    if not hello.get("ok"):
+        raise ValueError(f"store at {endpoint.host}:{endpoint.port}: {hello.get('error')}")
 
 
 def _connect(endpoint: Endpoint, same_node: bool, timeout_s: float) -> socket.socket:

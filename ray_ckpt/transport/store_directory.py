@@ -5,10 +5,10 @@ node of the cluster); ``live`` asks Ray afresh, so a restore never counts on a d
 Calls return ``concurrent.futures.Future``s, which is what the save and restore paths (and
 their fakes in unit tests) wait on.
 
-Reads (``get``, ``get_ranges``) go straight to the store's socket (``ray_ckpt.transport.direct_reads``;
-its Unix socket for the store on this rank's own node) when it serves one, from a small pool
-of reader threads; a store that cannot be reached that way is read through its Ray actor
-from then on.
+Reads (``get``, ``get_ranges``) and writes (``put``) go straight to the store's socket
+(``ray_ckpt.transport.direct_reads``; its Unix socket for the store on this rank's own node) when
+it serves one, from a small pool of threads; a store that cannot be reached that way is read
+and written through its Ray actor from then on.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ray_ckpt.transport.direct_reads import Endpoint, Landing
 
 logger = logging.getLogger(__name__)
 
-_READ_THREADS = 16  # direct reads in flight at once (a resharded restore reads every old rank)
+_DIRECT_THREADS = 16  # direct reads or writes in flight at once (a resharded restore reads every old rank)
 
 
 class StoreDirectory:
@@ -44,7 +44,7 @@ class StoreDirectory:
         # node id -> (job, its endpoint there; None: through Ray)
         self._endpoints: dict[str, tuple[str, Endpoint | None]] = {}
         self._endpoints_lock = threading.Lock()  # also guards the reader pool's creation
-        self._readers: ThreadPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self._own_node: str | None = None
 
     def storage_nodes(self, failure_domain_label: str | None) -> list[Node]:
@@ -74,8 +74,42 @@ class StoreDirectory:
         return self._handles[node_id]  # KeyError: no live store there
 
     def put(self, node_id: str, meta: ShardMeta, data: np.ndarray, local: bool = False) -> Future[None]:
-        """Copy ``data`` into that node's store (the store pulls it from this node's object store)."""
-        return self._handle(node_id).put.remote(meta.to_dict(), ray.put(data), local).future()
+        """Copy ``data`` into that node's store (KeyError: no live store there): straight over the
+        store's socket (``direct_reads.write``), or through Ray where it cannot be reached that
+        way (the store pulls a ``ray.put`` copy from this node's object store). ``data`` is read
+        until the future is done: the caller keeps it unchanged until then."""
+        handle = self._handle(node_id)
+        if not settings.direct_writes():
+            return handle.put.remote(meta.to_dict(), ray.put(data), local).future()
+
+        def push() -> None:
+            if self._write(node_id, handle, meta, data, local) is _THROUGH_RAY:
+                call = handle.put.remote(meta.to_dict(), ray.put(data), local)
+                remote.get(call, timeout=settings.peer_timeout_s())
+
+        return self._pool().submit(push)
+
+    def _write(self, node_id: str, handle: Any, meta: ShardMeta, data: np.ndarray, local: bool) -> Any:
+        """A direct write into that store; ``_THROUGH_RAY`` when it serves no socket or cannot be
+        reached (then it is written through Ray from now on)."""
+        endpoint = self._endpoint(node_id, handle, meta.job)
+        if endpoint is None:
+            return _THROUGH_RAY
+        try:
+            direct_reads.write(
+                endpoint,
+                meta,
+                data,
+                local=local,
+                timeout_s=settings.peer_timeout_s(),
+                same_node=node_id == self._own_node_id(),
+            )
+        except OSError as error:
+            logger.info("ray_ckpt: direct write to the store on %s failed (%s); writing through Ray", node_id, error)
+            with self._endpoints_lock:
+                self._endpoints[node_id] = (meta.job, None)
+            return _THROUGH_RAY
+        return None
 
     def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
         """The shard (or local copy) at ``address`` in that node's store: ``(meta dict, data)``
@@ -91,7 +125,7 @@ class StoreDirectory:
                 return remote.get(call, timeout=settings.peer_timeout_s())
             return None if found is None else (found[0], found[2][0])
 
-        return self._reader_pool().submit(whole)
+        return self._pool().submit(whole)
 
     def get_ranges(
         self, node_id: str, address: ShardAddress, ranges: list[tuple[int, int]], into: Landing | None = None
@@ -111,7 +145,7 @@ class StoreDirectory:
                 return remote.get(call, timeout=settings.peer_timeout_s())
             return found
 
-        return self._reader_pool().submit(spans)
+        return self._pool().submit(spans)
 
     def _read(
         self,
@@ -159,11 +193,12 @@ class StoreDirectory:
             self._endpoints[node_id] = (job, endpoint)
         return endpoint
 
-    def _reader_pool(self) -> ThreadPoolExecutor:
+    def _pool(self) -> ThreadPoolExecutor:
+        """The threads direct reads and writes run on."""
         with self._endpoints_lock:  # a resharded restore's readers ask from several threads
-            if self._readers is None:
-                self._readers = ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="ray_ckpt-reads")
-            return self._readers
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=_DIRECT_THREADS, thread_name_prefix="ray_ckpt-direct")
+            return self._threads
 
     def stage(self, node_id: str, request: StageRequest) -> Future[dict[str, Any]]:
         """Stage through that node's store, which batches its ranks' stages into one registry
@@ -185,9 +220,9 @@ class StoreDirectory:
         self._handles.clear()
         with self._endpoints_lock:
             self._endpoints.clear()
-        if self._readers is not None:
-            self._readers.shutdown(wait=False)
-            self._readers = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
+            self._threads = None
 
 
 _THROUGH_RAY = object()  # a read the store's Ray actor must serve

@@ -154,17 +154,18 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
-    """Every mode runs the same job; ray_ckpt saves every step, every N-th, and at the interval
-    every="auto" chose (recorded, fewer saves than steps once it adapts past its warm-up)."""
+    """Every mode runs the same job; ray_ckpt saves every step (its shards written directly, and
+    put through Ray), every N-th, and at the interval every="auto" chose (recorded, fewer saves
+    than steps once it adapts past its warm-up)."""
     target = tmp_path / "out" / "overhead.json"
     _run("bench_overhead.py", target, pace.bound(540), plots=False)
     document = json.loads(target.read_text())
     assert document["benchmark"] == "overhead"
     rows = {row["mode"]: row for row in document["rows"]}
-    assert list(rows) == ["none", "ray_ckpt/1", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N"]
+    assert list(rows) == ["none", "ray_ckpt/1", "ray_ckpt/1 ray-put", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N"]
     steps, every = document["steps"], document["every"]
     assert all(row["steps"] == steps for row in rows.values()), {mode: row["steps"] for mode, row in rows.items()}
-    assert rows["ray_ckpt/1"]["saves"] == steps
+    assert rows["ray_ckpt/1"]["saves"] == rows["ray_ckpt/1 ray-put"]["saves"] == steps
     assert rows["ray_ckpt/N"]["saves"] == len(range(0, steps, every))
     assert 1 <= rows["ray_ckpt/auto"]["saves"] < steps, rows["ray_ckpt/auto"]
     assert rows["ray_ckpt/auto"]["intervals"], "every='auto' recorded no interval"

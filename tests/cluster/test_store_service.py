@@ -166,6 +166,53 @@ def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is
     assert _direct_reads_served(sim_cluster.namespace) == served
 
 
+@ray.remote(num_cpus=1, max_retries=0)
+def _save_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int, step: int) -> None:
+    """Save one step as a rank to which every store's socket is closed (see
+    ``_restore_with_unreachable_sockets``): its shards must go through Ray."""
+    import socket
+
+    from ray_ckpt.transport.direct_reads import Endpoint
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    with Checkpointer(
+        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
+    ) as checkpointer:
+        directory = checkpointer._stores
+        for node_id in naming.store_node_ids(namespace):
+            directory._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))
+        checkpointer.save(step, make_state(rank, step)).staged(timeout_s=60)
+
+
+def _direct_writes_stored(namespace: str) -> int:
+    handles = naming.store_handles(namespace).values()
+    return sum(stats["direct_writes"] for stats in ray.get([h.stats.remote() for h in handles], timeout=pace.bound(30)))
+
+
+def test_saves_write_each_shard_through_its_stores_socket_or_through_ray_when_that_is_closed(
+    sim_cluster: SimCluster,
+) -> None:
+    """Each rank's k+m shards are written over their stores' sockets (the stores count each
+    write); a saver that cannot reach those sockets puts them through Ray instead, no store
+    counts a write, and both steps restore bit-exact."""
+    save_all(sim_cluster, [0], world_size=2)
+    written = _direct_writes_stored(sim_cluster.namespace)
+    assert written == 2 * (CODE["data_shards"] + CODE["parity_shards"])
+    ray.get(
+        [
+            _save_with_unreachable_sockets.options(scheduling_strategy=on_node(sim_cluster.node_id(rank))).remote(
+                sim_cluster.namespace, JOB, rank, 2, 1
+            )
+            for rank in range(2)
+        ]
+    )
+    assert _direct_writes_stored(sim_cluster.namespace) == written
+    results = restore_all(sim_cluster, world_size=2)
+    assert [(r["step"], r["digest"]) for r in results] == [(1, digest(make_state(r, 1))) for r in range(2)]
+
+
 @pytest.mark.nodes(6)
 def test_killed_registry_restarts_with_the_same_view(sim_cluster: SimCluster) -> None:
     """The registry actor killed (and restarted by Ray) rebuilds its view from the stores:
