@@ -147,6 +147,7 @@ def _patch_controller(cls: Any) -> None:
                     sorted(late),
                     sorted(failing),
                 )
+            logger.info("replacing the workers of failing replica groups %s in place", sorted(failing | late))
             for index in sorted(failing | late):
                 groups[index].shutdown()
             for index in sorted(failing | late):  # as Ray's own _replace_bad_workers does
@@ -222,11 +223,11 @@ def train_worker_module() -> str:
     return "ray.train.v2._internal.execution.worker_group.worker"
 
 
-def prestart_worker(raylet_address: str, runtime_env: str, job_id: str, keep_alive_s: int) -> bool:
+def prestart_worker(raylet_address: str, runtime_env: str, job_id: str, keep_alive_s: int, count: int = 1) -> bool:
     """Ask the raylet at ``raylet_address`` ("host:port", a node's NodeManagerAddress and
-    NodeManagerPort) to start one idle Python worker process for the job ``job_id`` (hex) with
-    the serialized ``runtime_env``, kept alive ``keep_alive_s``: the process an actor with that
-    runtime env (a Ray Train replacement) is then created in, with no process to start. Ray's
+    NodeManagerPort) to start ``count`` idle Python worker processes for the job ``job_id`` (hex)
+    with the serialized ``runtime_env``, kept alive ``keep_alive_s``: the processes actors with
+    that runtime env (Ray Train replacements) are then created in, with no process to start. Ray's
     raylet ``PrestartWorkers`` call (internal gRPC). True if it was accepted; logs and returns
     False otherwise; never raises."""
     try:
@@ -239,7 +240,7 @@ def prestart_worker(raylet_address: str, runtime_env: str, job_id: str, keep_ali
         request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]
             language=common_pb2.PYTHON,  # type: ignore[attr-defined]
             job_id=bytes.fromhex(job_id),
-            num_workers=1,
+            num_workers=count,
             keep_alive_duration_secs=int(keep_alive_s),
         )
         request.runtime_env_info.serialized_runtime_env = runtime_env
@@ -323,24 +324,27 @@ def forget_warm_processes(job_id: str, node_id: str, pids: set[int]) -> None:
         internal_kv._internal_kv_del(f"warmpid:{job_id}:{node_id}:{pid}".encode(), namespace=_WARM_NAMESPACE)
 
 
-def warm_spare_started(job_id: str, runtime_env: str, node_id: str) -> float | None:
-    """When the warm spare that waits on ``node_id`` for this job and runtime env was started,
-    as ``mark_warm_spare`` noted it in the GCS's key-value store (where every run of the job
-    sees it: spares belong to the job); None if none waits there."""
+def warm_spare_started(job_id: str, runtime_env: str, node_id: str) -> tuple[float, int] | None:
+    """When the warm spares that wait on ``node_id`` for this job and runtime env were started,
+    and how many the node keeps, as ``mark_warm_spare`` noted it in the GCS's key-value store
+    (where every run of the job sees it: spares belong to the job); None if none waits there."""
     from ray.experimental import internal_kv
 
     value = internal_kv._internal_kv_get(_warm_key(job_id, runtime_env, node_id), namespace=_WARM_NAMESPACE)
-    return None if value is None else float(value)
+    if value is None:
+        return None
+    started, _, count = value.decode().partition(" ")
+    return float(started), int(count or 1)
 
 
-def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float | None) -> None:
-    """Note that a warm spare started at ``started`` waits on ``node_id``, or (None) that a
-    worker now runs there and took it or will not need it."""
+def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float | None, count: int = 1) -> None:
+    """Note that ``count`` warm spares started at ``started`` wait on ``node_id``, or (None) that
+    a worker now runs there and took one or will not need them."""
     from ray.experimental import internal_kv
 
     key = _warm_key(job_id, runtime_env, node_id)
     if started is not None:
-        internal_kv._internal_kv_put(key, repr(started).encode(), overwrite=True, namespace=_WARM_NAMESPACE)
+        internal_kv._internal_kv_put(key, f"{started!r} {count}".encode(), overwrite=True, namespace=_WARM_NAMESPACE)
     else:
         internal_kv._internal_kv_del(key, namespace=_WARM_NAMESPACE)
 

@@ -11,6 +11,7 @@ spare worker processes on free nodes. The worker side is ``ray_ckpt.train.inplac
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -113,13 +114,15 @@ def _backend_class() -> type:
 
 class _WarmSpares:
     """The run's warm spares, kept by its backend in the controller: after every start of
-    workers, and every ``keep_alive_s / 2`` while the run lives, one warm worker process
-    (Ray's prestarted worker with the workers' runtime env and job, so it has run ``warm_up``)
-    on each node that has room for a worker and runs none of the run's, up to the number asked
-    for. Which nodes have one, started when, is kept in the GCS (``_ray_compat.mark_warm_spare``):
-    spares belong to the job and outlive one run, so a later run of the same job counts them
-    and starts none twice; a worker starting on a node clears its mark (``_Worker``). A renewal
-    starts a spare only where none waits (``_spare_waits``)."""
+    workers, and every ``keep_alive_s / 2`` while the run lives, warm worker processes (Ray's
+    prestarted workers with the workers' runtime env and job, so they have run ``warm_up``) on
+    each node that has room for a worker and runs none of the run's, up to the number of nodes
+    asked for: as many per node as the run has ranks on one node (a lost node's ranks are
+    replaced together), as many as fit. Which nodes have them, how many, started when, is kept
+    in the GCS (``_ray_compat.mark_warm_spare``): spares belong to the job and outlive one run,
+    so a later run of the same job counts them and starts none twice; a worker starting on a
+    node clears its mark (``_Worker``). A renewal starts only the spares a node is short of
+    (``_spares_waiting``)."""
 
     def __init__(self) -> None:
         self.workers: dict[int, str] = {}  # world rank -> node id
@@ -171,50 +174,82 @@ class _WarmSpares:
                 logger.info("ray_ckpt: could not renew warm spares: %s", error)
 
     def _start_spares(self) -> None:
-        """Start a spare on each node with room for a worker, none of the run's workers and no
-        spare of the job waiting (``_spare_waits``), up to the number wanted. Calls to start
-        spares go one at a time; the data lock is held only to read what they need."""
+        """Keep ``per_node`` spares (``_spares_per_node``) on each node with room for a worker
+        and none of the run's workers, on as many nodes as wanted: nodes short of spares are
+        topped up first (``_spares_waiting`` counts them), then nodes without one get theirs.
+        Calls to start spares go one at a time; the data lock is held only to read what they need."""
         with self._starting:
             with self._lock:
                 facts, wanted, keep_alive_s = self._facts, self._wanted, self._keep_alive_s
-                busy = set(self.workers.values())
+                workers = dict(self.workers)
             if facts is None:
                 return
             env, job, needs = facts["runtime_env"], facts["job_id"], facts["resources"]
-            room = {  # node id -> its raylet's address
-                str(node["NodeID"]): f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+            busy = set(workers.values())
+            per_node = _spares_per_node(workers)
+            room = {  # node id -> (its raylet's address, how many spares it keeps)
+                str(node["NodeID"]): (
+                    f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}",
+                    min(per_node, _fits(node.get("Resources", {}), needs)),
+                )
                 for node in ray.nodes()
-                if node.get("Alive")
-                and str(node["NodeID"]) not in busy
-                and all(node.get("Resources", {}).get(k, 0) >= v for k, v in needs.items())
+                if node.get("Alive") and str(node["NodeID"]) not in busy
             }
-            waiting = [n for n, address in room.items() if _spare_waits(job, env, n, address, keep_alive_s)]
-            chosen = [n for n in room if n not in waiting][: max(0, wanted - len(waiting))]
-            for node in chosen:  # one at a time: a spare's imports take seconds of CPU
-                if _ray_compat.prestart_worker(room[node], env, job, math.ceil(keep_alive_s)):
-                    _ray_compat.mark_warm_spare(job, env, node, time.time())
-                time.sleep(WARM_STAGGER_S)
-        if chosen:
-            logger.info("ray_ckpt: warm spare worker processes on %d node(s)", len(waiting) + len(chosen))
+            room = {node: (address, keep) for node, (address, keep) in room.items() if keep > 0}
+            waiting = {
+                node: _spares_waiting(job, env, node, address, keep_alive_s, keep)
+                for node, (address, keep) in room.items()
+            }
+            kept = sorted((node for node in room if waiting[node]), key=lambda node: waiting[node] >= room[node][1])
+            fresh = [node for node in room if not waiting[node]]
+            chosen = (kept + fresh)[: max(0, wanted)]
+            started = 0
+            for node in chosen:  # one node at a time: a spare's imports take seconds of CPU
+                address, keep = room[node]
+                missing = keep - min(keep, waiting[node])
+                if missing and _ray_compat.prestart_worker(address, env, job, math.ceil(keep_alive_s), count=missing):
+                    _ray_compat.mark_warm_spare(job, env, node, time.time(), count=keep)
+                    started += missing
+                    time.sleep(WARM_STAGGER_S * missing)
+        if started:
+            logger.info(
+                "ray_ckpt: %d more warm spare worker process(es); %d per node on %d node(s)",
+                started,
+                per_node,
+                len(chosen),
+            )
 
 
-def _spare_waits(job: str, env: str, node: str, raylet_address: str, keep_alive_s: float) -> bool:
-    """Whether a spare of ``job`` waits on ``node`` (so none is started there): one noted as
-    started less than ``SPARE_START_S`` ago (its process may not be up yet), else an idle
-    process of the job that ran the warm-up hook (``warm_up`` notes each one; the node's raylet
-    says which are idle). Ray keeps an idle worker past its keep-alive while its node has no
-    more idle workers than CPUs, so starting a spare per renewal would pile them up. Where the
-    raylet cannot be asked: a spare noted less than ``keep_alive_s / 2`` ago. Notes of
-    processes that are gone are dropped here."""
-    started = _ray_compat.warm_spare_started(job, env, node) or 0.0
+def _spares_per_node(workers: dict[int, str]) -> int:
+    """How many spares a free node keeps: as many as the run has ranks on one node (a lost
+    node's ranks are replaced together), at least one."""
+    return max(collections.Counter(workers.values()).values(), default=1)
+
+
+def _fits(resources: dict[str, float], needs: dict[str, float]) -> int:
+    """How many workers needing ``needs`` fit in a node's ``resources``."""
+    counts = [int(resources.get(name, 0) // need) for name, need in needs.items() if need > 0]
+    return min(counts, default=1)
+
+
+def _spares_waiting(job: str, env: str, node: str, raylet_address: str, keep_alive_s: float, keep: int) -> int:
+    """How many spares of ``job`` wait on ``node``, which keeps ``keep``: all of them when they
+    were noted as started less than ``SPARE_START_S`` ago (their processes may not be up yet),
+    else its idle processes of the job that ran the warm-up hook (``warm_up`` notes each one;
+    the node's raylet says which are idle). Ray keeps an idle worker past its keep-alive while
+    its node has no more idle workers than CPUs, so starting spares per renewal without
+    counting would pile them up. Where the raylet cannot be asked: the count noted less than
+    ``keep_alive_s / 2`` ago. Notes of processes that are gone are dropped here."""
+    noted = _ray_compat.warm_spare_started(job, env, node)
+    started, count = noted if noted is not None else (0.0, 0)
     if started > time.time() - SPARE_START_S:
-        return True
+        return count
     workers = _ray_compat.job_workers(raylet_address, job)
     if workers is None:
-        return started > time.time() - keep_alive_s / 2
+        return count if started > time.time() - keep_alive_s / 2 else 0
     warmed = _ray_compat.warm_processes(job, node)
     _ray_compat.forget_warm_processes(job, node, warmed - set(workers))
-    return any(workers[pid] for pid in warmed & set(workers))
+    return sum(1 for pid in warmed & set(workers) if workers[pid])
 
 
 def _worker_facts() -> dict[str, Any]:

@@ -147,30 +147,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-_RECOVERY_LINE = re.compile(r"^rank \d+: |InPlaceRecoveryError|replica groups|restarting the worker group")
+_RECOVERY_LINE = re.compile(
+    r"^rank \d+: |InPlaceRecoveryError|Replacing failing|replica groups|restarting the worker group|Error:"
+)
 
 
-def ray_log_excerpt(ray_tmpdir: pathlib.Path, limit: int = 80) -> str:
-    """The last session's controller warnings, errors and replacements and the workers'
-    in-place recovery lines, at most ``limit`` lines: what a failed recovery test needs to
-    tell why it fell back or failed, in the report CI keeps."""
+def ray_log_excerpt(ray_tmpdir: pathlib.Path, limit: int = 60) -> str:
+    """The last session's lines about failures and recoveries from the workers and the
+    controller (every actor's stderr, then Ray Train's controller log), at most the last
+    ``limit``: what a failed recovery test needs to tell why it fell back or failed, in the
+    report CI keeps."""
     logs = ray_tmpdir / "ray" / "session_latest" / "logs"
-    lines: list[str] = []
-    for path in sorted(logs.glob("train/ray-train-app-controller-*.log")):
+    lines = [
+        f"{path.name[-9:-4]}: {line[:300]}"
+        for path in sorted(logs.glob("worker-*.err"))
+        for line in path.read_text(errors="replace").splitlines()
+        if _RECOVERY_LINE.search(line)
+    ]
+    for path in sorted(logs.glob("train/ray-train-app-controller-*.log")):  # JSON lines
         for raw in path.read_text(errors="replace").splitlines():
             try:
-                record = json.loads(raw)
-            except ValueError:
+                message = str(json.loads(raw).get("message", ""))
+            except (ValueError, AttributeError):
                 continue
-            message = str(record.get("message", ""))
-            if record.get("levelname") in ("WARNING", "ERROR") or message.startswith(("Replacing", "[FailurePolicy]")):
-                lines.append(f"{record.get('asctime')} controller: {' | '.join(message.splitlines()[:6])[:400]}")
-    for path in sorted(logs.glob("worker-*.err")):
-        lines += [
-            f"{path.name[-9:-4]}: {line[:300]}"
-            for line in path.read_text(errors="replace").splitlines()
-            if _RECOVERY_LINE.search(line)
-        ]
+            if _RECOVERY_LINE.search(message) or message.startswith("[FailurePolicy]"):
+                lines.append(f"controller: {' | '.join(message.splitlines()[:6])[:400]}")
     return "\n".join(lines[-limit:])
 
 

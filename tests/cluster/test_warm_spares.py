@@ -1,6 +1,6 @@
-"""Warm spares stay one per node and job, however often they are renewed: on a node of several
-CPUs Ray keeps an idle worker past its keep-alive, so a renewal that started a new spare beside
-a waiting one piled them up (one more per renewal)."""
+"""Warm spares stay as many per node as the run has ranks on one node, however often they are
+renewed: on a node of several CPUs Ray keeps an idle worker past its keep-alive, so a renewal
+that started new spares beside waiting ones piled them up (more per renewal)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def wait_for(what: str, condition: Callable[[], bool]) -> None:
         time.sleep(0.2)
 
 
-def test_renewals_keep_one_spare_per_node_and_replace_one_that_died(
+def test_renewals_keep_two_spares_for_two_ranks_per_node_and_replace_one_that_died(
     four_cpu_node: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(inplace_controller, "SPARE_START_S", KEEP_ALIVE_S)
@@ -69,28 +69,30 @@ def test_renewals_keep_one_spare_per_node_and_replace_one_that_died(
         "resources": {"CPU": 1.0},
     }
     spares._wanted, spares._keep_alive_s = 1, KEEP_ALIVE_S
+    spares.workers = {0: "elsewhere", 1: "elsewhere"}  # the run's two ranks share a node
     node_id = four_cpu_node.node_id(0)
     node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
     raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
     job = spares._facts["job_id"]
 
-    def one_spare_up() -> bool:  # its process runs and noted itself after its warm-up
+    def two_spares_up() -> bool:  # their processes run and noted themselves after their warm-up
         found = spare_processes()
-        return len(found) == 1 and found[0] in _ray_compat.warm_processes(job, node_id)
+        return len(found) == 2 and set(found) <= _ray_compat.warm_processes(job, node_id)
 
     spares._start_spares()
-    wait_for("the first spare did not come up", one_spare_up)
-    first = spare_processes()
+    wait_for("the first two spares did not come up", two_spares_up)
+    first = sorted(spare_processes())
     for _ in range(4):  # each renewal after the last one's keep-alive and start grace ran out
         time.sleep(KEEP_ALIVE_S + 0.5)
         spares._start_spares()
-        assert spare_processes() == first
+        assert sorted(spare_processes()) == first
 
-    os.kill(first[0], signal.SIGKILL)  # the spare is gone: a renewal starts one once its raylet knows
+    os.kill(first[0], signal.SIGKILL)  # a spare is gone: a renewal starts one once its raylet knows
     wait_for(
         "the raylet still lists the killed spare", lambda: first[0] not in (_ray_compat.job_workers(raylet, job) or {})
     )
     spares._start_spares()
-    wait_for("no new spare replaced the killed one", one_spare_up)
-    assert spare_processes() != first
+    wait_for("no new spare replaced the killed one", two_spares_up)
+    now = spare_processes()
+    assert first[1] in now and first[0] not in now
     assert first[0] not in _ray_compat.warm_processes(job, node_id), "the killed spare's note was kept"
