@@ -9,7 +9,8 @@
   every node. Set ``RAY_TMPDIR`` to a short folder of your own before building one.
 - ``digest(state)``: a hash of a state's snapshot bytes; equal digests mean bit-exact states.
 - ``BenchRank`` and ``rank_actor()``: one training rank as a Ray actor, holding a generated
-  state, saving and restoring it through a ``Checkpointer`` and timing it (the benchmarks).
+  state, saving and restoring it through a ``Checkpointer`` and timing it (the benchmarks);
+  ``RawSink`` and ``sink_actor()``: what it pushes bare bytes to, the floor of a save's scatter.
 - ``byte_state``, ``float_state``, ``touch``: the states the benchmarks save.
 
 Importing this module loads neither Ray nor torch; they load when a cluster is built, a state
@@ -379,6 +380,118 @@ class BenchRank:
     def close(self) -> None:
         """Close the Checkpointer (frees its host buffer)."""
         self.checkpointer.close()
+
+    def raw_push(self, sinks: list[tuple[list[Any], int]], repeats: int) -> list[float]:
+        """Seconds of ``repeats`` pushes of bare bytes to ``RawSink``s, all at once, one thread
+        per sink (as a save writes its shards): ``(sink endpoint, bytes)`` each. The connections
+        are opened first and kept; each push ends when every sink acknowledged its bytes. The
+        floor a save's background scatter is compared with."""
+        import threading
+
+        import numpy as np
+
+        sockets = [(_sink_connection(endpoint), size) for endpoint, size in sinks]
+        payloads = [np.ones(size, dtype=np.uint8) for _, size in sockets]
+        times = []
+        failures: list[BaseException] = []
+
+        def push(sock: Any, payload: Any) -> None:
+            try:
+                sock.sendall(payload.data)
+                if sock.recv(1) != b"k":
+                    raise ConnectionError("the sink did not acknowledge its bytes")
+            except BaseException as error:
+                failures.append(error)
+
+        try:
+            for _ in range(repeats + 1):  # the first push takes the page faults and slow start
+                threads = [
+                    threading.Thread(target=push, args=(sock, payload))
+                    for (sock, _), payload in zip(sockets, payloads, strict=True)
+                ]
+                started = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                times.append(time.perf_counter() - started)
+                if failures:
+                    raise failures[0]
+        finally:
+            for sock, _ in sockets:
+                sock.close()
+        return times[1:]
+
+
+class RawSink:
+    """Receives bare bytes (``BenchRank.raw_push``) on its node's address and on an abstract Unix
+    socket, ``size`` bytes at a time into one buffer, acknowledging each with one byte."""
+
+    def __init__(self, size: int) -> None:
+        import socket
+        import threading
+        import uuid
+
+        import numpy as np
+        import ray
+
+        self.buffer = np.empty(size, dtype=np.uint8)
+        self.tcp = socket.create_server((ray.util.get_node_ip_address(), 0))
+        self.unix_name = f"ray_ckpt-sink-{uuid.uuid4().hex[:12]}"
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix.bind("\0" + self.unix_name)
+        self.unix.listen()
+        for server in (self.tcp, self.unix):
+            threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def endpoint(self) -> list[Any]:
+        """``[host, port, unix name, node id]``, for ``raw_push``."""
+        import ray
+
+        host, port = self.tcp.getsockname()[:2]
+        return [host, port, self.unix_name, ray.get_runtime_context().get_node_id()]
+
+    def _accept(self, server: Any) -> None:
+        import threading
+
+        while True:
+            connection, _ = server.accept()
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: Any) -> None:
+        view = self.buffer.data
+        with connection:
+            while True:
+                got = 0
+                while got < len(view):
+                    n = connection.recv_into(view[got:])
+                    if n == 0:
+                        return
+                    got += n
+                connection.sendall(b"k")
+
+
+def _sink_connection(endpoint: list[Any]) -> Any:
+    """A connection to a ``RawSink``: its Unix socket from its own node, else TCP."""
+    import socket
+
+    import ray
+
+    host, port, unix_name, node_id = endpoint
+    if node_id == ray.get_runtime_context().get_node_id():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect("\0" + unix_name)
+        return sock
+    sock = socket.create_connection((host, port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def sink_actor() -> Any:
+    """``RawSink`` as a Ray actor class: no CPU, never restarted; pin it with a scheduling strategy."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(RawSink)
 
 
 def rank_actor() -> Any:

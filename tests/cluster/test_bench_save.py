@@ -35,7 +35,7 @@ def test_quick_run_writes_a_row_per_impl(tmp_path: pathlib.Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    for text in ("blocking time per save", "ckpt/memcpy", "dcp/ckpt", "train/ckpt", "poll interval"):
+    for text in ("blocking time per save", "ckpt/memcpy", "dcp/ckpt", "train/ckpt", "poll interval", "pushed bare"):
         assert text in result.stdout
     rows = json.loads(target.read_text())
     assert isinstance(rows, list)

@@ -18,12 +18,11 @@ import pace
 import psutil
 import pytest
 import ray
+from conftest import idle_warm_spares
 
 import ray_ckpt
-from ray_ckpt import _ray_compat
 from ray_ckpt.core import timeline
 from ray_ckpt.testing import SimulatedCluster
-from ray_ckpt.train import inplace
 from ray_ckpt.transport.registry_client import RegistryClient
 
 pytestmark = pytest.mark.cluster
@@ -177,36 +176,6 @@ def by_attempt(restores: list[dict[str, Any]]) -> list[dict[int, dict[str, Any]]
     return list(groups.values())
 
 
-def nodes_with_a_warm_spare(since: float) -> set[str]:
-    """The nodes where a process started after ``since`` with in-place recovery's warm-up hook
-    sits idle and warm: Ray titles an idle worker ``ray::IDLE`` as soon as it connects, before
-    the hook's imports, so a process counts once its CPU time stands still for half a second
-    (its parent is its node's raylet)."""
-    sockets = {str(n["RayletSocketName"]): str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
-    idle: dict[psutil.Process, tuple[str, float]] = {}
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get(_ray_compat.SETUP_HOOK_ENV_VAR) != inplace.WARM_HOOK:
-                continue
-            parent = process.parent()
-            if process.cmdline()[:1] != ["ray::IDLE"] or parent is None or process.create_time() < since:
-                continue
-            raylet = next(a.split("=", 1)[1] for a in parent.cmdline() if a.startswith("--raylet_socket_name="))
-            if raylet in sockets:
-                idle[process] = (sockets[raylet], sum(process.cpu_times()[:2]))
-        except (psutil.Error, OSError, StopIteration):
-            continue
-    time.sleep(0.5)
-    nodes = set()
-    for process, (node, cpu_s) in idle.items():
-        try:
-            if sum(process.cpu_times()[:2]) - cpu_s < 0.02:
-                nodes.add(node)
-        except psutil.Error:
-            continue
-    return nodes
-
-
 def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: Any, clusters: InPlaceClusters) -> None:
     """2 ranks; the node of rank 1 is killed once every node with room for a worker and none of
     the run's has a warm spare sitting idle (torch and Ray Train imported). The replacement
@@ -232,7 +201,7 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
             spare = {str(n["NodeID"]) for n in alive} - busy
             bound_s = max(pace.bound(180.0), 4 * len(spare) * clusters.start_s)
             deadline = time.monotonic() + bound_s
-            while not spare <= nodes_with_a_warm_spare(started):
+            while not spare <= set(idle_warm_spares(started)):
                 if example.ABANDONED.is_set():
                     raise RuntimeError("the run ended while its spares were awaited")
                 if time.monotonic() > deadline:

@@ -4,15 +4,21 @@ keep their processes, and the run ends bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
+import pathlib
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pace
 import pytest
+import ray
+from conftest import idle_warm_spares
 
+import ray_ckpt
 from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.transport.registry_client import RegistryClient
 
 pytestmark = pytest.mark.cluster
 
@@ -39,8 +45,10 @@ def test_a_node_carrying_several_ranks_is_lost_and_they_are_replaced_together_in
     """2 * ``ranks_per_node`` ranks packed on two worker nodes of ``ranks_per_node`` CPUs (Ray
     Train packs them), plus a spare node of the same size; the node of rank 1 is hard-killed
     after step 4 committed. Its ranks are replaced in the spare node in one generation and
-    restore from peers; every rank on the other node keeps its process and restores its local
-    copy; one failure is one in-place recovery; the final weights equal an uninterrupted run's."""
+    restore from peers, each in one of the spare node's warm spares (the kill waits until
+    ``ranks_per_node`` of them sit idle and warm there); every rank on the other node keeps its
+    process and restores its local copy; one failure is one in-place recovery; the final weights
+    equal an uninterrupted run's."""
     workers = 2 * ranks_per_node
     common: dict[str, Any] = {"steps": STEPS, "workers": workers, "checkpoint": CHECKPOINT}
     with SimulatedCluster(3, worker_cpus=ranks_per_node, store_budget_bytes=256 << 20) as sim:
@@ -48,18 +56,38 @@ def test_a_node_carrying_several_ranks_is_lost_and_they_are_replaced_together_in
             name="reference", storage_path=tempfile.mkdtemp(), events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **common
         )
         lost: list[int] = []
+        killed: list[float] = []
         failures: list[BaseException] = []
+        events = tempfile.mkdtemp()
+        started = time.time()  # spares of the reference run do not count
 
         def faults() -> None:
+            pause = pathlib.Path(events) / example.PAUSE_FILE
             try:
                 example.wait_committed("packed", 4)
+                pause.touch()  # the ranks wait between steps while the spare node's spares warm up
                 victim = example.rank_node("packed", 1)
                 lost.extend(rank for rank in range(workers) if example.rank_node("packed", rank) == victim)
+                busy = {example.rank_node("packed", rank) for rank in range(workers)}
+                (spare,) = {
+                    str(n["NodeID"]) for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU")
+                } - busy
+                bound_s = pace.bound(180.0)
+                deadline = time.monotonic() + bound_s
+                while idle_warm_spares(started)[spare] < ranks_per_node:
+                    if example.ABANDONED.is_set():
+                        raise RuntimeError("the run ended while its spares were awaited")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"the spare node had not {ranks_per_node} warm spares within {bound_s:.0f} s"
+                        )
+                killed.append(time.time())
                 example.remove_node(sim, victim)
             except BaseException as error:  # surfaced below
                 failures.append(error)
+            finally:
+                pause.unlink(missing_ok=True)
 
-        events = tempfile.mkdtemp()
         thread = threading.Thread(target=faults, daemon=True)
         example.ABANDONED.clear()
         thread.start()
@@ -77,6 +105,11 @@ def test_a_node_carrying_several_ranks_is_lost_and_they_are_replaced_together_in
             example.ABANDONED.set()
             thread.join(timeout=pace.bound(30))
         assert not failures, failures
+        rejoins = [
+            e
+            for e in RegistryClient(ray_ckpt.settings.namespace()).events()[1]
+            if e["kind"] == "rejoin" and e["job"] == "packed"
+        ]
     assert len(lost) == ranks_per_node and 1 in lost, lost
     attempts: dict[str, dict[int, dict[str, Any]]] = {}
     for record in example.read_restores(events):
@@ -88,4 +121,7 @@ def test_a_node_carrying_several_ranks_is_lost_and_they_are_replaced_together_in
     assert kept == sorted(set(range(workers)) - set(lost)), (lost, pids)
     assert {second[rank]["source"] for rank in lost} == {"peers"}
     assert {second[rank]["source"] for rank in kept} == {"local"}
+    replacements = [e for e in rejoins if e["role"] == "replacement"]
+    assert sorted(int(e["rank"]) for e in replacements) == sorted(lost), rejoins
+    assert all(e["warmed"] is not None and e["warmed"] < killed[0] for e in replacements), (replacements, killed)
     assert final["params_digest"] == reference["params_digest"]
