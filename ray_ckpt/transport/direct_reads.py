@@ -88,7 +88,9 @@ MAX_JOB_BYTES = 1024
 MAX_REQUEST_BYTES = 64 << 10  # a request: a few fields and its ranges
 MAX_RANGES = 4096  # byte ranges in one request
 MAX_ANSWER_BYTES = 16 << 20  # an answer's header (its sizes list), for the reader
-MAX_CONNECTIONS = 64  # served at once per server; more are refused
+# served at once per server; more are refused. A step's saves all write at once: with 8 ranks a
+# node and RS(4,2), a store takes about 48 shards and 8 local copies at the same moment
+MAX_CONNECTIONS = 256
 HELLO_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_S = 120.0
@@ -361,13 +363,21 @@ def write(
             raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} did not confirm the write: {done!r}")
 
 
+class StoreBusyError(ConnectionError):
+    """The store closed a connection before its hello was answered: it serves its cap of
+    connections (or it is going away). The caller goes through Ray this once."""
+
+
 def _open(sock: socket.socket, endpoint: Endpoint, job: str) -> None:
     """Send the hello for ``job`` and check the store's answer to it."""
     name = job.encode("utf-8", "surrogatepass")
     sock.sendall(_HELLO.pack(MAGIC, _token_bytes(endpoint.token), len(name)) + name)
-    hello = _recv_frame(sock, MAX_ANSWER_BYTES)
+    try:
+        hello = _recv_frame(sock, MAX_ANSWER_BYTES)
+    except ConnectionResetError:
+        hello = None
     if not isinstance(hello, dict):  # refused at the cap, or gone: the caller goes through Ray
-        raise ConnectionError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
+        raise StoreBusyError(f"store at {endpoint.host}:{endpoint.port} closed the connection")
     if not hello.get("ok"):
         raise ValueError(f"store at {endpoint.host}:{endpoint.port}: {hello.get('error')}")
 

@@ -8,7 +8,8 @@ their fakes in unit tests) wait on.
 Reads (``get``, ``get_ranges``) and writes (``put``) go straight to the store's socket
 (``ray_ckpt.transport.direct_reads``; its Unix socket for the store on this rank's own node) when
 it serves one, from a small pool of threads; a store that cannot be reached that way is read
-and written through its Ray actor from then on.
+and written through its Ray actor from then on (one that turns a connection away at its cap,
+this once).
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class StoreDirectory:
                 timeout_s=settings.peer_timeout_s(),
                 same_node=node_id == self._own_node_id(),
             )
+        except direct_reads.StoreBusyError:  # at its cap of connections now: through Ray this once
+            return _THROUGH_RAY
         except OSError as error:
             logger.info("ray_ckpt: direct write to the store on %s failed (%s); writing through Ray", node_id, error)
             with self._endpoints_lock:
@@ -170,6 +173,8 @@ class StoreDirectory:
                 into=into,
                 same_node=node_id == self._own_node_id(),
             )
+        except direct_reads.StoreBusyError:  # at its cap of connections now: through Ray this once
+            return _THROUGH_RAY
         except OSError as error:
             logger.info("ray_ckpt: direct read from the store on %s failed (%s); reading through Ray", node_id, error)
             with self._endpoints_lock:
