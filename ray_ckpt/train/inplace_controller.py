@@ -197,8 +197,7 @@ class _WarmSpares:
             }
             room = {node: (address, keep) for node, (address, keep) in room.items() if keep > 0}
             waiting = {
-                node: _spares_waiting(job, env, node, address, keep_alive_s, keep)
-                for node, (address, keep) in room.items()
+                node: _spares_waiting(job, env, node, address, keep_alive_s) for node, (address, _) in room.items()
             }
             kept = sorted((node for node in room if waiting[node]), key=lambda node: waiting[node] >= room[node][1])
             fresh = [node for node in room if not waiting[node]]
@@ -232,11 +231,11 @@ def _fits(resources: dict[str, float], needs: dict[str, float]) -> int:
     return min(counts, default=1)
 
 
-def _spares_waiting(job: str, env: str, node: str, raylet_address: str, keep_alive_s: float, keep: int) -> int:
-    """How many spares of ``job`` wait on ``node``, which keeps ``keep``: all of them when they
-    were noted as started less than ``SPARE_START_S`` ago (their processes may not be up yet),
-    else its idle processes of the job that ran the warm-up hook (``warm_up`` notes each one;
-    the node's raylet says which are idle). Ray keeps an idle worker past its keep-alive while
+def _spares_waiting(job: str, env: str, node: str, raylet_address: str, keep_alive_s: float) -> int:
+    """How many spares of ``job`` wait on ``node``: as many as were noted as started less than
+    ``SPARE_START_S`` ago (their processes may not be up yet), else its idle processes of the
+    job that ran the warm-up hook (``warm_up`` notes each one; the node's raylet says which are
+    idle). Ray keeps an idle worker past its keep-alive while
     its node has no more idle workers than CPUs, so starting spares per renewal without
     counting would pile them up. Where the raylet cannot be asked: the count noted less than
     ``keep_alive_s / 2`` ago. Notes of processes that are gone are dropped here."""

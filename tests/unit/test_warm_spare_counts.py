@@ -75,17 +75,17 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
 
 
 def test_waiting_spares_are_the_noted_count_while_starting_then_the_idle_warmed_processes(fake: FakeRay) -> None:
-    assert _spares_waiting("j", "e", "n", "n:1", 600.0, keep=2) == 0
+    assert _spares_waiting("j", "e", "n", "n:1", 600.0) == 0
     fake.notes["n"] = (time.time(), 2)
-    assert _spares_waiting("j", "e", "n", "n:1", 600.0, keep=2) == 2  # just started: trusted
+    assert _spares_waiting("j", "e", "n", "n:1", 600.0) == 2  # just started: trusted
     fake.notes["n"] = (time.time() - inplace_controller.SPARE_START_S - 1, 2)
     fake.workers["n"] = {10: True, 11: False, 12: True}  # 11 took an actor; 13 is gone
     fake.warmed["n"] = {10, 11, 13}
-    assert _spares_waiting("j", "e", "n", "n:1", 600.0, keep=2) == 1
+    assert _spares_waiting("j", "e", "n", "n:1", 600.0) == 1
     assert fake.warmed["n"] == {10, 11}  # the note of the gone process is dropped
     fake.workers["n"] = None  # the raylet cannot be asked: the note, while it is fresh enough
-    assert _spares_waiting("j", "e", "n", "n:1", 600.0, keep=2) == 2
-    assert _spares_waiting("j", "e", "n", "n:1", 100.0, keep=2) == 0
+    assert _spares_waiting("j", "e", "n", "n:1", 600.0) == 2
+    assert _spares_waiting("j", "e", "n", "n:1", 100.0) == 0
 
 
 def _nodes(*specs: tuple[str, float]) -> list[dict[str, Any]]:
