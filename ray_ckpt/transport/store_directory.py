@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -91,28 +91,17 @@ class StoreDirectory:
         return self._pool().submit(push)
 
     def _write(self, node_id: str, handle: Any, meta: ShardMeta, data: np.ndarray, local: bool) -> Any:
-        """A direct write into that store; ``_THROUGH_RAY`` when it serves no socket or cannot be
-        reached (then it is written through Ray from now on)."""
-        endpoint = self._endpoint(node_id, handle, meta.job)
-        if endpoint is None:
-            return _THROUGH_RAY
-        try:
-            direct_reads.write(
-                endpoint,
-                meta,
-                data,
-                local=local,
-                timeout_s=settings.peer_timeout_s(),
-                same_node=node_id == self._own_node_id(),
-            )
-        except direct_reads.StoreBusyError:  # at its cap of connections now: through Ray this once
-            return _THROUGH_RAY
-        except OSError as error:
-            logger.info("ray_ckpt: direct write to the store on %s failed (%s); writing through Ray", node_id, error)
-            with self._endpoints_lock:
-                self._endpoints[node_id] = (meta.job, None)
-            return _THROUGH_RAY
-        return None
+        """A direct write into that store (None), or ``_THROUGH_RAY`` (``_direct``)."""
+        timeout_s = settings.peer_timeout_s()
+        return self._direct(
+            "write to",
+            node_id,
+            handle,
+            meta.job,
+            lambda endpoint, same_node: direct_reads.write(
+                endpoint, meta, data, local=local, timeout_s=timeout_s, same_node=same_node
+            ),
+        )
 
     def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
         """The shard (or local copy) at ``address`` in that node's store: ``(meta dict, data)``
@@ -158,25 +147,31 @@ class StoreDirectory:
         ranges: list[tuple[int, int]] | None,
         into: Landing | None,
     ) -> Any:
-        """A direct read from that store, or ``_THROUGH_RAY`` when it serves none or cannot be
-        reached (then it is read through Ray from now on)."""
-        job = address.job
+        """A direct read from that store, or ``_THROUGH_RAY`` (``_direct``)."""
+        timeout_s = settings.peer_timeout_s()
+        return self._direct(
+            "read from",
+            node_id,
+            handle,
+            address.job,
+            lambda endpoint, same_node: direct_reads.read(
+                endpoint, address, ranges=ranges, timeout_s=timeout_s, into=into, same_node=same_node
+            ),
+        )
+
+    def _direct(self, what: str, node_id: str, handle: Any, job: str, call: Callable[[Endpoint, bool], Any]) -> Any:
+        """``call(endpoint, same_node)`` on that store's socket, or ``_THROUGH_RAY`` when it
+        serves none, turns the connection away at its cap (through Ray this once), or cannot be
+        reached (through Ray from now on)."""
         endpoint = self._endpoint(node_id, handle, job)
         if endpoint is None:
             return _THROUGH_RAY
         try:
-            return direct_reads.read(
-                endpoint,
-                address,
-                ranges=ranges,
-                timeout_s=settings.peer_timeout_s(),
-                into=into,
-                same_node=node_id == self._own_node_id(),
-            )
-        except direct_reads.StoreBusyError:  # at its cap of connections now: through Ray this once
+            return call(endpoint, node_id == self._own_node_id())
+        except direct_reads.StoreBusyError:
             return _THROUGH_RAY
         except OSError as error:
-            logger.info("ray_ckpt: direct read from the store on %s failed (%s); reading through Ray", node_id, error)
+            logger.info("ray_ckpt: direct %s the store on %s failed (%s); going through Ray", what, node_id, error)
             with self._endpoints_lock:
                 self._endpoints[node_id] = (job, None)
             return _THROUGH_RAY

@@ -116,10 +116,9 @@ def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCl
     assert result["digest"] == digest(make_state(0, 0))
 
 
-@ray.remote(num_cpus=1, max_retries=0)
-def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int) -> dict:
-    """Restore one rank as a reader to which every store's socket is closed (a firewall that
-    lets only Ray's ports through): each store's endpoint points at a port nobody listens on."""
+def _close_every_socket(checkpointer: Checkpointer, namespace: str, job: str) -> None:
+    """Make every store's socket unreachable to this rank (a firewall that lets only Ray's ports
+    through): each store's endpoint points at a port nobody listens on."""
     import socket
 
     from ray_ckpt.transport.direct_reads import Endpoint
@@ -127,12 +126,17 @@ def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world
     with socket.socket() as probe:  # a port that was free a moment ago, and is closed now
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
+    for node_id in naming.store_node_ids(namespace):
+        checkpointer._stores._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int) -> dict:
+    """Restore one rank as a reader to which every store's socket is closed."""
     with Checkpointer(
         job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
     ) as checkpointer:
-        directory = checkpointer._stores
-        for node_id in naming.store_node_ids(namespace):
-            directory._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))
+        _close_every_socket(checkpointer, namespace, job)
         restored = checkpointer.restore()
     return {"step": restored.step, "digest": digest(restored.state)}
 
@@ -168,21 +172,12 @@ def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is
 
 @ray.remote(num_cpus=1, max_retries=0)
 def _save_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int, step: int) -> None:
-    """Save one step as a rank to which every store's socket is closed (see
-    ``_restore_with_unreachable_sockets``): its shards must go through Ray."""
-    import socket
-
-    from ray_ckpt.transport.direct_reads import Endpoint
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
+    """Save one step as a rank to which every store's socket is closed: its shards must go
+    through Ray."""
     with Checkpointer(
         job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
     ) as checkpointer:
-        directory = checkpointer._stores
-        for node_id in naming.store_node_ids(namespace):
-            directory._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))
+        _close_every_socket(checkpointer, namespace, job)
         checkpointer.save(step, make_state(rank, step)).staged(timeout_s=60)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from direct_port import authenticated, shard_meta
 
 from ray_ckpt.core import store as store_module
 from ray_ckpt.core.checksum import checksum
@@ -21,27 +22,12 @@ from ray_ckpt.transport.direct_reads import DirectReadServer, Endpoint, Landing
 SIZE = 3 << 20  # over hostmem's threshold, so received bytes go to mapped memory
 
 
-def _meta(data: np.ndarray, index: int = 0) -> ShardMeta:
-    return ShardMeta(
-        job="j",
-        step=4,
-        rank=1,
-        index=index,
-        world_size=2,
-        data_shards=2,
-        parity_shards=1,
-        payload_size=2 * data.size,
-        shard_size=data.size,
-        checksum=checksum(data),
-    )
-
-
 @pytest.fixture
 def served() -> Iterator[tuple[DirectReadServer, np.ndarray]]:
     data = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8)
     store = ShardStore(node_id="n", budget_bytes=1 << 30)
-    store.put(_meta(data), data)
-    store.put(_meta(data), data, local=True)
+    store.put(shard_meta(data), data)
+    store.put(shard_meta(data), data, local=True)
     server = DirectReadServer(store, "127.0.0.1")
     yield server, data
     server.close()
@@ -58,7 +44,7 @@ def test_ranges_and_whole_shards_come_back_bit_exact(served: tuple[DirectReadSer
     server, data = served
     spans = [(0, 10), (100, 100), (SIZE - 4096, SIZE), (7, 1 << 20)]
     meta, intact, pieces = _read(server.endpoint("j"), ranges=spans)  # type: ignore[misc]
-    assert ShardMeta.from_dict(meta) == _meta(data)
+    assert ShardMeta.from_dict(meta) == shard_meta(data)
     assert intact is True
     assert [p.tobytes() for p in pieces] == [data[a:b].tobytes() for a, b in spans]
     meta, intact, (whole,) = _read(server.endpoint("j"), ranges=None, local=True)  # type: ignore[misc]
@@ -101,7 +87,7 @@ def test_a_wrong_token_reads_nothing_and_a_jobs_token_reads_that_job_only(
     forged = Endpoint(server.host, server.port, "0" * 64)
     with pytest.raises(ValueError, match="token"):
         _read(forged, ranges=[(0, 10)])
-    other = ShardMeta(**{**_meta(data).to_dict(), "job": "k"})
+    other = ShardMeta(**{**shard_meta(data).to_dict(), "job": "k"})
     server.store.put(other, data)
     with pytest.raises(ValueError, match="token"):  # job j's token does not read job k
         _read(server.endpoint("j"), job="k", ranges=[(0, 10)])
@@ -126,24 +112,15 @@ def test_garbage_on_the_wire_closes_that_connection_and_the_server_serves_on(
     with socket.create_connection((server.host, server.port), timeout=5) as sock:
         sock.sendall(b"\xff\xff\xff\xff" + b"x" * 64)  # not a hello
         assert b"not a ray_ckpt direct-read hello" in _drain(sock)  # answered, then closed
-    with _authenticated(server) as sock:
+    with authenticated(server) as sock:
         sock.sendall(b"\xff\xff\xff\xff" + b"x" * 64)  # a request over the size limit
         assert _drain(sock) == b""
-    with _authenticated(server) as sock:
+    with authenticated(server) as sock:
         sock.sendall(b"\x00\x00\x00\x03abc")  # not msgpack of a request
         sock.shutdown(socket.SHUT_WR)
         _drain(sock)  # an error answer or nothing, then the end
     _, _, (piece,) = _read(server.endpoint("j"), ranges=[(3, 30)])  # type: ignore[misc]
     assert piece.tobytes() == data[3:30].tobytes()
-
-
-def _authenticated(server: DirectReadServer, job: str = "j") -> socket.socket:
-    """A connection past its hello (the hello's answer read)."""
-    sock = socket.create_connection((server.host, server.port), timeout=5)
-    name = job.encode()
-    sock.sendall(direct_reads._HELLO.pack(direct_reads.MAGIC, bytes.fromhex(server.token(job)), len(name)) + name)
-    assert direct_reads._recv_frame(sock, 1 << 10) == {"ok": True}
-    return sock
 
 
 def _drain(sock: socket.socket) -> bytes:
@@ -187,7 +164,7 @@ def test_a_request_field_of_the_wrong_type_is_an_error_not_truncated(
     answered with an error naming the value, nothing is read, and the connection serves on."""
     server, data = served
     request: dict[str, object] = {"step": 4, "rank": 1, "index": 0, "writer": "", "local": False, "ranges": [[0, 8]]}
-    with _authenticated(server) as sock:
+    with authenticated(server) as sock:
         direct_reads._send_frame(sock, {**request, **field})
         answer = direct_reads._recv_frame(sock, 1 << 10)
         assert set(answer) == {"error"} and repr(next(iter(field.values()))) in answer["error"]

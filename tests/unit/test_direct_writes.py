@@ -5,37 +5,20 @@ breaks off midway each store nothing, give their memory back, and leave the serv
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from direct_port import authenticated, shard_meta
 
-from ray_ckpt.core.checksum import checksum
-from ray_ckpt.core.shard import ShardAddress, ShardMeta
+from ray_ckpt.core.shard import ShardAddress
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.errors import StoreFullError
 from ray_ckpt.transport import direct_reads
 from ray_ckpt.transport.direct_reads import DirectReadServer, Endpoint
 
 SIZE = 3 << 20
-
-
-def _meta(data: np.ndarray, *, job: str = "j", index: int = 0, step: int = 4) -> ShardMeta:
-    return ShardMeta(
-        job=job,
-        step=step,
-        rank=1,
-        index=index,
-        world_size=2,
-        data_shards=2,
-        parity_shards=1,
-        payload_size=2 * data.size,
-        shard_size=data.size,
-        checksum=checksum(data),
-        writer="w1",
-    )
 
 
 @pytest.fixture
@@ -64,7 +47,7 @@ def _used(store: ShardStore) -> tuple[int, int]:
 def test_a_shard_and_a_local_copy_written_directly_are_stored_bit_exact(
     server: DirectReadServer, store: ShardStore, data: np.ndarray, same_node: bool
 ) -> None:
-    meta = _meta(data)
+    meta = shard_meta(data)
     direct_reads.write(server.endpoint("j"), meta, data, local=False, timeout_s=5.0, same_node=same_node)
     direct_reads.write(server.endpoint("j"), meta, data[::-1].copy(), local=True, timeout_s=5.0, same_node=same_node)
     stored = store.get(ShardAddress.of(meta))
@@ -80,7 +63,7 @@ def test_a_full_store_refuses_before_any_byte_is_sent(data: np.ndarray) -> None:
     server = DirectReadServer(small, "127.0.0.1")
     try:
         with pytest.raises(StoreFullError) as refused:
-            direct_reads.write(server.endpoint("j"), _meta(data), data, local=False, timeout_s=5.0)
+            direct_reads.write(server.endpoint("j"), shard_meta(data), data, local=False, timeout_s=5.0)
         assert refused.value.budget_bytes == SIZE and refused.value.node_id == "n"
         assert "Raise the budget" in str(refused.value)
         assert small.stats().used_bytes == 0 and small._reserved == 0 and server.bytes_received == 0
@@ -93,20 +76,12 @@ def test_a_wrong_token_or_another_jobs_shard_stores_nothing(
 ) -> None:
     wrong = Endpoint(server.host, server.port, server.token("other"), None)
     with pytest.raises(ValueError, match="wrong token"):
-        direct_reads.write(wrong, _meta(data), data, local=False, timeout_s=5.0)
-    with _authenticated(server, "other") as sock:  # other's token, j's shard
-        direct_reads._send_frame(sock, {"op": "put", "meta": _meta(data).to_dict(), "local": False})
+        direct_reads.write(wrong, shard_meta(data), data, local=False, timeout_s=5.0)
+    with authenticated(server, "other") as sock:  # other's token, j's shard
+        direct_reads._send_frame(sock, {"op": "put", "meta": shard_meta(data).to_dict(), "local": False})
         refused = direct_reads._recv_frame(sock, 1 << 10)
         assert refused == {"error": "ValueError: this connection writes job 'other', not 'j'"}
     assert _used(store) == (0, 0)
-
-
-def _authenticated(server: DirectReadServer, job: str = "j") -> socket.socket:
-    sock = socket.create_connection((server.host, server.port), timeout=5)
-    name = job.encode()
-    sock.sendall(direct_reads._HELLO.pack(direct_reads.MAGIC, bytes.fromhex(server.token(job)), len(name)) + name)
-    assert direct_reads._recv_frame(sock, 1 << 10) == {"ok": True}
-    return sock
 
 
 @pytest.mark.parametrize(
@@ -114,16 +89,16 @@ def _authenticated(server: DirectReadServer, job: str = "j") -> socket.socket:
     [
         "not a map",
         {"job": "j"},  # fields missing
-        {**_meta(np.zeros(8, np.uint8)).to_dict(), "shard_size": 1 << 40},  # inconsistent with the payload
-        {**_meta(np.zeros(8, np.uint8)).to_dict(), "step": -1},
-        {**_meta(np.zeros(8, np.uint8)).to_dict(), "rank": True},
+        {**shard_meta(np.zeros(8, np.uint8)).to_dict(), "shard_size": 1 << 40},  # inconsistent with the payload
+        {**shard_meta(np.zeros(8, np.uint8)).to_dict(), "step": -1},
+        {**shard_meta(np.zeros(8, np.uint8)).to_dict(), "rank": True},
     ],
     ids=["not-a-map", "fields-missing", "size-inconsistent", "negative-step", "bool-rank"],
 )
 def test_malformed_metadata_is_answered_with_an_error_and_nothing_is_reserved(
     server: DirectReadServer, store: ShardStore, meta: object
 ) -> None:
-    with _authenticated(server) as sock:
+    with authenticated(server) as sock:
         direct_reads._send_frame(sock, {"op": "put", "meta": meta, "local": False})
         answer = direct_reads._recv_frame(sock, 1 << 16)
         assert set(answer) == {"error"}, answer
@@ -133,8 +108,8 @@ def test_malformed_metadata_is_answered_with_an_error_and_nothing_is_reserved(
 def test_a_write_that_breaks_off_midway_stores_nothing_and_frees_its_reservation(
     server: DirectReadServer, store: ShardStore, data: np.ndarray
 ) -> None:
-    meta = _meta(data)
-    with _authenticated(server) as sock:
+    meta = shard_meta(data)
+    with authenticated(server) as sock:
         direct_reads._send_frame(sock, {"op": "put", "meta": meta.to_dict(), "local": False})
         assert direct_reads._recv_frame(sock, 1 << 10) == {"ready": True}
         sock.sendall(data[: SIZE // 2].tobytes())  # then the writer dies
