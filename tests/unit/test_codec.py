@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_ckpt.core import gf256
+from ray_ckpt.core import _gf256, gf256
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
 
@@ -99,6 +99,35 @@ def test_compiled_kernel_matches_the_reference_arithmetic() -> None:
     expected = [np.empty_like(shards[0]) for _ in range(4)]
     gf256.dot_numpy(code.parity_matrix, shards, expected, 0, shards[0].size)
     assert all(np.array_equal(a, b) for a, b in zip(code.encode_parity(shards), expected))
+
+
+@pytest.mark.parametrize("kernel", _gf256.kernels())
+@pytest.mark.parametrize("rows, cols", [(1, 4), (2, 4), (5, 8), (4, 10)])
+def test_every_kernel_this_cpu_runs_matches_the_reference_on_any_range(kernel: str, rows: int, cols: int) -> None:
+    """Each SIMD kernel (the shuffle ones, the GFNI affine ones where the CPU has GFNI) against
+    the table-driven reference: random coefficients with 0 and 1 among them, ranges that start
+    off alignment and end in a tail shorter than a vector."""
+    rng = np.random.default_rng(rows * 100 + cols)
+    coefficients = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+    coefficients[0, 0], coefficients[-1, -1] = 1, 0
+    best = _gf256.isa()
+    try:
+        _gf256.use(kernel)
+        for start, stop in [(0, 0), (3, 3 + 127), (5, 5 + 4096 + 77), (0, 128 * 9)]:
+            inputs = [rng.integers(0, 256, stop + 8, dtype=np.uint8) for _ in range(cols)]
+            got = [np.zeros(stop + 8, dtype=np.uint8) for _ in range(rows)]
+            expected = [np.zeros(stop + 8, dtype=np.uint8) for _ in range(rows)]
+            _gf256.dot(coefficients.tobytes(), rows, cols, inputs, got, start, stop)
+            gf256.dot_numpy(coefficients, inputs, expected, start, stop)
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected)), (start, stop)
+    finally:
+        _gf256.use(best)
+
+
+def test_a_kernel_this_cpu_does_not_run_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not run the kernel"):
+        _gf256.use("quantum")
+    assert _gf256.kernels()[0] == "scalar" and _gf256.isa() == _gf256.kernels()[-1]
 
 
 def test_threaded_encode_and_decode_match_single_thread() -> None:
