@@ -75,6 +75,12 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     ),
     MetricDef("ckpt_save_bytes", "gauge", "Blob size of the newest recorded save of a rank.", ("ckpt_job", "node_id")),
     MetricDef(
+        "ckpt_save_interval_steps",
+        "gauge",
+        'The save interval every="auto" chose last, in steps (the newest choice of any rank of the job).',
+        ("ckpt_job",),
+    ),
+    MetricDef(
         "ckpt_backups_total", "counter", "Persistent backups written (one per rank and step).", ("ckpt_job", "node_id")
     ),
     MetricDef("ckpt_backup_bytes_total", "counter", "Bytes written to persistent backups.", ("ckpt_job", "node_id")),
@@ -284,6 +290,10 @@ def _observe_event(event: dict[str, Any]) -> None:
                 _observe("ckpt_restore_phase_seconds", seconds, ckpt_job=job, node_id=node_id, phase=phase)
         _inc("ckpt_restores_total", ckpt_job=job, node_id=node_id, source=event.get("source"))
         _inc("ckpt_restore_bytes_total", _number(event.get("bytes")) or 0.0, ckpt_job=job, node_id=node_id)
+    elif kind == "interval":
+        interval = _number(event.get("interval"))
+        if interval is not None:
+            _set("ckpt_save_interval_steps", interval, ckpt_job=job)
     elif kind == "kill":
         _inc("ckpt_kills_total", mode=event.get("mode"), node_id=node_id)
     elif kind == "node_dead":

@@ -128,3 +128,9 @@ def test_broken_metric_objects_never_raise(monkeypatch: pytest.MonkeyPatch) -> N
     metrics.observe_store(StoreStats("n", 2, used_bytes=1, data_bytes=1, metadata_bytes=0, shards=1, jobs={}))
     metrics.observe_job("j", 1, 1)
     metrics.observe_backup("j", 1, node_id="n")
+
+
+def test_the_interval_every_auto_chose_is_a_gauge_per_job(calls: list[Any]) -> None:
+    for interval in (4, 16):
+        metrics.observe_event({"kind": "interval", "job": "j", "rank": 0, "interval": interval, "reason": "optimum"})
+    assert _of(calls, "ckpt_save_interval_steps") == [(4, {"ckpt_job": "j"}), (16, {"ckpt_job": "j"})]
