@@ -272,10 +272,10 @@ class DirectReadServer:
         except (StoreFullError, ConfigError) as error:  # refused before the bytes were asked for
             _send_frame(sock, {"error": str(error), "kind": type(error).__name__, "details": error.details})
             return
-        _send_frame(sock, {"ok": True})
-        with self._count:
+        with self._count:  # counted before the writer hears it is done
             self.writes += 1
             self.bytes_received += meta.shard_size
+        _send_frame(sock, {"ok": True})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -189,7 +189,8 @@ def test_after_warm_up_a_rank_still_saving_waits_for_it_on_a_step_of_the_grid() 
     saves.gate.clear()
     assert not ckpt.save(first, STATE).skipped
     returned: list[Any] = []
-    caller = threading.Thread(target=lambda: returned.append(ckpt.save(first + ckpt.interval, STATE)))
+    following = (first // ckpt.interval + 1) * ckpt.interval  # the interval the first save left
+    caller = threading.Thread(target=lambda: returned.append(ckpt.save(following, STATE)))
     caller.start()
     caller.join(0.3)
     assert caller.is_alive() and returned == [], "the next step of the grid did not wait for the running save"
