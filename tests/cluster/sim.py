@@ -70,3 +70,18 @@ def shard_nodes(namespace: str, job: str, step: int) -> dict[int, dict[int, str]
     """rank -> {shard index: node id} of a committed step, from the registry."""
     located = ray.get(naming.registry_handle(namespace).locate.remote(job, step))
     return {rank: {int(i): n for i, n in r["nodes"].items()} for rank, r in located.items()}
+
+
+def close_every_socket(checkpointer: Checkpointer, namespace: str, job: str) -> None:
+    """Make every store's socket unreachable to this rank (a firewall that lets only Ray's ports
+    through): each store's endpoint points at a port nobody listens on. Here, not in a test
+    module: Ray tasks call it, and workers cannot import the tests folder."""
+    import socket
+
+    from ray_ckpt.transport.direct_reads import Endpoint
+
+    with socket.socket() as probe:  # a port that was free a moment ago, and is closed now
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    for node_id in naming.store_node_ids(namespace):
+        checkpointer._stores._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))

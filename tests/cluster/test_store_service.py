@@ -9,7 +9,7 @@ import pace
 import pytest
 import ray
 from conftest import SimCluster
-from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
+from sim import close_every_socket, digest, make_state, on_node, restore_rank, save_steps, shard_nodes
 
 import ray_ckpt
 from ray_ckpt import service
@@ -116,27 +116,13 @@ def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCl
     assert result["digest"] == digest(make_state(0, 0))
 
 
-def _close_every_socket(checkpointer: Checkpointer, namespace: str, job: str) -> None:
-    """Make every store's socket unreachable to this rank (a firewall that lets only Ray's ports
-    through): each store's endpoint points at a port nobody listens on."""
-    import socket
-
-    from ray_ckpt.transport.direct_reads import Endpoint
-
-    with socket.socket() as probe:  # a port that was free a moment ago, and is closed now
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
-    for node_id in naming.store_node_ids(namespace):
-        checkpointer._stores._endpoints[node_id] = (job, Endpoint("127.0.0.1", closed, "0" * 64))
-
-
 @ray.remote(num_cpus=1, max_retries=0)
 def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int) -> dict:
     """Restore one rank as a reader to which every store's socket is closed."""
     with Checkpointer(
         job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
     ) as checkpointer:
-        _close_every_socket(checkpointer, namespace, job)
+        close_every_socket(checkpointer, namespace, job)
         restored = checkpointer.restore()
     return {"step": restored.step, "digest": digest(restored.state)}
 
@@ -177,7 +163,7 @@ def _save_with_unreachable_sockets(namespace: str, job: str, rank: int, world_si
     with Checkpointer(
         job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
     ) as checkpointer:
-        _close_every_socket(checkpointer, namespace, job)
+        close_every_socket(checkpointer, namespace, job)
         checkpointer.save(step, make_state(rank, step)).staged(timeout_s=60)
 
 
