@@ -147,7 +147,8 @@ def _patch_controller(cls: Any) -> None:
                     sorted(late),
                     sorted(failing),
                 )
-            logger.info("replacing the workers of failing replica groups %s in place", sorted(failing | late))
+            else:
+                logger.info("replacing the workers of failing replica groups %s in place", sorted(failing))
             for index in sorted(failing | late):
                 groups[index].shutdown()
             for index in sorted(failing | late):  # as Ray's own _replace_bad_workers does
