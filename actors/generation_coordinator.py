@@ -21,6 +21,7 @@ from ray_ckpt.core.generations import (
     JoinReply,
     JoinStatus,
     Member,
+    beat_interval_s,
     hang_bound_s,
 )
 
@@ -39,6 +40,7 @@ class GenerationCoordinator:
         self._changed = asyncio.Condition()
         self._hang_timeout_s = hang_timeout_s  # as asked; the bound used is hang_bound_s of it
         self._hang_s = hang_timeout_s
+        self._beat_s = beat_interval_s(hang_timeout_s, 1)
         self._watch_interval_s = watch_interval_s
         self._killed: list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
@@ -62,7 +64,8 @@ class GenerationCoordinator:
         self._ensure_watcher()
         async with self._changed:
             self._hang_s = hang_bound_s(self._hang_timeout_s, world_size)
-            number = self._gens.begin(world_size, time.time())
+            self._beat_s = beat_interval_s(self._hang_timeout_s, world_size)
+            number = self._gens.begin(world_size, time.time(), self._beat_s)
             self._changed.notify_all()
         return BeginReply(self._gens.epoch, number, self._gens.attempt(number))
 
@@ -73,14 +76,19 @@ class GenerationCoordinator:
         async with self._changed:
             return self._gens.register(member, number, time.time())
 
-    async def beat(self, member: Member) -> bool:
-        """Record a heartbeat; True when a round to replace this member's generation has been
-        open for over a second without it (its collectives are stuck on a lost peer)."""
+    async def beat(self, member: Member, suspect: bool = False, orphaned: bool = False) -> bool:
+        """Record a heartbeat (``suspect``: the member saw a gloo connection of its generation
+        close; ``orphaned``: its node's raylet is gone); True when the member must leave its
+        generation now (``Generations.must_leave``: a peer is lost or a round to replace the
+        generation is open without it)."""
         now = time.time()
-        self._gens.beat(member, now)
-        started = self._gens.round_started
-        waiting = self._gens.pending.get(member.rank)
-        return started is not None and now - started > 1.0 and (waiting is None or waiting != member)
+        self._gens.beat(member, now, suspect=suspect, orphaned=orphaned)
+        self._gens.find_lost(now, self._alive)
+        return self._gens.must_leave(member)
+
+    async def finish(self, member: Member) -> None:
+        """``member``'s training function returned: its beats stop and that is no loss."""
+        self._gens.finish(member)
 
     async def join(self, member: Member, timeout_s: float) -> JoinReply:
         """Wait until a generation with ``member`` forms (``JoinStatus.FORMED``, with the ranks
@@ -147,6 +155,7 @@ class GenerationCoordinator:
                 continue
             self._alive = alive
             async with self._changed:
+                self._gens.find_lost(now, alive)
                 self._try_form(now)
                 hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]
             for member in hung:

@@ -107,6 +107,17 @@ class CoordinatorTimeoutError(InPlaceRecoveryError, TimeoutError):
     any InPlaceRecoveryError, Ray Train then restarts the worker group."""
 
 
+class PeerLost(BaseException):
+    """Raised into an in-place run's training function, between two of its Python operations,
+    when a peer of its generation is lost (``InPlaceRecovery.wrap`` catches it and recovers).
+    A ``BaseException``, like ``KeyboardInterrupt``, so that the function's ``except
+    Exception`` blocks let it through; ``finally`` blocks and ``with`` exits run as usual.
+    Never raised inside a ray_ckpt call: one in progress finishes first."""
+
+    def __init__(self, message: str = "a peer of this generation is lost") -> None:
+        super().__init__(message)
+
+
 class CliError(RayCkptError):
     """A command-line failure, reported as one line on stderr (exit status 1)."""
 

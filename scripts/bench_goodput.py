@@ -5,7 +5,9 @@ Reuses the demo (scripts/demo.py: its ``train_loop``, ``run_job``, ``Killer``,
 a head with no CPUs plus one-CPU worker nodes, all on this machine, fast failure detection,
 dashboard off, a private RAY_TMPDIR). The job (a small transformer LM, ``TorchTrainer`` with 2
 workers, DDP over gloo) trains ``--steps`` steps; each step sleeps ``--step-sleep-s`` on top of
-its compute, to stand in for a larger model's step time, and ``--state-mib`` adds that many MiB
+its compute, to stand in for a larger model's step time (``--step-compute-s`` adds that many
+seconds of CPU work in short torch operations at the start of each step, for a long step of
+compute a survivor must be interrupted in), and ``--state-mib`` adds that many MiB
 of float32 state per rank (one element changed per step) that both sides save and restore, to
 stand in for a larger model's parameters and optimizer state.
 
@@ -14,8 +16,8 @@ running sums, from the step at about ``--warm-up-s`` seconds on (the first secon
 before its warm spares are up, are not when failures come), of gaps drawn from an exponential distribution with mean
 ``--mtbf-steps`` (``random.Random(--seed)``; gaps of at least 5 steps, at most
 ``--max-failures`` failures, none in the last 5 steps). At each failure step the node of one
-rank (rank 1, then 0, alternately) is hard-killed, a seeded uniform 0..``--step-sleep-s``
-seconds after that step's save returned (a random point of the next step, where a real failure
+rank (rank 1, then 0, alternately) is hard-killed, a seeded uniform 0..``--step-sleep-s`` +
+``--step-compute-s`` seconds after that step's save returned (a random point of the next step, where a real failure
 would fall). The same schedule, delays included,
 hits three runs of the same job:
 
@@ -266,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--step-sleep-s", type=float, default=0.2, help="extra seconds per step (default 0.2)")
     parser.add_argument(
+        "--step-compute-s",
+        type=float,
+        default=0.0,
+        help="seconds of CPU compute (short torch operations) at the start of each step (default 0)",
+    )
+    parser.add_argument(
         "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
     )
     parser.add_argument("--quick", action="store_true", help="30 steps, 1 failure, 0.05 s steps, no plot (tests)")
@@ -276,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 30, 12.0, 1, 0.05, 0.0
     if not 1 <= args.max_failures <= 6:
         parser.error("--max-failures must be in 1..6 (the demo's FailureConfig allows 6 restarts)")
-    if args.step_sleep_s < 0:
-        parser.error("--step-sleep-s must be >= 0")
+    if args.step_sleep_s < 0 or args.step_compute_s < 0:
+        parser.error("--step-sleep-s and --step-compute-s must be >= 0")
     if not 0 <= args.state_mib <= 2048:
         parser.error("--state-mib must be in 0..2048")
     try:
-        warm_up_steps = math.ceil(args.warm_up_s / max(args.step_sleep_s, 0.01))
+        warm_up_steps = math.ceil(args.warm_up_s / max(args.step_sleep_s + args.step_compute_s, 0.01))
         schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures, warm_up_steps)
     except ValueError as error:
         parser.error(str(error))
@@ -300,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = len(schedule)
     nodes = failures + 5  # after every kill: 2 ranks + RS(2,2) on 4 other nodes, one spare
     print(
-        f"{args.steps} steps, step sleep {args.step_sleep_s:.2f}s, +{args.state_mib} MiB state/rank, "
+        f"{args.steps} steps, step sleep {args.step_sleep_s:.2f}s, compute {args.step_compute_s:.2f}s, "
+        f"+{args.state_mib} MiB state/rank, "
         f"MTBF {args.mtbf_steps:g} steps (seed {args.seed}): "
         f"kills after steps {[s for s, _, _ in schedule]} (ranks {[r[0] for _, r, _ in schedule]}); "
         f"1 head + {nodes} one-CPU nodes on one machine ({os.cpu_count()} cores)",
@@ -320,7 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
-        extra = {"step_sleep_s": args.step_sleep_s, "state_mib": args.state_mib, "kill_delay_s": args.step_sleep_s}
+        extra: dict[str, Any] = {
+            "step_sleep_s": args.step_sleep_s,
+            "state_mib": args.state_mib,
+            "kill_delay_s": args.step_sleep_s + args.step_compute_s,  # a kill lands anywhere in the next step
+        }
+        if args.step_compute_s:
+            extra.update(compute="busy", compute_s=args.step_compute_s)
         # in place runs last: its warm spares stay up as the job's idle workers (memory, and CPU
         # while they start) and would weigh on the other modes' runs on these shared cores
         print("1/3 ray_ckpt with full restarts, RS(2,2) every step ...", flush=True)
@@ -348,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             "mtbf_steps": args.mtbf_steps,
             "seed": args.seed,
             "step_sleep_s": args.step_sleep_s,
+            "step_compute_s": args.step_compute_s,
             "state_mib": args.state_mib,
             "schedule": [{"step": s, "ranks": r} for s, r, _ in schedule],
             "baseline_every": baseline_every,

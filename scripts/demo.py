@@ -109,6 +109,16 @@ def params_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
+def busy(seconds: float) -> None:
+    """A long compute made of short torch operations, on a tensor of its own (the model is untouched)."""
+    import torch
+
+    deadline = time.monotonic() + seconds
+    x = torch.ones(128, 128)
+    while time.monotonic() < deadline:
+        x = torch.tanh(x @ x * 1e-3)
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """One worker: restore, then train; checkpoint with ray_ckpt or, as the baseline, the
     Ray Train way (torch.save + ray.train.report) every ``baseline_every`` steps."""
@@ -182,14 +192,16 @@ def train_loop(config: dict[str, Any]) -> None:
             )
         )
     # compute "sleep": the step's compute is a sleep of compute_s (as if on a GPU), so only the
-    # checkpointing uses the CPU
+    # checkpointing uses the CPU; "busy": compute_s of CPU work comes before the model's step
     sleep_compute = config.get("compute") == "sleep"
+    busy_s = config["compute_s"] if config.get("compute") == "busy" else 0.0
     loss = torch.zeros(())
     step_ends: list[float] = []
     for step in range(start, config["steps"]):
         if sleep_compute:
             time.sleep(config["compute_s"])
         else:
+            busy(busy_s)
             x, y = batch(data, step, rank)
             optim.zero_grad()
             logits = model(x)

@@ -63,6 +63,14 @@ def params_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def busy(seconds: float) -> None:
+    """A long compute made of short operations (on a tensor of its own: the model is untouched)."""
+    deadline = time.monotonic() + seconds
+    x = torch.ones(128, 128)
+    while time.monotonic() < deadline:
+        x = torch.tanh(x @ x * 1e-3)
+
+
 def fsdp2_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
     """The FSDP2 model's and optimizer's state dicts (DTensors), as saved and restored into."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -121,6 +129,10 @@ def train_loop(config: dict[str, Any]) -> None:
     }
     (events / f"restore-{rank}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
     for step in range(start, config["steps"]):
+        if step == config.get("compute_step"):  # a long step: its start is recorded
+            record = {"rank": rank, "pid": os.getpid(), "started": time.time(), "seconds": config["compute_s"]}
+            (events / f"compute-{rank}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
+            busy(config["compute_s"])
         x, y = batch(step, rank)
         optim.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -161,12 +173,16 @@ def run(
     in_place: dict[str, Any] | None = None,
     fsdp2: bool = False,
     fsdp2_per_layer: bool = False,
+    compute_step: int | None = None,
+    compute_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
     ``fsdp2``: shard the model with FSDP2 ``fully_shard`` instead of DDP (a DTensor state);
     then every step's full-parameter digest is also written (``read_step_digests``); with
     ``fsdp2_per_layer`` each Linear is an FSDP unit of its own, under the root's.
+    ``compute_step``: that step (each time it runs) first computes for ``compute_s`` seconds,
+    on a tensor of its own, and records when it began (``read_computes``).
     While ``events_dir/PAUSE_FILE`` exists, every rank waits after its step."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
@@ -179,6 +195,8 @@ def run(
             "step_sleep_s": step_sleep_s,
             "fsdp2": fsdp2,
             "fsdp2_per_layer": fsdp2_per_layer,
+            "compute_step": compute_step,
+            "compute_s": compute_s,
         },
         # a (min, max) pair: elastic, the group restarts at another size as nodes come and go
         scaling_config=ScalingConfig(num_workers=workers, elastic_resize_monitor_interval_s=2.0),
@@ -246,6 +264,12 @@ def remove_node(sim: SimulatedCluster, node_id: str) -> None:
 def read_step_digests(events_dir: str) -> list[dict[str, Any]]:
     """An FSDP2 run's per-step records (rank 0's): step, attempt, digest, world size."""
     return [json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("step-*.json")]
+
+
+def read_computes(events_dir: str) -> list[dict[str, Any]]:
+    """The long steps' records (rank, pid, started, seconds), oldest first."""
+    records = [json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("compute-*.json")]
+    return sorted(records, key=lambda r: r["started"])
 
 
 def read_restores(events_dir: str) -> list[dict[str, Any]]:

@@ -13,6 +13,21 @@ the current generation that has not beaten for ``hang_timeout_s`` (its process s
 stuck outside Python) is killed, so Ray sees a dead worker and replaces it; a job too large for
 one actor to take every rank's beat at that rate gets a longer bound (``hang_bound_s``).
 
+A member of the current generation is *lost* once it says its node's raylet is gone (its
+worker process outlives the raylet a moment, and can still beat), once its node is dead
+(``find_lost``), or it has
+gone silent while its peers kept beating: once it missed ``SILENT_BEATS`` beats in a row after a
+peer reported one of its gloo connections closed (a process that dies closes its sockets),
+``QUIET_BEATS`` (and at least ``QUIET_MIN_S``) without such a report. Silence is counted in its
+peers' beats, and in seconds of the coordinator's own ``clock``, which stands still while the
+coordinator takes nothing (a gap between two calls counts for one beat interval at most): a
+coordinator that stalls and then takes a backlog of beats finds nobody silent. From the first
+loss, and while a round to replace the generation is open, every member that has not joined is
+told to leave at its next beat (``must_leave``): its worker interrupts its training function. A
+member that ``finish``-ed its training function is never lost by silence (its beats stop on
+purpose). ``tests/unit/test_loss_detection_model.py`` checks these rules under generated
+interleavings.
+
 The actor's replies are the frozen records here (``BeginReply``, ``JoinReply`` with its
 ``JoinStatus``, ``CoordinatorReport``): they cross Ray by pickle, and
 ``ray_ckpt.transport.coordinator_client.CoordinatorClient`` hands them to its callers as they are.
@@ -26,6 +41,10 @@ import uuid
 from typing import Any
 
 BEATS_PER_S = 200  # heartbeats a second the run's one coordinator takes, leaving room for joins
+MIN_BEAT_INTERVAL_S = 0.1  # the most often a worker beats
+SILENT_BEATS = 1  # beats missed in a row that make a member lost once a peer saw a connection close
+QUIET_BEATS = 5  # beats missed in a row that make a member lost without such a sign
+QUIET_MIN_S = 1.0  # and the least silence that does: a worker's beat thread may wait that long for the GIL
 
 
 def hang_bound_s(hang_timeout_s: float, world_size: int) -> float:
@@ -34,6 +53,12 @@ def hang_bound_s(hang_timeout_s: float, world_size: int) -> float:
     heartbeats a second. Beats queued behind an overloaded actor would arrive late and get
     live members killed as hung; a larger job detects hangs later instead."""
     return max(hang_timeout_s, 4 * world_size / BEATS_PER_S)
+
+
+def beat_interval_s(hang_timeout_s: float, world_size: int) -> float:
+    """How often each of ``world_size`` workers beats: every ``MIN_BEAT_INTERVAL_S``, less often
+    once the run's beats would pass ``BEATS_PER_S``, and at least four times per hang bound."""
+    return min(hang_bound_s(hang_timeout_s, world_size) / 4, max(MIN_BEAT_INTERVAL_S, world_size / BEATS_PER_S))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,22 +157,38 @@ class Generations:
         self.pending: dict[int, Member] = {}
         self.round_started: float | None = None
         self.beats: dict[str, tuple[float, Member]] = {}
+        self.interval_s = MIN_BEAT_INTERVAL_S  # how often each member beats (``begin`` sets it)
+        self.clock = 0.0  # seconds in which the coordinator was taking calls (see the module docstring)
+        self._called: float | None = None  # when the clock last moved
+        self.beat_count = 0  # beats taken so far; ``beat_seen`` holds each member's count and clock at its last
+        self.beat_seen: dict[str, tuple[int, float]] = {}
+        self.suspected = False  # a member saw a gloo connection close in the current generation
+        self.lost: dict[int, dict[str, Any]] = {}  # the current generation's lost ranks: how, when
+        self.finished: set[str] = set()  # incarnations whose training function returned
         self.history: list[dict[str, Any]] = []
 
     def attempt(self, number: int) -> str:
         """The ray_ckpt attempt id of generation ``number`` (unique across runs)."""
         return f"{self.run}.g{number}"
 
-    def begin(self, world_size: int, now: float) -> int:
-        """A full start: a new epoch whose first generation Ray's process group carries.
-        Joins of older epochs are dropped. Returns the generation number."""
+    def begin(self, world_size: int, now: float, interval_s: float = MIN_BEAT_INTERVAL_S) -> int:
+        """A full start: a new epoch whose first generation Ray's process group carries, its
+        members beating every ``interval_s``. Joins of older epochs are dropped. Returns the
+        generation number."""
         self.epoch += 1
         self.world_size = world_size
+        self.interval_s = interval_s
         self.pending.clear()
         self.round_started = None
         number = (self.current.number if self.current else 0) + 1
         self.current = Formed(number, {}, now)
+        self._new_generation()
         return number
+
+    def _new_generation(self) -> None:
+        self.suspected = False
+        self.lost = {}
+        self.finished.clear()
 
     def register(self, member: Member, number: int, now: float) -> bool:
         """A member of a full start announces itself; False if that generation is superseded."""
@@ -157,8 +198,69 @@ class Generations:
         self.beat(member, now)
         return True
 
-    def beat(self, member: Member, now: float) -> None:
+    def beat(self, member: Member, now: float, *, suspect: bool = False, orphaned: bool = False) -> None:
+        """A heartbeat of ``member``; ``suspect``: it saw a gloo connection of its current
+        generation close; ``orphaned``: its node's raylet is gone, so it is lost (both counted
+        only from a member of the current generation)."""
         self.beats[member.incarnation] = (now, member)
+        self._tick(now)
+        self.beat_count += 1
+        self.beat_seen[member.incarnation] = (self.beat_count, self.clock)
+        if suspect and self._in_current(member):
+            self.suspected = True
+        if orphaned and self._in_current(member) and member.rank not in self.lost:
+            self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "raylet gone", "time": now}
+
+    def _in_current(self, member: Member) -> bool:
+        return self.current is not None and self.current.members.get(member.rank) == member
+
+    def finish(self, member: Member) -> None:
+        """``member``'s training function returned: its silence from now on is no loss."""
+        self.finished.add(member.incarnation)
+
+    def _tick(self, now: float) -> None:
+        if self._called is not None:
+            self.clock += min(max(0.0, now - self._called), self.interval_s)
+        self._called = now
+
+    def find_lost(self, now: float, alive_nodes: set[str] | None) -> list[Member]:
+        """Mark, and return, the members of the current generation newly found lost (see the
+        module docstring); ``alive_nodes`` None: node liveness unknown. Members in the open
+        round or finished are never lost."""
+        if self.current is None:
+            return []
+        self._tick(now)
+        beats = SILENT_BEATS if self.suspected else QUIET_BEATS
+        # a member that missed ``beats`` in a row is silent a beat longer, as beats come in any order
+        quiet_s = (beats + 1) * self.interval_s
+        if not self.suspected:
+            quiet_s = max(QUIET_MIN_S, quiet_s)
+        beating = [
+            m for r, m in self.current.members.items() if r not in self.lost and m.incarnation not in self.finished
+        ]
+        others = max(1, len(beating) - 1)
+        found = []
+        for rank, member in self.current.members.items():
+            if rank in self.lost or self.pending.get(rank) == member or member.incarnation in self.finished:
+                continue
+            reason = None
+            if alive_nodes is not None and member.node_id not in alive_nodes:
+                reason = "node dead"
+            else:
+                count, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
+                if self.clock - clock > quiet_s and self.beat_count - count >= beats * others:
+                    reason = "silent after a closed connection" if self.suspected else "silent"
+            if reason is not None:
+                self.lost[rank] = {"rank": rank, "pid": member.pid, "reason": reason, "time": now}
+                found.append(member)
+        return found
+
+    def must_leave(self, member: Member) -> bool:
+        """Whether ``member`` must leave its generation now: it is in the current generation,
+        has not joined the next, and a member of it is lost or a round to replace it is open."""
+        if not self._in_current(member) or self.pending.get(member.rank) == member:
+            return False
+        return bool(self.lost) or bool(self.pending)
 
     def join(self, member: Member, now: float) -> bool:
         """Ask to be in the next generation (replacing an older process of the same rank);
@@ -233,10 +335,12 @@ class Generations:
                 "formed_at": now,
                 "pids": {rank: m.pid for rank, m in sorted(self.pending.items())},
                 "replaced": replaced,
+                "lost": [self.lost[rank] for rank in sorted(self.lost)],
             }
         )
         self.pending.clear()
         self.round_started = None
+        self._new_generation()
         return self.current
 
     def hung(self, now: float, hang_timeout_s: float) -> list[Member]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 import ray.train
@@ -18,6 +21,20 @@ from ray_ckpt.train import inplace
 __all__ = ["Checkpointer", "default_backup_uri", "job_name"]
 
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _shielded(method: _Method) -> _Method:
+    """``method`` run where in-place recovery's ``PeerLost`` cannot cut it short (it is raised
+    when the call returns instead; ``ray_ckpt.train.interrupts``)."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with inplace.shielded():
+            return method(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 def job_name(experiment_name: str) -> str:
@@ -56,9 +73,11 @@ class Checkpointer(checkpointer.Checkpointer):
     ``config.every`` is used as given; under ``InPlaceRecovery`` an ``every="auto"`` interval
     counts the run's failures from the generation number (every generation after the first
     follows one); outside it, restarts are not counted and the prior RAY_CKPT_AUTO_MTBF_S
-    stands (``failures_seen`` takes a count from the caller).
+    stands (``failures_seen`` takes a count from the caller). Under ``InPlaceRecovery`` no
+    ``PeerLost`` lands inside its methods: one that comes during a call is raised as it returns.
     """
 
+    @_shielded
     def __init__(
         self, config: CheckpointConfig | None = None, *, job: str | None = None, namespace: str | None = None
     ) -> None:
@@ -94,3 +113,8 @@ class Checkpointer(checkpointer.Checkpointer):
             rejoin = inplace.take_rejoin()
             if rejoin is not None:
                 self._record("rejoin", **rejoin)
+
+    save = _shielded(checkpointer.Checkpointer.save)
+    wait = _shielded(checkpointer.Checkpointer.wait)
+    restore = _shielded(checkpointer.Checkpointer.restore)
+    close = _shielded(checkpointer.Checkpointer.close)

@@ -15,11 +15,18 @@ ones that leave at their teardown, the others when the run tells them a round is
 pair is closed. Ray's connections are older than the listener (or go to its own ports), and a
 rendezvous store's port is left out; a server the training function itself opens on this
 process would have its accepted connections shut too, and only when a generation fails.
+
+``ConnectionWatch`` (from ``GlooConnections.watch``) tells, without reading a byte, whether one
+of the accepted connections has been closed since: a peer process that dies closes its
+sockets, so its survivors' heartbeats see it within a beat. Only the accepted end is watched, so
+a peer whose every connection this process opened goes unseen here (it is seen on the other
+ranks, or by its silence).
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import socket
 from collections.abc import Iterable
 
@@ -52,6 +59,14 @@ class GlooConnections:
             if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.laddr.port in listeners and c.fd >= 0
         ]
 
+    def watch(self, store_ports: Iterable[int] = ()) -> ConnectionWatch:
+        """A watch over the connections ``accepted`` now (none if they cannot be listed)."""
+        try:
+            return ConnectionWatch([fd for fd, _, _ in self.accepted(store_ports)])
+        except (psutil.Error, OSError) as error:
+            logger.debug("listing this process's connections: %s", error)
+            return ConnectionWatch([])
+
     def shut(self, store_ports: Iterable[int] = ()) -> int:
         """Shut down every accepted gloo connection (``accepted``) for reading and writing, so
         that a collective blocked on one, here or at the peer, fails at once; the sockets stay
@@ -76,3 +91,22 @@ class GlooConnections:
             finally:
                 sock.detach()  # the descriptor stays gloo's
         return shut
+
+
+_CLOSED = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+
+
+class ConnectionWatch:
+    """Whether any of a set of sockets (by descriptor) was closed since the watch was made: by
+    its peer (end of stream, reset) or here (the descriptor is gone). Reads nothing; not
+    thread-safe (one heartbeat thread polls it)."""
+
+    def __init__(self, fds: Iterable[int]) -> None:
+        self._poll = select.poll()
+        self.fds = sorted(set(fds))
+        for fd in self.fds:
+            self._poll.register(fd, _CLOSED)
+
+    def closed(self) -> bool:
+        """Whether one of the sockets is closed now (does not wait)."""
+        return any(events & (_CLOSED | select.POLLNVAL) for _, events in self._poll.poll(0))

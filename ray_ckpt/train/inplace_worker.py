@@ -5,8 +5,11 @@ runs the function and, when it fails because a peer is gone (``is_peer_failure``
 failed generation down (abandons its checkpointers, shuts its gloo connections, destroys its
 process group), joins the next generation at the run's coordinator with a fresh TCP store, and
 runs the function again in the same process, until the ``RecoveryBudget`` says the error is the
-job's own. A thread beats to the coordinator meanwhile, and makes this rank's collectives fail
-when a round to replace its generation is open without it.
+job's own. A thread beats to the coordinator meanwhile (telling it when a gloo connection of the
+generation closed, or when this process's raylet is gone), and when the coordinator says a peer
+of the generation is lost, it makes this rank's collectives fail and raises ``PeerLost`` into
+the training function (``ray_ckpt.train.interrupts``), so neither a long compute nor a blocked
+collective holds the recovery up.
 
 ``warm_up`` is the setup hook of the run's worker processes, warm spares included (its public
 name is ``ray_ckpt.train.inplace.warm_up``, ``WARM_HOOK``); ``_become`` is what the controller's
@@ -36,11 +39,18 @@ import ray.train
 import torch.distributed as dist
 
 from ray_ckpt import _ray_compat, settings
-from ray_ckpt.core.generations import BEATS_PER_S, JoinStatus, Member, hang_bound_s
+from ray_ckpt.core.generations import JoinStatus, Member, beat_interval_s
 from ray_ckpt.core.recovery_budget import RecoveryBudget
-from ray_ckpt.errors import CommitTimeoutError, ConfigError, CoordinatorTimeoutError, InPlaceRecoveryError
+from ray_ckpt.errors import (
+    CommitTimeoutError,
+    ConfigError,
+    CoordinatorTimeoutError,
+    InPlaceRecoveryError,
+    PeerLost,
+)
 from ray_ckpt.train import process_groups
-from ray_ckpt.train.gloo_connections import GlooConnections
+from ray_ckpt.train.gloo_connections import ConnectionWatch, GlooConnections
+from ray_ckpt.train.interrupts import Interrupts
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
 
 logger = logging.getLogger(__name__)
@@ -52,7 +62,7 @@ def is_peer_failure(error: BaseException) -> bool:
     """Whether ``error`` says a collective (or a commit) failed because a peer is gone. By its
     type or its text only: the wrapper's ``RecoveryBudget`` stops a job's own error that reads
     like one from being recovered from again and again."""
-    if isinstance(error, (dist.DistError, CommitTimeoutError)):
+    if isinstance(error, (dist.DistError, CommitTimeoutError, PeerLost)):
         return True
     if isinstance(error, RuntimeError):
         text = str(error).lower()
@@ -112,9 +122,12 @@ class ProcessState:
       current generation, which ``_Worker``'s teardown abandons when the generation fails.
     - Outside this module it is read and written only through ``current_attempt``,
       ``take_rejoin`` (``rejoin`` is handed out once) and ``track``.
+    - ``interrupts`` raises ``PeerLost`` into the training function (armed by ``_Worker.run``,
+      fired by its heartbeat); ``shielded`` keeps it out of ray_ckpt's own calls.
     - It lives as long as the process and is never reset. Ray's calls into the process
       (``warm_up``, ``_become``) and the training function's thread write it one after the
-      other; the heartbeat thread reads ``gloo`` only, set before it starts.
+      other; the heartbeat thread reads ``gloo`` only, set before it starts, and fires
+      ``interrupts`` (thread-safe).
     """
 
     role: _Role | None = None
@@ -124,6 +137,7 @@ class ProcessState:
     gloo: GlooConnections | None = None
     warmed_at: float | None = None
     niceness_before: int | None = None
+    interrupts: Interrupts = dataclasses.field(default_factory=Interrupts)
 
 
 PROCESS = ProcessState()
@@ -191,6 +205,12 @@ def take_rejoin() -> dict[str, Any] | None:
     return rejoin
 
 
+def shielded() -> Any:
+    """A context in which no ``PeerLost`` is raised into the training function (ray_ckpt's
+    own calls); one fired meanwhile is raised as it exits. Outside an in-place run: no effect."""
+    return PROCESS.interrupts.shielded()
+
+
 def track(checkpointer: Any) -> None:
     """Abandon ``checkpointer`` if this generation fails (its in-flight save is left to finish)."""
     PROCESS.checkpointers.add(checkpointer)
@@ -240,6 +260,7 @@ class _Worker:
             except Exception as error:
                 logger.debug("clearing this node's warm spare mark: %s", error)
         self._beating = threading.Event()
+        self._generation: int | None = None  # the generation this rank trains in (None: between)
 
     def run(self, train_loop: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         coordinator = self.role.coordinator
@@ -248,16 +269,28 @@ class _Worker:
             if not coordinator.register(self.member, self.role.generation):
                 raise InPlaceRecoveryError("this worker group was superseded by a full restart before it started")
             PROCESS.attempt = self.role.attempt
+            self._generation = self.role.generation
         self._start_heartbeat()
         budget = RecoveryBudget(settings.inplace_max_recoveries())
+        interrupts = PROCESS.interrupts
         try:
             if self.role.generation is None:
                 self._rejoin(role="replacement", detected_at=None)
             while True:
                 try:
-                    return train_loop(*args)
-                except Exception as error:
-                    peer = is_peer_failure(error)
+                    interrupts.arm()
+                    try:
+                        result = train_loop(*args)
+                    finally:
+                        interrupts.disarm()
+                    self._finish()
+                    return result
+                except BaseException as error:
+                    if not isinstance(error, (Exception, PeerLost)):  # KeyboardInterrupt, SystemExit
+                        raise
+                    detected_at = time.time()
+                    # once told a peer is lost, whatever the function raised next is that loss's doing
+                    peer = interrupts.fired or is_peer_failure(error)
                     reached = _newest_saved_step()
                     refused = budget.give_up(reached) if peer else None
                     if refused is not None:
@@ -270,7 +303,7 @@ class _Worker:
                         if sendable is error:
                             raise
                         raise sendable from None
-                    detected_at = time.time()
+                    self._generation = None
                     logger.warning("rank %d: a peer is gone (%s); recovering in place", self.rank, _first_line(error))
                 # Out of the except block: the failed generation's frames (its model, its DDP and
                 # so its process group) are released only now, and the teardown must close the
@@ -281,48 +314,71 @@ class _Worker:
         finally:
             self._beating.set()
 
+    def _finish(self) -> None:
+        """Tell the coordinator the training function returned (its beats stop on purpose)."""
+        try:
+            self.role.coordinator.finish(self.member)
+        except Exception as error:  # the run is ending either way
+            logger.debug("rank %d: telling the coordinator it finished: %s", self.rank, error)
+
     def _start_heartbeat(self) -> None:
-        # as often as the coordinator takes every rank's beat (BEATS_PER_S), at most a quarter
-        # of the hang bound and at least every quarter second
-        interval = min(
-            hang_bound_s(self.settings.hang_timeout_s, self.world_size) / 4,
-            max(0.25, self.world_size / BEATS_PER_S),
-        )
+        interval = beat_interval_s(self.settings.hang_timeout_s, self.world_size)
         coordinator, member = self.role.coordinator, self.member
+        raylet = os.getppid()  # Ray's worker processes are the raylet's children
 
         def beat() -> None:
-            aborted: Any = None  # the process group aborted last (at most once each)
+            watched: tuple[int | None, ConnectionWatch | None] = (None, None)  # generation, its watch
+            left: int | None = None  # the generation this rank was last told to leave
             while not self._beating.wait(interval):
+                generation = self._generation
+                if generation is not None and watched[0] != generation:
+                    watched = (generation, self._watch_gloo())
+                watch = watched[1] if watched[0] == generation else None
+                suspect = generation is not None and watch is not None and watch.closed()
+                orphaned = os.getppid() != raylet  # its node is going: say so before this process goes too
                 try:
-                    stuck = coordinator.beat(member, timeout_s=interval)
+                    leave = coordinator.beat(member, timeout_s=interval, suspect=suspect, orphaned=orphaned)
                 except CoordinatorTimeoutError:
                     continue
                 except Exception:  # the run is ending
                     return
-                group = dist.group.WORLD if dist.is_initialized() else None
-                if not stuck or group is None or group is aborted:
+                if not leave or generation is None or generation != self._generation or generation == left:
                     continue
-                # a round to replace this generation is open and this rank has not left it: its
-                # collectives wait on a peer that is gone or left. Make them fail so the training
-                # function raises and this rank joins the round.
-                if self.backend == "nccl":  # NCCL hangs on a lost peer instead of failing, on every group
-                    logger.warning("rank %d: aborting the NCCL process groups stuck on a lost peer", self.rank)
-                    process_groups.abort_all()
-                else:
-                    logger.warning("rank %d: closing the gloo connections stuck on a lost peer", self.rank)
-                    self._shut_gloo()
-                aborted = group
+                left = generation
+                self._leave(generation)
 
         threading.Thread(target=beat, name=f"ray_ckpt-heartbeat-{self.rank}", daemon=True).start()
+
+    def _leave(self, generation: int) -> None:
+        """A peer of ``generation`` is lost: make this rank's collectives fail (gloo: shut its
+        connections; NCCL, which hangs on a lost peer: abort every group) and interrupt the
+        training function (``PeerLost``), so it leaves for the next generation now."""
+        logger.warning(
+            "rank %d: a peer of generation %d is lost; interrupting the training function", self.rank, generation
+        )
+        PROCESS.interrupts.fire()
+        if not dist.is_initialized():
+            return
+        if self.backend == "nccl":
+            process_groups.abort_all()
+        else:
+            self._shut_gloo()
+
+    def _store_ports(self) -> list[int]:
+        ports = [int(os.environ.get("MASTER_PORT") or 0)]  # Ray Train's store of a full start
+        if self._store is not None:
+            ports.append(int(self._store.port))
+        return ports
+
+    def _watch_gloo(self) -> ConnectionWatch | None:
+        gloo = PROCESS.gloo
+        return None if gloo is None else gloo.watch(self._store_ports())
 
     def _shut_gloo(self) -> int:
         """Shut this process's accepted gloo connections (``GlooConnections``), but the
         rendezvous stores': every peer still blocked on one fails at once."""
-        store_ports = [int(os.environ.get("MASTER_PORT") or 0)]  # Ray Train's store of a full start
-        if self._store is not None:
-            store_ports.append(int(self._store.port))
         gloo = PROCESS.gloo
-        return 0 if gloo is None else gloo.shut(store_ports)
+        return 0 if gloo is None else gloo.shut(self._store_ports())
 
     def _teardown(self) -> None:
         """Abandon the failed generation's checkpointers, close its gloo connections or abort
@@ -375,6 +431,7 @@ class _Worker:
                 self._teardown()
                 continue
             PROCESS.attempt = reply.attempt
+            self._generation = reply.generation
             PROCESS.rejoin = {
                 "role": role,
                 "generation": reply.generation,
@@ -423,7 +480,11 @@ def _first_line(error: BaseException) -> str:
 def _transportable(error: BaseException) -> BaseException:
     """``error`` itself when it survives the trip to the driver (Ray Train pickles a worker's
     error into the run's result); else an InPlaceRecoveryError carrying its type and text, so
-    the user reads the failure instead of a deserialization error from ``trainer.fit()``."""
+    the user reads the failure instead of a deserialization error from ``trainer.fit()``.
+    A ``PeerLost`` (a BaseException, which Ray Train would not count as the function's failure)
+    becomes an InPlaceRecoveryError."""
+    if isinstance(error, PeerLost):
+        return InPlaceRecoveryError(f"the training function was interrupted: {error}", error_type="PeerLost")
     try:
         ray.cloudpickle.loads(ray.cloudpickle.dumps(error))
         return error

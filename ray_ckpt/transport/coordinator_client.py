@@ -91,10 +91,16 @@ class CoordinatorClient:
         """A worker of a full start announces itself; False if its generation is superseded."""
         return bool(self._call("register", member, generation, timeout_s=self.answer_s))
 
-    def beat(self, member: Member, timeout_s: float) -> bool:
-        """A heartbeat; True when a round to replace ``member``'s generation has been open for
-        over a second without it. CoordinatorTimeoutError after ``timeout_s``."""
-        return bool(self._call("beat", member, timeout_s=timeout_s))
+    def beat(self, member: Member, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> bool:
+        """A heartbeat (``suspect``: ``member`` saw a gloo connection of its generation close;
+        ``orphaned``: its node's raylet is gone); True when ``member`` must leave its generation
+        now (a peer of it is lost, or a round to replace it is open). CoordinatorTimeoutError
+        after ``timeout_s``."""
+        return bool(self._call("beat", member, suspect, orphaned, timeout_s=timeout_s))
+
+    def finish(self, member: Member) -> None:
+        """``member``'s training function returned; its heartbeats stop."""
+        self._call("finish", member, timeout_s=self.answer_s)
 
     def join(self, member: Member, timeout_s: float) -> JoinReply:
         """Wait up to ``timeout_s`` in the coordinator for the next generation with ``member``

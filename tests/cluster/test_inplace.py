@@ -30,6 +30,7 @@ pytestmark = pytest.mark.cluster
 STEPS = 24
 CHECKPOINT = {"data_shards": 2, "parity_shards": 2}  # survives the two nodes lost at once below
 HANG_TIMEOUT_S = 3.0
+COMPUTE_S = 10.0  # the long step of the interrupt test: far longer than any detection here
 
 
 class InPlaceClusters:
@@ -127,8 +128,10 @@ def run_with(
     in_place: dict[str, Any],
     fsdp2: bool = False,
     step_sleep_s: float = 0.15,
+    **job: Any,
 ) -> dict[str, Any]:
-    """Run job ``name`` in place with ``faults(events_dir)`` on a thread; the report."""
+    """Run job ``name`` in place with ``faults(events_dir)`` on a thread; the report. ``job``:
+    more of the example's ``run`` arguments."""
     _, example, references = cluster
     client = RegistryClient(ray_ckpt.settings.namespace())
     events = tempfile.mkdtemp()
@@ -155,12 +158,14 @@ def run_with(
             max_failures=8,
             in_place=in_place,
             fsdp2=fsdp2,
+            **job,
         )
     finally:
         example.ABANDONED.set()  # a fault thread still waiting stops before the cluster goes
         thread.join(timeout=pace.bound(30))
     assert not failures, failures
     return {
+        "computes": example.read_computes(events),
         "restores": example.read_restores(events),
         "bit_exact": final["params_digest"] == references["fsdp2" if fsdp2 else workers],
         "recoveries": [r for r in timeline.recoveries(client.events()[1]) if r.job == name],
@@ -241,6 +246,36 @@ def test_a_node_kill_replaces_only_the_lost_rank_and_the_survivors_keep_their_pr
     (recovery,) = report["recoveries"]
     assert recovery.mode == "in_place" and set(recovery.survivor_pids) == {"0", "2"}
     assert all(recovery.phases_s[p] is not None for p in ("replace", "rendezvous", "fetch", "first_step"))
+
+
+def test_survivors_in_a_long_compute_leave_it_as_soon_as_a_peer_dies(cluster: Any) -> None:
+    """3 ranks; step 6 computes for 10 s first. Half a second after step 5 committed (every
+    rank is in that compute), rank 1's node is killed: ranks 0 and 2 are interrupted
+    (``PeerLost``) long before their compute could end, keep their processes, and the job ends
+    bit-identical; the coordinator records how the loss was found."""
+    sim, example, _ = cluster
+    sim.add_workers(1)
+    killed: list[float] = []
+
+    def faults(events: str) -> None:
+        example.wait_committed("interrupt", 5)
+        time.sleep(0.5)
+        killed.append(time.time())
+        example.remove_node(sim, example.rank_node("interrupt", 1))
+
+    report = run_with(cluster, "interrupt", 3, faults, {}, compute_step=6, compute_s=COMPUTE_S)
+    first, second = by_attempt(report["restores"])[:2]
+    assert second[0]["pid"] == first[0]["pid"] and second[2]["pid"] == first[2]["pid"], report
+    assert report["bit_exact"]
+    survivors = [r for r in report["rejoins"] if r["role"] == "survivor"]
+    assert sorted(r["rank"] for r in survivors) == [0, 2], survivors
+    for rejoin in survivors:  # the compute it was in when the node died: the newest begun before
+        (compute, *_) = [
+            c
+            for c in reversed(report["computes"])
+            if (c["rank"], c["pid"]) == (rejoin["rank"], rejoin["pid"]) and c["started"] < killed[0]
+        ]
+        assert killed[0] < rejoin["detected"] < compute["started"] + COMPUTE_S / 2, (compute, killed, rejoin)
 
 
 def test_an_fsdp2_job_recovers_in_place_into_its_dtensors_bit_exact(cluster: Any) -> None:

@@ -145,3 +145,105 @@ def test_the_coordinators_replies_come_back_whole_from_a_pickle() -> None:
     assert back == reply and back.status is generations.JoinStatus.FORMED
     begun = generations.BeginReply(epoch=1, generation=1, attempt="r.g1")
     assert pickle.loads(pickle.dumps(begun)) == begun
+
+
+def beat_all(gens: Generations, ranks: list[int], now: float, **kwargs: bool) -> None:
+    for rank in ranks:
+        gens.beat(member(rank), now=now, **kwargs)
+
+
+def test_a_member_on_a_dead_node_is_lost_and_everyone_else_must_leave() -> None:
+    gens = started()
+    assert gens.find_lost(now=0.5, alive_nodes={"n0", "n1", "n2"}) == []
+    assert not any(gens.must_leave(member(rank)) for rank in range(3))
+    lost = gens.find_lost(now=0.6, alive_nodes={"n0", "n1"})
+    assert [m.rank for m in lost] == [2] and gens.lost[2]["reason"] == "node dead"
+    assert gens.must_leave(member(0)) and gens.must_leave(member(1))
+    assert gens.find_lost(now=0.7, alive_nodes={"n0", "n1"}) == [], "found once"
+    gens.join(member(0), now=0.8)
+    assert not gens.must_leave(member(0)), "a member in the round has left already"
+    assert not gens.must_leave(member(2, "b")), "a replacement is no member of the generation"
+
+
+def test_silence_after_a_closed_connection_is_a_loss_after_two_beats_and_without_one_after_a_second() -> None:
+    """Counted in the peers' beats and in seconds: rank 2 stops beating at 0.0; ranks 0 and 1
+    beat every 0.1 s."""
+    gens = started()
+    for tick in range(1, 20):
+        now = tick * 0.1
+        beat_all(gens, [0, 1], now)
+        lost = gens.find_lost(now=now, alive_nodes=None)
+        if lost:
+            break
+    assert [m.rank for m in lost] == [2] and gens.lost[2]["reason"] == "silent"
+    assert now == pytest.approx(1.1)  # past QUIET_MIN_S
+
+    gens = started()
+    beat_all(gens, [0, 1], 0.1)
+    gens.beat(member(0), now=0.15, suspect=True)  # rank 0 saw a connection close
+    for tick in range(2, 20):
+        now = tick * 0.1
+        beat_all(gens, [0, 1], now)
+        lost = gens.find_lost(now=now, alive_nodes=None)
+        if lost:
+            break
+    assert [m.rank for m in lost] == [2] and gens.lost[2]["reason"] == "silent after a closed connection"
+    assert now == pytest.approx(0.3)
+
+
+def test_a_coordinator_that_stalls_and_takes_a_backlog_of_beats_finds_nobody_silent() -> None:
+    """Two seconds without any beat taken, then every member's queued beats at once: silence in
+    seconds alone would lose them all; nobody's peers beat more than it did."""
+    gens = started()
+    gens.beat(member(0), now=0.0, suspect=True)
+    assert gens.find_lost(now=2.0, alive_nodes=None) == []
+    for rank in range(3):
+        gens.beat(member(rank), now=2.0)
+        assert gens.find_lost(now=2.0, alive_nodes=None) == []
+
+
+def test_a_member_whose_function_returned_is_never_lost_by_silence() -> None:
+    gens = started()
+    gens.finish(member(2))
+    for tick in range(1, 30):
+        beat_all(gens, [0, 1], tick * 0.1, suspect=True)
+        assert gens.find_lost(now=tick * 0.1, alive_nodes=None) == []
+    assert not gens.must_leave(member(0))
+
+
+def test_a_suspicion_from_outside_the_generation_is_ignored_and_a_new_generation_starts_clean() -> None:
+    gens = started()
+    gens.beat(member(1, "old"), now=0.1, suspect=True)  # a process of an older generation
+    assert not gens.suspected
+    gens.find_lost(now=0.2, alive_nodes={"n0", "n1"})
+    for rank in range(2):
+        gens.join(member(rank), now=0.3)
+    gens.join(member(2, "b"), now=0.5)
+    gens.form(now=0.5)
+    assert gens.history[-1]["lost"] == [{"rank": 2, "pid": 1002, "reason": "node dead", "time": 0.2}]
+    assert gens.lost == {} and not gens.suspected
+    assert not any(gens.must_leave(m) for m in (member(0), member(1), member(2, "b")))
+
+
+def test_an_open_round_tells_every_member_that_has_not_joined_to_leave_at_once() -> None:
+    gens = started()
+    gens.join(member(1), now=1.0)  # its collective failed first
+    assert gens.must_leave(member(0)) and gens.must_leave(member(2))
+    assert not gens.must_leave(member(1))
+
+
+def test_the_beat_interval_is_a_tenth_of_a_second_until_the_coordinators_rate_caps_it() -> None:
+    assert generations.beat_interval_s(10.0, 4) == generations.MIN_BEAT_INTERVAL_S
+    assert generations.beat_interval_s(10.0, 400) == pytest.approx(400 / generations.BEATS_PER_S)
+    assert generations.beat_interval_s(0.2, 4) == pytest.approx(0.05), "at least four beats per hang bound"
+
+
+def test_a_member_whose_raylet_is_gone_is_lost_at_its_own_word() -> None:
+    """Its worker process outlives its node's raylet a moment and says so in a beat; a process
+    of another generation saying it changes nothing."""
+    gens = started()
+    gens.beat(member(2, "old"), now=0.1, orphaned=True)
+    assert gens.lost == {}
+    gens.beat(member(2), now=0.1, orphaned=True)
+    assert gens.lost[2]["reason"] == "raylet gone"
+    assert gens.must_leave(member(0)) and gens.must_leave(member(1))

@@ -133,3 +133,41 @@ def test_a_listener_opened_after_the_baseline_is_taken_for_gloos() -> None:
                 assert [p for _, p, _ in connections.accepted()] == [port]
                 assert connections.shut() == 1
                 assert client.recv(1) == b""  # the peer sees the connection closed
+
+
+def test_a_watch_sees_an_accepted_connection_closed_by_its_peer_without_reading_it() -> None:
+    """What a survivor's heartbeat polls: nothing while the peer is connected (even with bytes
+    waiting), closed once the peer's end goes away; the waiting byte is still there to read."""
+    from ray_ckpt.train.gloo_connections import GlooConnections
+
+    connections = GlooConnections()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with accepted:
+            watch = connections.watch()
+            assert watch.fds == [accepted.fileno()]
+            client.sendall(b"z")
+            time.sleep(0.05)
+            assert not watch.closed()
+            client.close()  # as a dying process's kernel closes it
+            deadline = time.monotonic() + 5
+            while not watch.closed() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert watch.closed()
+            assert accepted.recv(1) == b"z"
+
+
+def test_a_watch_over_a_descriptor_closed_here_says_closed() -> None:
+    """gloo closes its end as soon as it reads the peer's end of stream: the descriptor is gone."""
+    from ray_ckpt.train.gloo_connections import ConnectionWatch
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        watch = ConnectionWatch([accepted.fileno()])
+        assert not watch.closed()
+        accepted.close()
+        assert watch.closed()
+        client.close()
+    assert not ConnectionWatch([]).closed()

@@ -120,30 +120,45 @@ def test_the_teardown_aborts_nccl_groups_or_shuts_gloo_connections_before_destro
     assert calls == ["abort all" if backend == "nccl" else "shut gloo", "destroy"]
 
 
-class StuckCoordinator:
-    """Answers every heartbeat with "a round is open without you"."""
+class LeaveCoordinator:
+    """Answers every heartbeat with "a peer of your generation is lost: leave"."""
 
     def __init__(self) -> None:
         self.beats = 0
 
-    def beat(self, member: Any, timeout_s: float) -> bool:
+    def beat(self, member: Any, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> bool:
         self.beats += 1
         return True
 
 
-def test_a_heartbeat_that_hears_a_round_is_open_aborts_every_nccl_group_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rank is blocked in an NCCL collective on a lost peer: its heartbeat thread aborts
-    every group (not only WORLD), and only once however many beats say so."""
+class RecordedInterrupts:
+    def __init__(self, log: list[int], coordinator: LeaveCoordinator) -> None:
+        self.log, self.coordinator = log, coordinator
+
+    def fire(self) -> bool:
+        self.log.append(self.coordinator.beats)
+        return True
+
+
+def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_per_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rank may be computing or blocked in an NCCL collective on a lost peer: its heartbeat
+    thread interrupts the training function and aborts every group (not only WORLD), once per
+    generation however many beats say so; a new generation can be left again."""
     aborts: list[int] = []
-    coordinator = StuckCoordinator()
+    fired: list[int] = []
+    coordinator = LeaveCoordinator()
 
     def abort_all() -> list[Any]:
         aborts.append(coordinator.beats)
         return []
 
     monkeypatch.setattr(process_groups, "abort_all", abort_all)
+    monkeypatch.setattr(inplace_worker.PROCESS, "interrupts", RecordedInterrupts(fired, coordinator))
     world = types.SimpleNamespace(WORLD=object())  # the worker's view of torch.distributed, initialized
     monkeypatch.setattr(inplace_worker, "dist", types.SimpleNamespace(is_initialized=lambda: True, group=world))
+    monkeypatch.setattr(inplace_worker.PROCESS, "gloo", None)
     worker = inplace_worker._Worker.__new__(inplace_worker._Worker)
     settings = inplace_worker._Settings(120.0, 10.0, 300.0, "nccl")
     worker.role = inplace_worker._Role(
@@ -154,11 +169,19 @@ def test_a_heartbeat_that_hears_a_round_is_open_aborts_every_nccl_group_once(mon
         settings=settings,
     )
     worker.settings, worker.rank, worker.world_size, worker.backend = settings, 0, 4, "nccl"
-    worker.member, worker._beating = None, threading.Event()  # type: ignore[assignment]
+    worker.member, worker._beating, worker._store = None, threading.Event(), None  # type: ignore[assignment]
+    worker._generation = 1
+
+    def wait_for_beats(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while coordinator.beats < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert coordinator.beats >= count
+
     worker._start_heartbeat()
-    deadline = time.monotonic() + 10
-    while coordinator.beats < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_beats(4)
+    assert aborts == fired == [1]
+    worker._generation = 2  # the rank joined the next generation
+    wait_for_beats(coordinator.beats + 3)
     worker._beating.set()
-    assert coordinator.beats >= 4
-    assert aborts == [1]
+    assert len(aborts) == len(fired) == 2 and aborts == fired

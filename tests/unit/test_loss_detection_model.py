@@ -1,0 +1,175 @@
+"""Finding lost members (``Generations.find_lost``, ``must_leave``) under generated
+interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
+orders, late beats, coordinator stalls that deliver a backlog at once, closed-connection
+reports, process deaths, node deaths, finished functions and rounds, and checks after every
+event:
+
+- safety: with nobody dead, a member that is alive and beats is never lost unless it was silent
+  for a whole quiet bound (it missed ``QUIET_BEATS`` beats in a row), nor one whose function
+  finished, nor one in the round;
+- liveness: a dead member is lost within the bound that applies (with or without a closed
+  connection reported), counted in the time the coordinator was taking beats;
+- ``must_leave``: exactly the current members not in the round, once one is lost or a round is
+  open.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ray_ckpt.core import generations
+from ray_ckpt.core.generations import Generations, Member
+
+INTERVAL_S = 0.1
+EXAMPLES = int(os.environ.get("RAY_CKPT_LOSS_EXAMPLES", "1000"))
+
+
+class LossDetection(RuleBasedStateMachine):
+    @initialize(world_size=st.integers(2, 5))
+    def start(self, world_size: int) -> None:
+        self.gens = Generations()
+        self.now = 0.0
+        number = self.gens.begin(world_size, now=self.now, interval_s=INTERVAL_S)
+        self.members = [
+            Member(rank=r, incarnation=f"p{r}", node_id=f"n{r}", pid=r, host="h", epoch=1) for r in range(world_size)
+        ]
+        for member in self.members:
+            assert self.gens.register(member, number, now=self.now)
+        self.dead: dict[int, float] = {}  # rank -> when it died
+        self.dead_nodes: set[str] = set()
+        self.finished: set[int] = set()
+        self.joined: set[int] = set()
+        self.missed = dict.fromkeys(range(world_size), 0)  # beats missed in a row
+        self.worst_missed = dict.fromkeys(range(world_size), 0)
+        self.suspected_at: float | None = None
+        self.backlog: list[tuple[str, Member, bool, bool]] = []  # calls not yet taken: beat or join
+        self.stalling = False
+        self.stalled_s = 0.0  # time the coordinator took no beat since the first death
+
+    def _beating(self) -> list[int]:
+        return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
+
+    def _send(self, member: Member, suspect: bool = False, call: str = "beat", orphaned: bool = False) -> None:
+        """A call reaches the coordinator's queue; taken at once unless it is stalled."""
+        self.backlog.append((call, member, suspect, orphaned))
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.stalling:
+            return
+        for call, member, suspect, orphaned in self.backlog:  # in the order they came
+            if call == "join":
+                self.gens.join(member, now=self.now)
+                self.joined.add(member.rank)
+            else:
+                self.gens.beat(member, now=self.now, suspect=suspect, orphaned=orphaned)
+                self.gens.find_lost(self.now, None)
+        self.backlog = []
+
+    @rule(order=st.permutations(range(5)), late=st.sets(st.integers(0, 4), max_size=2), stall=st.booleans())
+    def tick(self, order: list[int], late: set[int], stall: bool) -> None:
+        """One beat interval: every live member beats, in some order, but the late ones; a
+        stalled coordinator queues them, else it takes its queue and this tick's beats."""
+        self.now += INTERVAL_S
+        self.stalling = stall
+        if stall and self.dead:
+            self.stalled_s += INTERVAL_S
+        self._flush()
+        for rank in [r for r in order if r in self._beating()]:
+            if rank in late:
+                self.missed[rank] += 1
+                self.worst_missed[rank] = max(self.worst_missed[rank], self.missed[rank])
+                continue
+            self.missed[rank] = 0
+            self._send(self.members[rank])
+        if not stall:
+            self.gens.find_lost(self.now, {m.node_id for m in self.members} - self.dead_nodes)
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4), node=st.booleans())
+    def die(self, index: int, node: bool) -> None:
+        """A member's process dies (its node too, or not): it beats no more."""
+        rank = self._beating()[index % len(self._beating())]
+        self.dead[rank] = self.now
+        if node:
+            self.dead_nodes.add(self.members[rank].node_id)
+
+    @precondition(lambda self: any(r not in self.finished for r in self.dead))
+    @rule(index=st.integers(0, 4))
+    def dying_says_its_raylet_is_gone(self, index: int) -> None:
+        """A member whose node is going beats once more, saying its raylet is gone."""
+        dying = [r for r in self.dead if r not in self.finished]
+        self._send(self.members[dying[index % len(dying)]], orphaned=True)
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4))
+    def report_closed(self, index: int) -> None:
+        """A live member saw one of its gloo connections close: a dead peer's, one a finished
+        peer closed, or (the worst case for safety) any other."""
+        rank = self._beating()[index % len(self._beating())]
+        self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
+        self._send(self.members[rank], suspect=True)
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4))
+    def finish(self, index: int) -> None:
+        rank = self._beating()[index % len(self._beating())]
+        self.gens.finish(self.members[rank])
+        self.finished.add(rank)
+
+    @precondition(lambda self: len(self._beating()) > 0)
+    @rule(index=st.integers(0, 4))
+    def join(self, index: int) -> None:
+        """A member whose collective failed joins the next round."""
+        rank = self._beating()[index % len(self._beating())]
+        self._send(self.members[rank], call="join")
+
+    @invariant()
+    def nobody_alive_and_beating_is_lost_without_a_death(self) -> None:
+        if getattr(self, "gens", None) is None:
+            return
+        for rank in self.gens.lost:
+            assert rank not in self.finished, (rank, self.gens.lost)
+            if rank in self.dead or self.dead:
+                continue
+            # no death at all: a false loss needs a whole quiet bound of missed beats
+            assert self.worst_missed[rank] >= generations.SILENT_BEATS, (rank, self.worst_missed, self.gens.lost)
+            if self.suspected_at is None:
+                assert self.worst_missed[rank] >= generations.QUIET_BEATS, (rank, self.worst_missed)
+
+    @invariant()
+    def a_dead_member_is_lost_within_its_bound(self) -> None:
+        if getattr(self, "gens", None) is None or self.gens.lost:
+            return
+        for rank, died in self.dead.items():
+            if rank in self.finished or rank in self.joined:
+                continue
+            if self.members[rank].node_id in self.dead_nodes:
+                bound = 2 * INTERVAL_S  # the next tick's node table
+            elif self.suspected_at is not None:
+                bound = (generations.SILENT_BEATS + 2) * INTERVAL_S + max(0.0, self.suspected_at - died)
+            else:
+                bound = max(generations.QUIET_MIN_S, generations.QUIET_BEATS * INTERVAL_S) + 2 * INTERVAL_S
+            bound += self.stalled_s + INTERVAL_S * max(self.worst_missed.values())
+            assert self.now - died <= bound + 1e-9, (rank, died, self.now, bound, self.gens.lost)
+
+    @invariant()
+    def exactly_the_members_outside_the_round_must_leave_once_one_is_lost_or_a_round_is_open(self) -> None:
+        if getattr(self, "gens", None) is None:
+            return
+        failing = bool(self.gens.lost) or bool(self.gens.pending)
+        for member in self.members:
+            assert self.gens.must_leave(member) == (failing and member.rank not in self.joined), member
+
+
+LossDetection.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_finding_lost_members_holds_under_generated_interleavings = LossDetection.TestCase
