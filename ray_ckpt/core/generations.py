@@ -15,10 +15,10 @@ one actor to take every rank's beat at that rate gets a longer bound (``hang_bou
 
 A member of the current generation is *lost* once it says its node's raylet is gone (its
 worker process outlives the raylet a moment, and can still beat), once its node is dead
-(``find_lost``), or it has
-gone silent while its peers kept beating: once it missed ``SILENT_BEATS`` beats in a row after a
-peer reported one of its gloo connections closed (a process that dies closes its sockets),
-``QUIET_BEATS`` (and at least ``QUIET_MIN_S``) without such a report. Silence is counted in its
+(``find_lost``), or once it has gone silent while its peers kept beating: it missed
+``SILENT_BEATS`` beats in a row after a peer reported one of its gloo connections closed (a
+process that dies closes its sockets), ``QUIET_BEATS`` (and at least ``QUIET_MIN_S``) without
+such a report. Silence is counted in its
 peers' beats, and in seconds of the coordinator's own ``clock``, which stands still while the
 coordinator takes nothing (a gap between two calls counts for one beat interval at most): a
 coordinator that stalls and then takes a backlog of beats finds nobody silent. From the first

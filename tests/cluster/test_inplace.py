@@ -252,7 +252,7 @@ def test_survivors_in_a_long_compute_leave_it_as_soon_as_a_peer_dies(cluster: An
     """3 ranks; step 6 computes for 10 s first. Half a second after step 5 committed (every
     rank is in that compute), rank 1's node is killed: ranks 0 and 2 are interrupted
     (``PeerLost``) long before their compute could end, keep their processes, and the job ends
-    bit-identical; the coordinator records how the loss was found."""
+    bit-identical."""
     sim, example, _ = cluster
     sim.add_workers(1)
     killed: list[float] = []
