@@ -165,29 +165,30 @@ def test_a_member_on_a_dead_node_is_lost_and_everyone_else_must_leave() -> None:
     assert not gens.must_leave(member(2, "b")), "a replacement is no member of the generation"
 
 
-def test_silence_after_a_closed_connection_is_a_loss_after_two_beats_and_without_one_after_a_second() -> None:
-    """Counted in the peers' beats and in seconds: rank 2 stops beating at 0.0; ranks 0 and 1
-    beat every 0.1 s."""
-    gens = started()
-    for tick in range(1, 20):
+def first_loss(gens: Generations, first_tick: int) -> tuple[float, list[int]]:
+    """Ranks 0 and 1 beat every 0.1 s from ``first_tick``; when the first loss is found, and whose."""
+    for tick in range(first_tick, 20):
         now = tick * 0.1
         beat_all(gens, [0, 1], now)
         lost = gens.find_lost(now=now, alive_nodes=None)
         if lost:
-            break
-    assert [m.rank for m in lost] == [2] and gens.lost[2]["reason"] == "silent"
+            return now, [m.rank for m in lost]
+    return now, []
+
+
+def test_silence_after_a_closed_connection_is_a_loss_after_two_beats_and_without_one_after_a_second() -> None:
+    """Counted in the peers' beats and in seconds: rank 2 stops beating at 0.0; ranks 0 and 1
+    beat every 0.1 s."""
+    gens = started()
+    now, lost = first_loss(gens, 1)
+    assert lost == [2] and gens.lost[2]["reason"] == "silent"
     assert now == pytest.approx(1.1)  # past QUIET_MIN_S
 
     gens = started()
     beat_all(gens, [0, 1], 0.1)
     gens.beat(member(0), now=0.15, suspect=True)  # rank 0 saw a connection close
-    for tick in range(2, 20):
-        now = tick * 0.1
-        beat_all(gens, [0, 1], now)
-        lost = gens.find_lost(now=now, alive_nodes=None)
-        if lost:
-            break
-    assert [m.rank for m in lost] == [2] and gens.lost[2]["reason"] == "silent after a closed connection"
+    now, lost = first_loss(gens, 2)
+    assert lost == [2] and gens.lost[2]["reason"] == "silent after a closed connection"
     assert now == pytest.approx(0.3)
 
 
