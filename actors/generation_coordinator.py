@@ -19,7 +19,6 @@ from ray_ckpt.core.generations import (
     CoordinatorReport,
     Generations,
     JoinReply,
-    JoinStatus,
     Member,
     beat_interval_s,
     hang_bound_s,
@@ -93,14 +92,16 @@ class GenerationCoordinator:
     async def join(self, member: Member, timeout_s: float) -> JoinReply:
         """Wait until a generation with ``member`` forms (``JoinStatus.FORMED``, with the ranks
         whose process the generation before did not have), or ``timeout_s`` runs out
-        (``TIMEOUT``, naming the missing ranks), or a full start overtakes it (``SUPERSEDED``):
-        ``Generations.join_reply`` and ``give_up`` make the replies."""
+        (``TIMEOUT``, naming the missing ranks), or a full start overtakes it (``SUPERSEDED``),
+        or its node is going (``DOOMED``): ``Generations.join``, ``join_reply`` and ``give_up``
+        make the replies."""
         self._ensure_watcher()
         deadline = time.monotonic() + timeout_s
         async with self._changed:
             after = 0 if self._gens.current is None else self._gens.current.number
-            if not self._gens.join(member, time.time()):
-                return JoinReply(JoinStatus.SUPERSEDED)
+            refused = self._gens.join(member, time.time())
+            if refused is not None:
+                return refused
             self._try_form(time.time())
             while True:
                 reply = self._gens.join_reply(member, after)

@@ -25,7 +25,9 @@ coordinator that stalls and then takes a backlog of beats finds nobody silent. F
 loss, and while a round to replace the generation is open, every member that has not joined is
 told to leave at its next beat (``must_leave``): its worker interrupts its training function. A
 member that ``finish``-ed its training function is never lost by silence (its beats stop on
-purpose). ``tests/unit/test_loss_detection_model.py`` checks these rules under generated
+purpose). A member whose node is going (it said its raylet is gone, or its node is
+dead) is *doomed*: it leaves the round it is in and may not join another, so no generation
+forms with a process about to die. ``tests/unit/test_loss_detection_model.py`` checks these rules under generated
 interleavings.
 
 The actor's replies are the frozen records here (``BeginReply``, ``JoinReply`` with its
@@ -76,11 +78,13 @@ class Member:
 
 class JoinStatus(enum.Enum):
     """How a join ended: its generation formed; the wait ran out (the member left the round);
-    or a full start of the worker group (a new epoch) overtook it."""
+    a full start of the worker group (a new epoch) overtook it; or the member's node is going
+    (``DOOMED``: its raylet is gone or its node is dead), so it may not be in a generation."""
 
     FORMED = "formed"
     TIMEOUT = "timeout"
     SUPERSEDED = "superseded"
+    DOOMED = "doomed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +169,7 @@ class Generations:
         self.suspected = False  # a member saw a gloo connection close in the current generation
         self.lost: dict[int, dict[str, Any]] = {}  # the current generation's lost ranks: how, when
         self.finished: set[str] = set()  # incarnations whose training function returned
+        self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
         self.history: list[dict[str, Any]] = []
 
     def attempt(self, number: int) -> str:
@@ -208,8 +213,16 @@ class Generations:
         self.beat_seen[member.incarnation] = (self.beat_count, self.clock)
         if suspect and self._in_current(member):
             self.suspected = True
-        if orphaned and self._in_current(member) and member.rank not in self.lost:
-            self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "raylet gone", "time": now}
+        if orphaned:
+            self._doom(member)
+            if self._in_current(member) and member.rank not in self.lost:
+                self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "raylet gone", "time": now}
+
+    def _doom(self, member: Member) -> None:
+        """``member``'s node is going: it may not join a round, and leaves the one it is in."""
+        self.doomed.add(member.incarnation)
+        if self.pending.get(member.rank) == member:
+            self.leave(member.incarnation)
 
     def _in_current(self, member: Member) -> bool:
         return self.current is not None and self.current.members.get(member.rank) == member
@@ -246,6 +259,7 @@ class Generations:
             reason = None
             if alive_nodes is not None and member.node_id not in alive_nodes:
                 reason = "node dead"
+                self._doom(member)
             else:
                 count, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
                 if self.clock - clock > quiet_s and self.beat_count - count >= beats * others:
@@ -262,16 +276,19 @@ class Generations:
             return False
         return bool(self.lost) or bool(self.pending)
 
-    def join(self, member: Member, now: float) -> bool:
-        """Ask to be in the next generation (replacing an older process of the same rank);
-        False if the member's epoch is over."""
+    def join(self, member: Member, now: float) -> JoinReply | None:
+        """Ask to be in the next generation (replacing an older process of the same rank): None
+        once the member waits in the round; the final reply if it is refused (``SUPERSEDED``:
+        its epoch is over; ``DOOMED``: its node is going)."""
         if member.epoch != self.epoch:
-            return False
+            return JoinReply(JoinStatus.SUPERSEDED)
+        if member.incarnation in self.doomed:
+            return JoinReply(JoinStatus.DOOMED)
         if not self.pending:
             self.round_started = now
         self.pending[member.rank] = member
         self.beat(member, now)
-        return True
+        return None
 
     def join_reply(self, member: Member, after: int) -> JoinReply | None:
         """The reply to ``member``'s join, made when generation ``after`` was current: FORMED
@@ -308,12 +325,16 @@ class Generations:
             self.round_started = None
 
     def drop_dead(self, alive_nodes: set[str], now: float, beat_timeout_s: float) -> list[Member]:
-        """Take out of the round the members on dead nodes or silent for ``beat_timeout_s``."""
+        """Take out of the round the members on dead nodes (doomed) or silent for ``beat_timeout_s``."""
         dropped = []
         for rank, member in list(self.pending.items()):
             last = self.beats.get(member.incarnation, (0.0, member))[0]
+            if member.node_id not in alive_nodes:
+                self.doomed.add(member.incarnation)
             if member.node_id not in alive_nodes or now - last > beat_timeout_s:
                 dropped.append(self.pending.pop(rank))
+        if not self.pending:
+            self.round_started = None
         return dropped
 
     def complete(self) -> bool:

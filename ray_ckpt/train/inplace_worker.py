@@ -259,6 +259,7 @@ class _Worker:
                 )
             except Exception as error:
                 logger.debug("clearing this node's warm spare mark: %s", error)
+        self._raylet = os.getppid()  # Ray's worker processes are the raylet's children
         self._beating = threading.Event()
         self._generation: int | None = None  # the generation this rank trains in (None: between)
 
@@ -293,6 +294,8 @@ class _Worker:
                     peer = interrupts.fired or is_peer_failure(error)
                     reached = _newest_saved_step()
                     refused = budget.give_up(reached) if peer else None
+                    if peer and refused is None and self._orphaned():
+                        self._await_own_end()
                     if refused is not None:
                         logger.warning(
                             "rank %d: not recovering in place from %s: %s", self.rank, _first_line(error), refused
@@ -321,10 +324,24 @@ class _Worker:
         except Exception as error:  # the run is ending either way
             logger.debug("rank %d: telling the coordinator it finished: %s", self.rank, error)
 
+    def _orphaned(self) -> bool:
+        """Whether this process's raylet is gone: its node is going, and this process with it."""
+        return os.getppid() != self._raylet
+
+    def _await_own_end(self) -> None:
+        """This process's node is going: wait for Ray to end the process, which then counts as
+        the lost rank, rather than rejoin or fail as a job error. Raises InPlaceRecoveryError
+        if it is still alive after ``timeout_s``."""
+        logger.warning("rank %d: this worker's node is going; not rejoining", self.rank)
+        time.sleep(self.settings.timeout_s)
+        raise InPlaceRecoveryError(
+            f"rank {self.rank}: this worker's raylet is gone but the process lived on for "
+            f"timeout_s={self.settings.timeout_s:g}s"
+        )
+
     def _start_heartbeat(self) -> None:
         interval = beat_interval_s(self.settings.hang_timeout_s, self.world_size)
         coordinator, member = self.role.coordinator, self.member
-        raylet = os.getppid()  # Ray's worker processes are the raylet's children
 
         def beat() -> None:
             watched: tuple[int | None, ConnectionWatch | None] = (None, None)  # generation, its watch
@@ -335,7 +352,7 @@ class _Worker:
                     watched = (generation, self._watch_gloo())
                 watch = watched[1] if watched[0] == generation else None
                 suspect = generation is not None and watch is not None and watch.closed()
-                orphaned = os.getppid() != raylet  # its node is going: say so before this process goes too
+                orphaned = self._orphaned()  # its node is going: say so before this process goes too
                 try:
                     leave = coordinator.beat(member, timeout_s=interval, suspect=suspect, orphaned=orphaned)
                 except CoordinatorTimeoutError:
@@ -413,6 +430,8 @@ class _Worker:
                 raise InPlaceRecoveryError(
                     f"rank {self.rank}: a full restart of the worker group overtook this in-place recovery"
                 )
+            if reply.status is JoinStatus.DOOMED:
+                self._await_own_end()
             if reply.status is JoinStatus.TIMEOUT:
                 missing = list(reply.missing)
                 raise InPlaceRecoveryError(

@@ -24,9 +24,9 @@ def started(world_size: int = 3) -> Generations:
 
 def test_the_next_generation_forms_only_when_every_rank_joined() -> None:
     gens = started()
-    assert gens.join(member(0), now=1.0) and gens.join(member(1), now=1.1)
+    assert gens.join(member(0), now=1.0) is None and gens.join(member(1), now=1.1) is None
     assert not gens.complete()
-    assert gens.join(member(2, "b"), now=5.0)  # the replacement of rank 2
+    assert gens.join(member(2, "b"), now=5.0) is None  # the replacement of rank 2
     assert gens.complete()
     formed = gens.form(now=5.0)
     assert formed.number == 2 and formed.members[2].incarnation == "b2"
@@ -75,7 +75,10 @@ def test_a_full_start_supersedes_the_round_and_its_epoch() -> None:
     gens.join(member(0), now=1.0)
     number = gens.begin(3, now=2.0)
     assert gens.epoch == 2 and gens.pending == {}
-    assert not gens.join(member(1), now=3.0), "a join from the previous epoch is refused"
+    refused = gens.join(member(1), now=3.0)
+    assert refused == generations.JoinReply(generations.JoinStatus.SUPERSEDED), (
+        "a join from the previous epoch is refused"
+    )
     assert not gens.register(member(0), number, now=3.0), "a member of the old epoch cannot register"
     assert gens.register(member(0, "c", epoch=2), number, now=3.0)
 
@@ -248,3 +251,28 @@ def test_a_member_whose_raylet_is_gone_is_lost_at_its_own_word() -> None:
     gens.beat(member(2), now=0.1, orphaned=True)
     assert gens.lost[2]["reason"] == "raylet gone"
     assert gens.must_leave(member(0)) and gens.must_leave(member(1))
+
+
+def test_a_member_whose_node_is_going_cannot_join_and_leaves_the_round_it_is_in() -> None:
+    """The failure that made a round form with a dying process: the killed node's worker, told
+    to leave like every survivor, joined the round before it died."""
+    gens = started()
+    gens.beat(member(1), now=0.1, orphaned=True)
+    assert gens.join(member(1), now=0.2) == generations.JoinReply(generations.JoinStatus.DOOMED)
+    assert gens.join(member(0), now=0.2) is None and gens.join(member(2), now=0.2) is None
+    assert not gens.complete() and sorted(gens.pending) == [0, 2]
+    # one that joined first and says so after is taken out of the round
+    gens.join(member(1, "b"), now=0.3)
+    gens.beat(member(1, "b"), now=0.4, orphaned=True)
+    assert sorted(gens.pending) == [0, 2]
+    assert gens.join(member(1, "c"), now=0.5) is None and gens.complete(), "its replacement may join"
+
+
+def test_a_member_found_on_a_dead_node_cannot_join() -> None:
+    gens = started()
+    assert [m.rank for m in gens.find_lost(now=0.5, alive_nodes={"n0", "n1"})] == [2]
+    assert gens.join(member(2), now=0.6) == generations.JoinReply(generations.JoinStatus.DOOMED)
+    gens.join(member(0), now=0.6)
+    gens.join(member(1, "b", node="n9"), now=0.6)
+    gens.drop_dead({"n0", "n2"}, now=0.7, beat_timeout_s=5.0)
+    assert gens.join(member(1, "b", node="n9"), now=0.8) == generations.JoinReply(generations.JoinStatus.DOOMED)

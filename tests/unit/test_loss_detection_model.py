@@ -1,7 +1,7 @@
 """Finding lost members (``Generations.find_lost``, ``must_leave``) under generated
 interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
 orders, late beats, coordinator stalls that deliver a backlog at once, closed-connection
-reports, process deaths, node deaths, finished functions and rounds, and checks after every
+reports, process deaths, node deaths, dying members that join, finished functions and rounds, and checks after every
 event:
 
 - safety: with nobody dead, a member that is alive and beats is never lost unless it was silent
@@ -10,7 +10,9 @@ event:
 - liveness: a dead member is lost within the bound that applies (with or without a closed
   connection reported), counted in the time the coordinator was taking beats;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
-  open.
+  open;
+- a member whose node is going (it said its raylet is gone) is refused a place in the round, and
+  leaves the round it joined before it said so: no generation forms with a dying process.
 """
 
 from __future__ import annotations
@@ -43,13 +45,19 @@ class LossDetection(RuleBasedStateMachine):
         self.dead_nodes: set[str] = set()
         self.finished: set[int] = set()
         self.finished_unlost: set[int] = set()  # finished before any loss of theirs was found
-        self.joined: set[int] = set()
+        self.joined: set[int] = set()  # in the round
+        self.orphaned: set[int] = set()  # said their raylet is gone, as the coordinator took it
+        self.seen_on_dead_nodes: set[int] = set()  # outside the round when the node table showed their node dead
         self.missed = dict.fromkeys(range(world_size), 0)  # beats missed in a row
         self.worst_missed = dict.fromkeys(range(world_size), 0)
         self.suspected_at: float | None = None
         self.backlog: list[tuple[str, Member, bool, bool]] = []  # calls not yet taken: beat or join
         self.stalling = False
         self.stalled_s = 0.0  # time the coordinator took no beat since the first death
+
+    def doomed(self) -> set[int]:
+        """The members whose node the coordinator knows is going."""
+        return self.orphaned | self.seen_on_dead_nodes
 
     def _beating(self) -> list[int]:
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
@@ -64,10 +72,15 @@ class LossDetection(RuleBasedStateMachine):
             return
         for call, member, suspect, orphaned in self.backlog:  # in the order they came
             if call == "join":
-                self.gens.join(member, now=self.now)
-                self.joined.add(member.rank)
+                refused = self.gens.join(member, now=self.now)
+                assert (refused is None) == (member.rank not in self.doomed()), (member, refused)
+                if refused is None:
+                    self.joined.add(member.rank)
             else:
                 self.gens.beat(member, now=self.now, suspect=suspect, orphaned=orphaned)
+                if orphaned:
+                    self.orphaned.add(member.rank)
+                    self.joined.discard(member.rank)
                 self.gens.find_lost(self.now, None)
         self.backlog = []
 
@@ -89,6 +102,9 @@ class LossDetection(RuleBasedStateMachine):
             self._send(self.members[rank])
         if not stall:
             self.gens.find_lost(self.now, {m.node_id for m in self.members} - self.dead_nodes)
+            self.seen_on_dead_nodes.update(
+                r for r, m in enumerate(self.members) if m.node_id in self.dead_nodes and r not in self.joined
+            )
 
     @precondition(lambda self: len(self._beating()) > 1)
     @rule(index=st.integers(0, 4), node=st.booleans())
@@ -130,6 +146,21 @@ class LossDetection(RuleBasedStateMachine):
         """A member whose collective failed joins the next round."""
         rank = self._beating()[index % len(self._beating())]
         self._send(self.members[rank], call="join")
+
+    @precondition(lambda self: any(r not in self.finished for r in self.dead))
+    @rule(index=st.integers(0, 4))
+    def dying_joins(self, index: int) -> None:
+        """A member whose node is going fails its collective and joins the round before it dies."""
+        dying = [r for r in self.dead if r not in self.finished]
+        self._send(self.members[dying[index % len(dying)]], call="join")
+
+    @invariant()
+    def no_member_whose_node_is_going_is_in_the_round(self) -> None:
+        if getattr(self, "gens", None) is None:
+            return
+        for rank, member in self.gens.pending.items():
+            assert rank not in self.orphaned and member.incarnation not in self.gens.doomed, (rank, self.orphaned)
+        assert sorted(self.gens.pending) == sorted(self.joined)
 
     @invariant()
     def nobody_alive_and_beating_is_lost_without_a_death(self) -> None:
