@@ -148,6 +148,7 @@ def train_loop(config: dict[str, Any]) -> None:
                     "attempt": ckpt.attempt,
                     "digest": digest,
                     "world_size": context.get_world_size(),
+                    "time": time.time(),
                 }
                 (events / f"step-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
         ckpt.save(step, state)
@@ -262,7 +263,8 @@ def remove_node(sim: SimulatedCluster, node_id: str) -> None:
 
 
 def read_step_digests(events_dir: str) -> list[dict[str, Any]]:
-    """An FSDP2 run's per-step records (rank 0's): step, attempt, digest, world size."""
+    """An FSDP2 run's per-step records (rank 0's): step, attempt, digest, world size, and when
+    the step's compute ended."""
     return [json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("step-*.json")]
 
 

@@ -200,6 +200,7 @@ def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
         ("bench_reshard.py", ("--state-mib", "--repeats", "--quick", "--json")),
         ("bench_overhead.py", ("--steps", "--every", "--state-mib", "--compute-s", "--shapes", "--quick", "--json")),
         ("bench_dcp.py", ("--state-mib", "--repeats", "--quick", "--json")),
+        ("bench_fsdp2_recovery.py", ("--steps", "--kill-after", "--step-sleep-s", "--seed", "--json")),
     ],
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:

@@ -4,7 +4,9 @@ wrapper giving a recurring or too frequent error to Ray Train instead of re-runn
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +37,6 @@ def test_warm_up_imports_what_a_worker_needs_at_a_lower_priority_the_worker_take
     """The setup hook of warm spares imports the modules named and says when it was done; where
     the process may renice back, it does so at WARM_NICENESS more, and becoming a worker
     restores its niceness."""
-    import os
     import sys
 
     before = os.nice(0)
@@ -126,6 +127,7 @@ def worker(replaced: Callable[[], list[int]]) -> inplace_worker._Worker:
     role_settings = inplace_worker._Settings(120.0, 10.0, 300.0, "gloo")
     w.role = inplace_worker._Role(coordinator=None, epoch=1, generation=None, attempt=None, settings=role_settings)  # type: ignore[arg-type]
     w.settings, w.rank, w._beating = role_settings, 0, threading.Event()
+    w._raylet = os.getppid()
     w._start_heartbeat = lambda: None  # type: ignore[method-assign]
 
     def rejoin(*, role: str, detected_at: float | None, torn_down_at: float | None = None) -> list[int]:
@@ -202,3 +204,44 @@ def test_a_join_that_ran_out_or_was_overtaken_gives_the_recovery_up(reply: JoinR
     with pytest.raises(InPlaceRecoveryError, match=says) as raised:
         inplace_worker._Worker._rejoin(w, role="survivor", detected_at=None)
     assert getattr(raised.value, "missing_ranks", None) == (list(reply.missing) or None)
+
+
+class Sleeps:
+    """``time`` for the worker module, whose ``sleep`` records instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+        self.time, self.monotonic = time.time, time.monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def test_a_worker_whose_node_is_going_waits_for_its_end_instead_of_rejoining(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its raylet is gone (its parent process changed) when its collective fails: it neither
+    rejoins nor raises the error as the job's; it waits ``timeout_s`` for Ray to end it, and
+    only a process still alive then raises InPlaceRecoveryError."""
+    sleeps = Sleeps()
+    monkeypatch.setattr(inplace_worker, "time", sleeps)
+    rejoined: list[int] = []
+    w = worker(lambda: rejoined.append(1) or [])  # type: ignore[func-returns-value]
+    w._raylet = -1  # not this process's parent: the raylet is gone
+
+    def train() -> None:
+        raise dist.DistBackendError("peer gone")
+
+    with pytest.raises(InPlaceRecoveryError, match="raylet is gone but the process lived on"):
+        w.run(train, ())
+    assert rejoined == [1], "only its first join, as the replacement it starts as"
+    assert sleeps.slept == [w.settings.timeout_s]
+
+
+def test_a_join_refused_because_the_node_is_going_waits_for_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    sleeps = Sleeps()
+    monkeypatch.setattr(inplace_worker, "time", sleeps)
+    w = worker(lambda: [])
+    w.role.coordinator = Answers(JoinReply(JoinStatus.DOOMED))  # type: ignore[assignment]
+    w.member = Member(rank=0, incarnation="a0", node_id="n0", pid=1000, host="h", epoch=1)
+    with pytest.raises(InPlaceRecoveryError, match="raylet is gone"):
+        inplace_worker._Worker._rejoin(w, role="survivor", detected_at=None)
+    assert sleeps.slept == [w.settings.timeout_s]

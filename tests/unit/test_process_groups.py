@@ -4,6 +4,7 @@ NCCL path: no GPU needed), and the in-place worker's teardown order for each bac
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import types
@@ -170,7 +171,7 @@ def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_p
     )
     worker.settings, worker.rank, worker.world_size, worker.backend = settings, 0, 4, "nccl"
     worker.member, worker._beating, worker._store = None, threading.Event(), None  # type: ignore[assignment]
-    worker._generation = 1
+    worker._generation, worker._raylet = 1, os.getppid()
 
     def wait_for_beats(count: int) -> None:
         deadline = time.monotonic() + 10
