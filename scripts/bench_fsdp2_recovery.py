@@ -12,10 +12,11 @@ seconds after step ``--kill-after`` committed (a random point of a step):
 * full restart: Ray Train restarts the whole worker group, every rank restores from peer memory.
 
 A free node per mode stands ready for the replacement, and each run has ``max_failures=1``: a
-mode that took more than one of Ray Train's failures for the one node loss fails the run. Per mode: time to resume (the kill to the
-first step the new group computed, as rank 0 records it) and to every rank restored, the
-survivors that kept their process, the attempts the run went through, the step restored, and
-whether the final parameters are bit-identical to the reference run's.
+mode that took more than one of Ray Train's failures for the one node loss fails the run. Per
+mode: time to resume (the kill to the first step the new group computed, as rank 0 records it)
+and to every rank restored, the survivors that kept their process, the attempts the run went
+through, the step restored, and whether the final parameters are bit-identical to the
+reference run's.
 
 JSON: ``{"benchmark": "fsdp2_recovery", "steps", "kill_after", "modes": {"in_place": {...},
 "full_restart": {...}}, "ratio"}`` with each mode's ``resume_s``, ``restored_s``,

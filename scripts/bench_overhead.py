@@ -18,8 +18,12 @@ cores, so the background work of a save competes with training), and ``gpu-like`
 compute replaced by a sleep of ``--compute-s`` (only the checkpointing uses the CPU, as on a
 GPU node whose host cores are mostly idle).
 
-Per mode: median and mean step time of rank 0 (between consecutive step ends) and the job's
-wall time (``trainer.fit``), each relative to ``none`` of the same shape; per save, from
+Per mode: median and mean step time of rank 0 (between consecutive step ends), the job's
+wall time (``trainer.fit``) and its work time (rank 0's training function from just before its
+checkpointing is set up, through restore, every step and the final wait for the last save, to
+its end: what checkpointing can cost, without the worker group's start-up, whose noise on a
+shared machine is larger than a few percent of a short run), each relative to ``none`` of the
+same shape; per save, from
 ray_ckpt's save events: blocking time, background wall time (encode + scatter + stage) and
 bytes per rank; CPU-seconds per step of every process of the cluster (the ranks' threads, the
 stores, the raylets with their object stores, the controller) from the first step's end to the
@@ -158,6 +162,7 @@ def run_mode(demo: Any, cluster: Any, shape: str, mode: str, args: Any) -> dict[
         "mode": mode,
         "steps": len(step_ends),
         "wall_s": run["wall_s"],
+        "work_s": run["final"]["work_s"],
         "step_median_s": statistics.median(gaps),
         "step_mean_s": statistics.fmean(gaps),
         "cpu_per_step_s": cpu_per_step_s,
@@ -179,6 +184,7 @@ def add_ratios(rows: list[dict[str, Any]], memcpy_s: float) -> None:
         base = next(r for r in rows if r["shape"] == row["shape"] and r["mode"] == "none")
         row["step_ratio"] = row["step_mean_s"] / base["step_mean_s"]
         row["wall_ratio"] = row["wall_s"] / base["wall_s"]
+        row["work_ratio"] = row["work_s"] / base["work_s"]
         saved_gib = row["saves"] * row["save_bytes"] * WORKERS / GIB
         extra_cpu = (row["cpu_per_step_s"] - base["cpu_per_step_s"]) * row["steps"]
         row["cpu_s_per_gib"] = extra_cpu / saved_gib if saved_gib else None
@@ -194,6 +200,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             "step x",
             "wall s",
             "wall x",
+            "work s",
+            "work x",
             "saves",
             "block ms",
             "bg ms",
@@ -212,6 +220,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{r['step_ratio']:.2f}",
                 f"{r['wall_s']:.1f}",
                 f"{r['wall_ratio']:.2f}",
+                f"{r['work_s']:.1f}",
+                f"{r['work_ratio']:.2f}",
                 str(r["saves"]) if r["mode"].startswith("ray_ckpt") else "-",
                 f"{r['blocking_s'] * 1e3:.1f}" if r["saves"] else "-",
                 f"{r['background_s'] * 1e3:.0f}" if r["saves"] else "-",
@@ -288,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows))
     print(
-        "\nstep x, wall x: against 'none' of the same shape; bg: a save's background wall time "
+        "\nstep x, wall x, work x: against 'none' of the same shape (work: rank 0's training function from its "
+        "checkpoint setup to its end); bg: a save's background wall time "
         "(encode + scatter + stage), median; CPU ms/step: every cluster process, from the first step's "
         "end to the last's; CPU s/GiB: CPU-seconds beyond 'none' per GiB saved, and in memcpys of a GiB"
     )

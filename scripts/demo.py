@@ -151,6 +151,7 @@ def train_loop(config: dict[str, Any]) -> None:
     pad = torch.rand(config.get("state_mib", 0) << 18, generator=torch.Generator().manual_seed(rank))
     start = 0
     ckpt = None
+    work_began = time.time()  # what checkpointing can cost from here on: setup, restore, steps, the final wait
     if mode == "ray_ckpt":
         ckpt = ray_ckpt.train.Checkpointer(ray_ckpt.CheckpointConfig(**config["checkpoint"]))
         attempt = ckpt.attempt
@@ -255,7 +256,13 @@ def train_loop(config: dict[str, Any]) -> None:
     if ckpt is not None:
         ckpt.wait()
         ckpt.close()
-    final = {"rank": rank, "params_digest": params_digest(model), "loss": float(loss), "step_ends": step_ends}
+    final = {
+        "rank": rank,
+        "params_digest": params_digest(model),
+        "loss": float(loss),
+        "step_ends": step_ends,
+        "work_s": time.time() - work_began,
+    }
     (pathlib.Path(config["out_dir"]) / f"final-{rank}.json").write_text(json.dumps(final))
 
 
