@@ -259,7 +259,7 @@ class _Worker:
                 )
             except Exception as error:
                 logger.debug("clearing this node's warm spare mark: %s", error)
-        self._raylet = os.getppid()  # Ray's worker processes are the raylet's children
+        self._raylet = _raylet_parent()
         self._beating = threading.Event()
         self._generation: int | None = None  # the generation this rank trains in (None: between)
 
@@ -325,8 +325,9 @@ class _Worker:
             logger.debug("rank %d: telling the coordinator it finished: %s", self.rank, error)
 
     def _orphaned(self) -> bool:
-        """Whether this process's raylet is gone: its node is going, and this process with it."""
-        return os.getppid() != self._raylet
+        """Whether this process's raylet is gone: its node is going, and this process with it
+        (never, where the process was not started as the raylet's child)."""
+        return self._raylet is not None and os.getppid() != self._raylet
 
     def _await_own_end(self) -> None:
         """This process's node is going: wait for Ray to end the process, which then counts as
@@ -489,6 +490,17 @@ class _Worker:
             timeout=datetime.timedelta(seconds=self.settings.collective_timeout_s),
         )
         self.backend = backend
+
+
+def _raylet_parent() -> int | None:
+    """This process's parent pid if the parent is a raylet (Ray starts its workers as the
+    raylet's children), else None: a worker started by another process, whose exit says
+    nothing about the node, is never taken for orphaned."""
+    parent = os.getppid()
+    try:
+        return parent if psutil.Process(parent).name() == "raylet" else None
+    except psutil.Error:
+        return None
 
 
 def _first_line(error: BaseException) -> str:

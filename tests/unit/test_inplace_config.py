@@ -245,3 +245,22 @@ def test_a_join_refused_because_the_node_is_going_waits_for_the_end(monkeypatch:
     with pytest.raises(InPlaceRecoveryError, match="raylet is gone"):
         inplace_worker._Worker._rejoin(w, role="survivor", detected_at=None)
     assert sleeps.slept == [w.settings.timeout_s]
+
+
+def test_only_a_raylet_parent_is_watched_for_the_nodes_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker started by anything but a raylet (here: pytest's parent) is never taken for
+    orphaned when that parent exits; Ray's workers are the raylet's children."""
+    assert inplace_worker._raylet_parent() is None
+    w = worker(lambda: [])
+    w._raylet = None
+    assert not w._orphaned()
+
+    class Raylet:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def name(self) -> str:
+            return "raylet"
+
+    monkeypatch.setattr(inplace_worker.psutil, "Process", Raylet)
+    assert inplace_worker._raylet_parent() == os.getppid()
