@@ -241,12 +241,12 @@ class DirectReadServer:
             _send_frame(sock, {"found": False})
             return
         meta, intact, pieces = found
+        with self._count:  # counted before the reader can see the last byte (and check the counts)
+            self.reads += 1
+            self.bytes_sent += sum(piece.size for piece in pieces)
         _send_frame(sock, {"found": True, "meta": meta.to_dict(), "intact": intact, "sizes": [p.size for p in pieces]})
         for piece in pieces:
             sock.sendall(piece.data)
-        with self._count:
-            self.reads += 1
-            self.bytes_sent += sum(piece.size for piece in pieces)
 
     def _receive(self, sock: socket.socket, job: str, request: dict[str, Any]) -> None:
         """A direct write: the store reserves the shard's memory from its budget, says it is
