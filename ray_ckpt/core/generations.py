@@ -25,10 +25,10 @@ coordinator that stalls and then takes a backlog of beats finds nobody silent. F
 loss, and while a round to replace the generation is open, every member that has not joined is
 told to leave at its next beat (``must_leave``): its worker interrupts its training function. A
 member that ``finish``-ed its training function is never lost by silence (its beats stop on
-purpose). A member whose node is going (it said its raylet is gone, or its node is
-dead) is *doomed*: it leaves the round it is in and may not join another, so no generation
-forms with a process about to die. ``tests/unit/test_loss_detection_model.py`` checks these rules under generated
-interleavings.
+purpose). A member whose node is going (it said its raylet is gone, or its node is dead) is
+*doomed*: it leaves the round it is in and may not join another, so no generation forms with
+a process about to die. ``tests/unit/test_loss_detection_model.py`` checks these rules under
+generated interleavings.
 
 The actor's replies are the frozen records here (``BeginReply``, ``JoinReply`` with its
 ``JoinStatus``, ``CoordinatorReport``): they cross Ray by pickle, and
