@@ -254,12 +254,16 @@ class Generations:
         others = max(1, len(beating) - 1)
         found = []
         for rank, member in self.current.members.items():
-            if rank in self.lost or self.pending.get(rank) == member or member.incarnation in self.finished:
+            if self.pending.get(rank) == member:  # in the round: ``drop_dead`` takes it out if its node died
+                continue
+            on_dead_node = alive_nodes is not None and member.node_id not in alive_nodes
+            if on_dead_node:  # lost by silence or finished before, it still may not join
+                self.doomed.add(member.incarnation)
+            if rank in self.lost or member.incarnation in self.finished:
                 continue
             reason = None
-            if alive_nodes is not None and member.node_id not in alive_nodes:
+            if on_dead_node:
                 reason = "node dead"
-                self._doom(member)
             else:
                 count, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
                 if self.clock - clock > quiet_s and self.beat_count - count >= beats * others:

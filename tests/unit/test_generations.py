@@ -276,3 +276,13 @@ def test_a_member_found_on_a_dead_node_cannot_join() -> None:
     gens.join(member(1, "b", node="n9"), now=0.6)
     gens.drop_dead({"n0", "n2"}, now=0.7, beat_timeout_s=5.0)
     assert gens.join(member(1, "b", node="n9"), now=0.8) == generations.JoinReply(generations.JoinStatus.DOOMED)
+
+
+def test_a_member_lost_by_silence_whose_node_then_dies_cannot_join() -> None:
+    """Found by the loss-detection model: a member already lost (silent) was never looked at
+    again, so its node's death did not doom it and its dying process could join."""
+    gens = started()
+    now, lost = first_loss(gens, 1)  # rank 2 never beats
+    assert lost == [2]
+    gens.find_lost(now=now + 0.1, alive_nodes={"n0", "n1"})
+    assert gens.join(member(2), now=now + 0.2) == generations.JoinReply(generations.JoinStatus.DOOMED)
