@@ -10,10 +10,16 @@ from typing import Any
 
 import pace
 import pytest
+from hypothesis import Phase, settings
 
 # Short Unix socket paths: Ray's socket names must stay under ~107 bytes.
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rck"))
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+
+# No explain phase in any property test: its tracer (sys.settrace) makes pytest-timeout take the
+# run for a debugger session and stand down, so a failing test would run unbounded, not fail.
+settings.register_profile("bounded", phases=[phase for phase in Phase if phase is not Phase.explain])
+settings.load_profile("bounded")
 
 _exit_status = 0
 

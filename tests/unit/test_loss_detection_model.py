@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -205,8 +205,5 @@ LossDetection.TestCase.settings = settings(
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-    # no explain phase: its tracer (sys.settrace) makes pytest-timeout take the run for a debugger
-    # session and stand down, so a failing model would run unbounded instead of failing
-    phases=[phase for phase in Phase if phase is not Phase.explain],
 )
 test_finding_lost_members_holds_under_generated_interleavings = LossDetection.TestCase

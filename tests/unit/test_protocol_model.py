@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from protocol_sim import World
@@ -117,8 +117,5 @@ CommitProtocol.TestCase.settings = settings(
     stateful_step_count=STEPS,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    # no explain phase: its tracer (sys.settrace) makes pytest-timeout take the run for a debugger
-    # session and stand down, so a failing model would run unbounded instead of failing
-    phases=[phase for phase in Phase if phase is not Phase.explain],
 )
 test_the_commit_protocol_holds_under_generated_interleavings = CommitProtocol.TestCase
