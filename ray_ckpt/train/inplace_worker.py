@@ -161,6 +161,8 @@ def warm_up() -> None:
     for module in WARM_MODULES:
         importlib.import_module(module)
     PROCESS.warmed_at = time.time()
+    if not ray.is_initialized():  # not a Ray worker (asking Ray would start a local instance)
+        return
     try:  # the controller tells this process apart from the job's other idle workers by it
         runtime = ray.get_runtime_context()
         _ray_compat.note_warm_process(runtime.get_job_id(), runtime.get_node_id(), os.getpid())
