@@ -1,8 +1,8 @@
 """Finding lost members (``Generations.find_lost``, ``must_leave``) under generated
 interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
 orders, late beats, coordinator stalls that deliver a backlog at once, closed-connection
-reports, process deaths, node deaths, dying members that join, finished functions and rounds, and checks after every
-event:
+reports, process deaths, node deaths, dying members that join, finished functions and rounds,
+and checks after every event:
 
 - safety: with nobody dead, a member that is alive and beats is never lost unless it was silent
   for a whole quiet bound (it missed ``QUIET_BEATS`` beats in a row), nor one whose function
@@ -11,8 +11,9 @@ event:
   connection reported), counted in the time the coordinator was taking beats;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
   open;
-- a member whose node is going (it said its raylet is gone) is refused a place in the round, and
-  leaves the round it joined before it said so: no generation forms with a dying process.
+- a member whose node is going (it said its raylet is gone, or the node table showed its node
+  dead while it was outside the round) is refused a place in the round, and leaves the round it
+  joined before it said so: no generation forms with a dying process.
 """
 
 from __future__ import annotations
