@@ -16,9 +16,11 @@ one actor to take every rank's beat at that rate gets a longer bound (``hang_bou
 A member of the current generation is *lost* once it says its node's raylet is gone (its
 worker process outlives the raylet a moment, and can still beat), once its node is dead
 (``find_lost``), or once it has gone silent while its peers kept beating: it missed
-``SILENT_BEATS`` beats in a row after a peer reported one of its gloo connections closed (a
-process that dies closes its sockets), ``QUIET_BEATS`` (and at least ``QUIET_MIN_S``) without
-such a report. Silence is counted in its
+``SILENT_BEATS`` beats in a row (and at least ``SILENT_MIN_S``) after a peer reported one of
+its gloo connections closed (a process that dies closes its sockets), ``QUIET_BEATS`` (and at
+least ``QUIET_MIN_S``) without such a report. A live member taken for lost costs one more
+round (it is told to leave and rejoins with its process), so the bounds leave room for a beat
+thread held up by a busy host. Silence is counted in its
 peers' beats, and in seconds of the coordinator's own ``clock``, which stands still while the
 coordinator takes nothing (a gap between two calls counts for one beat interval at most): a
 coordinator that stalls and then takes a backlog of beats finds nobody silent. From the first
@@ -45,8 +47,9 @@ from typing import Any
 BEATS_PER_S = 200  # heartbeats a second the run's one coordinator takes, leaving room for joins
 MIN_BEAT_INTERVAL_S = 0.1  # the most often a worker beats
 SILENT_BEATS = 1  # beats missed in a row that make a member lost once a peer saw a connection close
+SILENT_MIN_S = 0.5  # and the least silence that does (a closed connection may be an old one's)
 QUIET_BEATS = 5  # beats missed in a row that make a member lost without such a sign
-QUIET_MIN_S = 1.0  # and the least silence that does: a worker's beat thread may wait that long for the GIL
+QUIET_MIN_S = 3.0  # and the least silence that does: a beat thread may wait a second or more for the GIL or CPU
 
 
 def hang_bound_s(hang_timeout_s: float, world_size: int) -> float:
@@ -90,10 +93,11 @@ class JoinStatus(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class JoinReply:
     """The coordinator's answer to a join. ``FORMED``: ``generation``, its ``attempt`` id,
-    ``formed_at``, ``round_started`` (when the round's first member joined) and ``replaced``
+    ``formed_at``, ``round_started`` (when the round's first member joined), ``replaced``
     (the ranks whose process the generation before did not have: empty when the same processes
-    go on). ``TIMEOUT``: ``missing``, the ranks that had not joined. ``SUPERSEDED``: nothing
-    more. A field its status does not name keeps its default."""
+    go on) and ``lost`` (rank, how it was found lost) of the generation before. ``TIMEOUT``:
+    ``missing``, the ranks that had not joined. ``SUPERSEDED``: nothing more. A field its status does not
+    name keeps its default."""
 
     status: JoinStatus
     generation: int = 0
@@ -101,6 +105,7 @@ class JoinReply:
     formed_at: float = 0.0
     round_started: float | None = None
     replaced: tuple[int, ...] = ()
+    lost: tuple[tuple[int, str], ...] = ()
     missing: tuple[int, ...] = ()
 
 
@@ -245,9 +250,7 @@ class Generations:
         self._tick(now)
         beats = SILENT_BEATS if self.suspected else QUIET_BEATS
         # a member that missed ``beats`` in a row is silent a beat longer, as beats come in any order
-        quiet_s = (beats + 1) * self.interval_s
-        if not self.suspected:
-            quiet_s = max(QUIET_MIN_S, quiet_s)
+        quiet_s = max(SILENT_MIN_S if self.suspected else QUIET_MIN_S, (beats + 1) * self.interval_s)
         beating = [
             m for r, m in self.current.members.items() if r not in self.lost and m.incarnation not in self.finished
         ]
@@ -308,6 +311,7 @@ class Generations:
                 formed_at=current.formed_at,
                 round_started=formed["round_started"],
                 replaced=tuple(formed["replaced"]),
+                lost=tuple((int(lost["rank"]), str(lost["reason"])) for lost in formed["lost"]),
             )
         if member.epoch != self.epoch:
             return JoinReply(JoinStatus.SUPERSEDED)

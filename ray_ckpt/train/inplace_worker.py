@@ -466,6 +466,7 @@ class _Worker:
                 "joined": joined_at,
                 "round_started": reply.round_started,
                 "formed": reply.formed_at,
+                "lost": [list(lost) for lost in reply.lost],
                 "ready": time.time(),
             }
             return sorted(replaced)

@@ -186,7 +186,8 @@ class LossDetection(RuleBasedStateMachine):
             if self.members[rank].node_id in self.dead_nodes:
                 bound = 2 * INTERVAL_S  # the next tick's node table
             elif self.suspected_at is not None:
-                bound = (generations.SILENT_BEATS + 2) * INTERVAL_S + max(0.0, self.suspected_at - died)
+                bound = max(generations.SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S) + INTERVAL_S
+                bound += max(0.0, self.suspected_at - died)
             else:
                 bound = max(generations.QUIET_MIN_S, generations.QUIET_BEATS * INTERVAL_S) + 2 * INTERVAL_S
             bound += self.stalled_s + INTERVAL_S * max(self.worst_missed.values())
