@@ -96,8 +96,8 @@ class JoinReply:
     ``formed_at``, ``round_started`` (when the round's first member joined), ``replaced``
     (the ranks whose process the generation before did not have: empty when the same processes
     go on) and ``lost`` (rank, how it was found lost) of the generation before. ``TIMEOUT``:
-    ``missing``, the ranks that had not joined. ``SUPERSEDED``: nothing more. A field its status does not
-    name keeps its default."""
+    ``missing``, the ranks that had not joined. ``SUPERSEDED``: nothing more. A field its
+    status does not name keeps its default."""
 
     status: JoinStatus
     generation: int = 0

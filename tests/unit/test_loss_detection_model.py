@@ -107,6 +107,13 @@ class LossDetection(RuleBasedStateMachine):
                 r for r, m in enumerate(self.members) if m.node_id in self.dead_nodes and r not in self.joined
             )
 
+    @rule(count=st.integers(5, 40))
+    def ticks(self, count: int) -> None:
+        """``count`` beat intervals in which every live member beats in rank order: time for the
+        longest silence bound (``QUIET_MIN_S``) to pass within a run's steps."""
+        for _ in range(count):
+            self.tick(list(range(5)), set(), False)
+
     @precondition(lambda self: len(self._beating()) > 1)
     @rule(index=st.integers(0, 4), node=st.booleans())
     def die(self, index: int, node: bool) -> None:
