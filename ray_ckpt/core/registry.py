@@ -653,7 +653,8 @@ class Registry:
         has k shards: either way every rank finished its puts. Other steps come back as staged
         by the ranks whose shards are present. Every attempt a shard names is remembered as
         superseded, but the attempt of the newest step, which stays current: a zombie of an
-        older one is refused as before the restart.
+        older one is refused as before the restart. Which save of a step counts:
+        ``_rebuilt_step``.
         """
         found: dict[str, dict[int, dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]]]] = {}
         marks: dict[str, int] = {}
@@ -668,14 +669,20 @@ class Registry:
                 metas, nodes = saves.setdefault((meta.rank, meta.writer), ({}, {}))
                 metas[meta.index] = meta
                 nodes[meta.index] = held.node_id
+        plans: dict[str, PlanMark] = {}
+        for held in holdings:
+            for job, plan_mark in held.plans.items():
+                if job not in plans or plans[job].seq < plan_mark.seq:
+                    plans[job] = plan_mark
         rebuilt: dict[str, dict[int, StepRecord]] = {}
         incarnations: dict[str, _Incarnations] = {}
         for job, steps in found.items():
             newest_attempt = _attempt_of(steps[max(steps)])
+            known = _known_attempts(plans.get(job), marked_by.get(job))
             for step, saves in sorted(steps.items()):
                 mark = marks.get(job)
                 marked = marked_by.get(job) if mark is not None and step <= mark else None
-                record = _rebuilt_step(saves, marked or newest_attempt)
+                record = _rebuilt_step(saves, marked=marked, newest=newest_attempt, known=known)
                 complete = len(record.staged) == record.world_size
                 whole = all(len(r.metas) >= r.data_shards for r in record.ranks().values())
                 record.committed = complete and ((mark is not None and step <= mark) or whole)
@@ -687,11 +694,6 @@ class Registry:
             incarnations[job] = _Incarnations(
                 current=current, seen=seen | ({current} if current else set()), newest_staged=max(steps)
             )
-        plans: dict[str, PlanMark] = {}
-        for held in holdings:
-            for job, plan_mark in held.plans.items():
-                if job not in plans or plans[job].seq < plan_mark.seq:
-                    plans[job] = plan_mark
         for job, plan_mark in plans.items():
             _restore_plan(incarnations.setdefault(job, _Incarnations()), plan_mark, rebuilt.get(job, {}))
         with self._lock:
@@ -714,13 +716,34 @@ def _attempt_of(saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[in
     return best or None
 
 
+def _known_attempts(plan_mark: PlanMark | None, marked_by: str | None) -> set[str]:
+    """The attempts the old registry had heard of, as far as the stores' marks tell: only such an
+    attempt can have committed a step (a stage joins its attempt, and a join's plan mark reaches
+    the stores before the stage is answered)."""
+    known = {marked_by} if marked_by else set()
+    if plan_mark is not None:
+        known.update(plan_mark.superseded)
+        if plan_mark.current is not None:
+            known.add(plan_mark.current)
+        if plan_mark.plan is not None and plan_mark.plan.attempt is not None:
+            known.add(plan_mark.plan.attempt)
+    return known
+
+
 def _rebuilt_step(
-    saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]], preferred: str | None
+    saves: dict[tuple[int, str], tuple[dict[int, ShardMeta], dict[int, str]]],
+    *,
+    marked: str | None,
+    newest: str | None,
+    known: set[str],
 ) -> StepRecord:
-    """One step's record from the shards of its saves: the ``preferred`` attempt (the one a
-    commit mark names, else the one with most shards in the job's newest step) when it saved
-    every rank of this step, else the attempt with most shards; per rank the save (writer) of
-    that attempt with the most shards."""
+    """One step's record from the shards of its saves, of one attempt; per rank the save
+    (writer) of that attempt with the most shards. The attempt, by order of precedence: one that
+    saved every rank of the step; the one a commit mark names (``marked``); one whose every rank
+    keeps k shards (a save that can be restored over one that cannot); one the old registry had
+    heard of (``known``: an attempt it never heard of never staged, so its save of a step another
+    attempt committed is not the commit, even when it has more shards); the attempt with the most
+    shards in the job's newest step (``newest``); the most shards."""
     by_attempt: dict[str | None, dict[int, tuple[dict[int, ShardMeta], dict[int, str]]]] = {}
     world_sizes: dict[str | None, int] = {}
     for (rank, _writer), (metas, nodes) in sorted(saves.items()):
@@ -729,12 +752,15 @@ def _rebuilt_step(
         ranks = by_attempt.setdefault(first.attempt or None, {})
         if rank not in ranks or len(metas) > len(ranks[rank][0]):
             ranks[rank] = (metas, nodes)
-    complete = [a for a, ranks in by_attempt.items() if len(ranks) == world_sizes[a]]
-    if preferred in complete:
-        attempt = preferred
-    else:
-        pool = complete or list(by_attempt)
-        attempt = max(sorted(pool, key=str), key=lambda a: sum(len(m) for m, _ in by_attempt[a].values()))
+
+    def precedence(attempt: str | None) -> tuple[bool, bool, bool, bool, bool, int]:
+        ranks = by_attempt[attempt]
+        complete = len(ranks) == world_sizes[attempt]
+        whole = all(len(metas) >= next(iter(metas.values())).data_shards for metas, _ in ranks.values())
+        shards = sum(len(metas) for metas, _ in ranks.values())
+        return (complete, attempt == marked, complete and whole, attempt in known, attempt == newest, shards)
+
+    attempt = max(sorted(by_attempt, key=str), key=precedence)
     records = {rank: RankRecord(metas, nodes) for rank, (metas, nodes) in by_attempt[attempt].items()}
     record = StepRecord(world_size=world_sizes[attempt], records=records)
     record.attempt = attempt

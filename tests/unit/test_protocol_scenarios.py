@@ -252,3 +252,51 @@ def test_a_step_a_rebuilt_registry_holds_every_ranks_shards_of_is_never_called_t
     sim.stage(rank1)
     assert sim.registry.is_committed(JOB, 1)
     sim.check()
+
+
+def _a_committed_step_0_and_a_later_groups_unstaged_save_of_it() -> World:
+    """Group A (no attempt: the registry's) commits step 0; group B (attempt a1) starts without
+    restoring and both its ranks put step 0, neither stages it yet (found by the model test)."""
+    sim = World(nodes=5, world_size=2, k=2, m=1, seed=0)
+    sim.start_incarnation(with_attempt=False, restores_first=False)
+    for process in sim.live():
+        sim.restore(process)
+    for process in sim.live():
+        sim.put(process)
+        sim.stage(process)
+    assert sim.commits[0] == {0: "w0-0", 1: "w0-1"}
+    sim.start_incarnation(with_attempt=True, restores_first=False)
+    for process in sim.live():
+        sim.put(process)
+    return sim
+
+
+def test_a_rebuild_keeps_a_commit_over_an_equally_whole_resave_by_a_group_it_never_heard_of() -> None:
+    """A store restart took the only commit mark; the registry restarts and both saves of step 0
+    are whole (as many shards each). Only A can have committed it (the old registry never heard
+    of B), so A's stays the commit and B's late stage is refused: step 0 never commits twice
+    (invariant 6). Before: B's save won the tie and B's stage committed step 0 a second time."""
+    sim = _a_committed_step_0_and_a_later_groups_unstaged_save_of_it()
+    sim.restart_store("n1")  # rank 1 of A staged through it: it held the commit mark
+    sim.restart_registry()
+    assert sim.registry.committed_by(JOB, 0) == sim.processes[0].attempt
+    assert {r: rec.first.writer for r, rec in sim.registry.locate(JOB, 0).items()} == {0: "w0-0", 1: "w0-1"}
+    b0 = next(p for p in sim.live() if p.rank == 0 and p.alive)
+    sim.stage(b0)
+    assert not b0.alive  # refused: StaleAttemptError
+    assert sim.log[-1].endswith("StaleAttemptError"), sim.log[-1]
+    sim.check()
+
+
+def test_a_rebuild_commits_the_whole_save_of_a_step_over_one_that_lost_shards() -> None:
+    """Two nodes die (one with the commit mark) and the registry restarts: A's save of step 0
+    keeps k shards on every rank, B's has more shards but one rank below k. The rebuilt registry
+    holds A's save committed (invariant 1); before, it took B's by its shard count, found it not
+    whole and held step 0 uncommitted, so a committed, restorable step was lost."""
+    sim = _a_committed_step_0_and_a_later_groups_unstaged_save_of_it()
+    sim.kill_node("n1")
+    sim.kill_node("n4")
+    sim.restart_registry()
+    assert sim.registry.latest_committed(JOB) == 0
+    assert {r: rec.first.writer for r, rec in sim.registry.locate(JOB, 0).items()} == {0: "w0-0", 1: "w0-1"}
+    sim.check()
