@@ -128,7 +128,11 @@ def train_loop(config: dict[str, Any]) -> None:
         "time": time.time(),
     }
     (events / f"restore-{rank}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
-    for step in range(start, config["steps"]):
+    end = config["steps"]
+    grown = restored is not None and (restored.from_world_size or 0) < context.get_world_size()
+    if grown and config.get("steps_after_grow") is not None:  # every rank restored the same step: one end
+        end = min(end, start + config["steps_after_grow"])
+    for step in range(start, end):
         if step == config.get("compute_step"):  # a long step: its start is recorded
             record = {"rank": rank, "pid": os.getpid(), "started": time.time(), "seconds": config["compute_s"]}
             (events / f"compute-{rank}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
@@ -176,6 +180,7 @@ def run(
     fsdp2_per_layer: bool = False,
     compute_step: int | None = None,
     compute_s: float = 0.0,
+    steps_after_grow: int | None = None,
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
@@ -184,6 +189,8 @@ def run(
     ``fsdp2_per_layer`` each Linear is an FSDP unit of its own, under the root's.
     ``compute_step``: that step (each time it runs) first computes for ``compute_s`` seconds,
     on a tensor of its own, and records when it began (``read_computes``).
+    ``steps_after_grow``: a group that restored a step saved by fewer ranks ends that many steps
+    after it (an elastic run that grew back has shown its reshard).
     While ``events_dir/PAUSE_FILE`` exists, every rank waits after its step."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
@@ -198,6 +205,7 @@ def run(
             "fsdp2_per_layer": fsdp2_per_layer,
             "compute_step": compute_step,
             "compute_s": compute_s,
+            "steps_after_grow": steps_after_grow,
         },
         # a (min, max) pair: elastic, the group restarts at another size as nodes come and go
         scaling_config=ScalingConfig(num_workers=workers, elastic_resize_monitor_interval_s=2.0),
@@ -334,12 +342,16 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
     cluster of exactly 4 one-CPU nodes, RS(2,1): after step 4 committed the node of rank 1 is
     hard-killed and there is no spare, so Ray Train restarts the run at 3 workers, which
     reshard the 4 ranks' step from peer memory; once they have trained 2 steps a node is
-    added back and Ray Train grows the run to 4 workers, which reshard from 3. Returns
+    added back and Ray Train grows the run to 4 workers, which reshard from 3 and end the run
+    3 steps later (``steps`` bounds a run that never grows back). Returns
     ``{"sizes": [workers of each attempt that restored, in order], "reshards": [{"from",
     "to", "step", "bit_exact"}], "completed"}``: ``bit_exact`` compares every new rank's
     restored full parameters with those the saving group had at that step. ``quiet_driver`` as
     in ``run_with_kill``."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    # a start at the old size right after the kill cannot be placed: give up on it after 10 s
+    # (not Ray Train's 60 s) and retry at the size that fits (docs/ray-train.md, section 2)
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "10")
     events = tempfile.mkdtemp()
     failures: list[BaseException] = []
 
@@ -355,6 +367,7 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
                 step_sleep_s=step_sleep_s,
                 max_failures=4,
                 fsdp2=True,
+                steps_after_grow=3,
             )
         except BaseException as error:  # reported below
             failures.append(error)

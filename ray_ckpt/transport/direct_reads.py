@@ -93,6 +93,7 @@ MAX_ANSWER_BYTES = 16 << 20  # an answer's header (its sizes list), for the read
 MAX_CONNECTIONS = 256
 HELLO_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
+SHUTDOWN_POLL_S = 0.1  # how often a serving thread checks for close()
 IDLE_TIMEOUT_S = 120.0
 MIN_WRITE_BYTES_PER_S = 16 << 20  # a write's bytes must arrive at least this fast (after REQUEST_TIMEOUT_S)
 
@@ -161,7 +162,9 @@ class DirectReadServer:
             self._servers.append(UnixServer("\0" + unix, Handler))
         self.host, self.port, self.unix = host, int(self._servers[0].server_address[1]), unix  # type: ignore[index]
         for server in self._servers:
-            threading.Thread(target=server.serve_forever, name="ray_ckpt-direct-reads", daemon=True).start()
+            threading.Thread(
+                target=server.serve_forever, args=(SHUTDOWN_POLL_S,), name="ray_ckpt-direct-reads", daemon=True
+            ).start()
 
     def token(self, job: str) -> str:
         """The token that reads ``job``'s shards here (and nothing else): 64 hex digits."""
