@@ -102,7 +102,7 @@ def test_compiled_kernel_matches_the_reference_arithmetic() -> None:
 
 
 @pytest.mark.parametrize("kernel", _gf256.kernels())
-@pytest.mark.parametrize("rows, cols", [(1, 4), (2, 4), (5, 8), (4, 10)])
+@pytest.mark.parametrize("rows, cols", [(1, 4), (2, 4), (3, 6), (5, 8), (4, 10), (7, 5)])  # every group size
 def test_every_kernel_this_cpu_runs_matches_the_reference_on_any_range(kernel: str, rows: int, cols: int) -> None:
     """Each SIMD kernel (the shuffle ones, the GFNI affine ones where the CPU has GFNI) against
     the table-driven reference: random coefficients with 0 and 1 among them, ranges that start
