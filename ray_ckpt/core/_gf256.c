@@ -13,7 +13,9 @@
  * Where the CPU has GFNI, a constant times a byte is one affine transform instead (the product
  * by c is linear over GF(2): an 8x8 bit matrix, applied by GF2P8AFFINEQB to 64 bytes at a time
  * with AVX-512, 32 with AVX2); GF2P8MULB would use AES's polynomial, not ours.
- * Coefficient 0 is skipped and coefficient 1 is a plain XOR. ``use(name)`` picks another of the
+ * The AVX2 and GFNI kernels look each coefficient's table or matrix up once per call and treat 0
+ * and 1 like any other (their tables give 0 and the input); the SSSE3 one skips 0 and XORs for 1.
+ * ``use(name)`` picks another of the
  * kernels this CPU runs (tests compare them all with the scalar one).
  *
  * The GIL is released while the bytes flow, so Python threads working on disjoint
