@@ -29,7 +29,7 @@ import numpy as np
 from ray_ckpt import reshard
 from ray_ckpt.backup import Backup
 from ray_ckpt.core import blob, dtensor, hostmem, snapshot
-from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.checksum import verify
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.events import RestoreSource
 from ray_ckpt.core.identity import RankIdentity, WithIdentity
@@ -104,7 +104,7 @@ def check_shard(found: Any, expected: ShardMeta) -> str | None:
         return "metadata differs from the registry's"
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.size != expected.shard_size:
         return "wrong size"
-    if checksum(data) != expected.checksum:
+    if not verify(expected, data):
         return "checksum mismatch (corrupted bytes)"
     return None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from ray_ckpt import settings
 from ray_ckpt.backup import Backup
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, hostmem, snapshot
-from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.checksum import checksum, combined
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.placement import place
@@ -76,9 +76,20 @@ def shard_metas(
 
 
 def local_copy_meta(
-    body: np.ndarray, *, job: str, step: int, rank: int, world_size: int, attempt: str, writer: str
+    body: np.ndarray,
+    data_metas: Sequence[ShardMeta],
+    *,
+    job: str,
+    step: int,
+    rank: int,
+    world_size: int,
+    attempt: str,
+    writer: str,
 ) -> ShardMeta:
-    """The metadata of a rank's full local copy of a save: one "shard" of a k=1, m=0 code."""
+    """The metadata of a rank's full local copy of a save: one "shard" of a k=1, m=0 code. Its
+    checksum combines the checksums of the save's data shards ``data_metas`` (slices of the
+    same buffer, ``checksum.of_parts``), so the state is not hashed a second time."""
+    digests = [m.checksum for m in data_metas]
     return ShardMeta(
         job=job,
         step=step,
@@ -89,9 +100,10 @@ def local_copy_meta(
         parity_shards=0,
         payload_size=body.size,
         shard_size=body.size,
-        checksum=checksum(body),
+        checksum=combined(digests),
         attempt=attempt,
         writer=writer,
+        checksum_parts=len(digests),
     )
 
 
@@ -309,7 +321,7 @@ class SavePipeline(WithIdentity):
             ]
             local = None
             if self.config.local_copy and self.node_id not in excluded:
-                local = local_copy_meta(body, **common)
+                local = local_copy_meta(body, metas[: self.code.data_shards], **common)
                 puts.append((self.node_id, self._put(self.node_id, local, body, local=True)))
             failed = set()
             for node_id, future in puts:

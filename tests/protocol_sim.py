@@ -244,7 +244,7 @@ class World:
             "attempt": process.attempt or "", "writer": process.writer,
         }  # fmt: skip
         metas = shard_metas(shards, size, data_shards=self.k, **common)
-        local = local_copy_meta(buffer[:size], **common)
+        local = local_copy_meta(buffer[:size], metas[: self.k], **common)
         self.saves[(step, process.rank, process.writer)] = bytes(state["blob"].numpy().tobytes())
         hosts = [Node(n) for n in sorted(self.alive)]
         if not hosts:

@@ -97,7 +97,9 @@ class ShardMeta:
     data_shards, parity_shards: the code (k, m).
     payload_size: bytes of the coded payload (the caller of the codec keeps it).
     shard_size: bytes of this shard (ceil(payload_size / k)).
-    checksum: XXH3-64 of this shard's bytes.
+    checksum: XXH3-64 of this shard's bytes; with ``checksum_parts`` p > 1 (a rank's local
+    copy), of the digests of its p equal parts, the save's data shards
+    (``ray_ckpt.core.checksum.of_parts``; ``verify`` checks either).
     attempt: the incarnation of the job that saved it ("" for none; docs/commit-protocol.md).
     writer: the Checkpointer that saved it (a random id): two saves of one (step, rank) never
     share a key, so neither can overwrite or be mistaken for the other.
@@ -115,6 +117,7 @@ class ShardMeta:
     checksum: int
     attempt: str = ""
     writer: str = ""
+    checksum_parts: int = 1
 
     @property
     def key(self) -> ShardKey:
@@ -145,6 +148,11 @@ class ShardMeta:
         k, m = meta.data_shards, meta.parity_shards
         if k < 1 or k + m > MAX_SHARDS or meta.index >= k + m or meta.rank >= meta.world_size:
             raise SnapshotFormatError(f"shard metadata is inconsistent: {values}")
+        if not 1 <= meta.checksum_parts <= MAX_SHARDS or (meta.checksum_parts > 1 and (k, m) != (1, 0)):
+            raise SnapshotFormatError(
+                f"shard metadata is inconsistent: checksum_parts {meta.checksum_parts} (1 for a coded shard, "
+                f"1 to {MAX_SHARDS} for a local copy)"
+            )
         if meta.shard_size != -(-meta.payload_size // k):
             raise SnapshotFormatError(
                 f"shard metadata is inconsistent: shard_size {meta.shard_size} for payload "

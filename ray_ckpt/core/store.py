@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 
 from ray_ckpt.core import hostmem
-from ray_ckpt.core.checksum import checksum
+from ray_ckpt.core.checksum import verify
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import StoreStats
 from ray_ckpt.errors import ConfigError, StoreFullError
@@ -231,7 +231,7 @@ class ShardStore:
         now = time.monotonic()
         intact = entry.verified_at is not None and now - entry.verified_at < INTACT_TTL_S
         if not intact:
-            intact = checksum(data) == meta.checksum
+            intact = verify(meta, data)
             entry.verified_at = now if intact else None
         return meta, intact, [data[start:stop] for start, stop in ranges]
 

@@ -20,6 +20,7 @@ from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError
 from ray_ckpt.restore import Restorer
+from ray_ckpt.save import local_copy_meta
 from ray_ckpt.testing import digest
 
 JOB, K, M, WORLD = "job", 3, 2, 2
@@ -102,10 +103,8 @@ class FakeRegistry:
                     nodes[meta.index] = node
                 local = None
                 if local_node is not None:
-                    local = ShardMeta(
-                        job=JOB, step=step, rank=rank, index=0, world_size=WORLD, data_shards=1, parity_shards=0,
-                        payload_size=body.size, shard_size=body.size, checksum=checksum(body),
-                    )  # fmt: skip
+                    common = {"job": JOB, "step": step, "rank": rank, "world_size": WORLD, "attempt": "", "writer": ""}
+                    local = local_copy_meta(body, metas[:K], **common)
                     stores.held.setdefault(local_node, {})[(JOB, step, rank, 0, True)] = (local.to_dict(), body.copy())
                 self.records[step][rank] = RankRecord(dict(enumerate(metas)), nodes, local, local_node)
         self.plan = RestorePlan(step=2, source="peers", ever_committed=True, newest_committed=2, newest_staged=3)
@@ -211,6 +210,19 @@ def test_the_local_copy_is_used_without_fetching_shards(pool: ThreadPoolExecutor
     assert restored is not None and restored.source == "local"
     assert digest(restored.state) == digest(state_of(1, 2))
     assert stores.gets == [("here", 0)]
+
+
+@pytest.mark.parametrize("where", [0, -1], ids=["first byte", "last byte"])
+def test_a_corrupt_local_copy_is_refused_and_the_peers_restore_bit_exact(pool: ThreadPoolExecutor, where: int) -> None:
+    """The local copy's checksum (of its data shards' checksums, ``checksum_parts``) catches a
+    flipped byte anywhere in it, the last part's too; the rank then restores from its peers."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores, local_node="here")
+    _, body = stores.held["here"][(JOB, 2, 1, 0, True)]
+    body[where] ^= 0xFF
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and restored.source == "peers"
+    assert digest(restored.state) == digest(state_of(1, 2))
 
 
 def test_an_older_kept_step_rolls_back_the_newer_commits(pool: ThreadPoolExecutor) -> None:

@@ -28,7 +28,9 @@ VALID: dict[str, Any] = {
     "checksum": 2**64 - 1,
     "attempt": "attempt-1",
     "writer": "writer-1",
+    "checksum_parts": 1,
 }
+LOCAL = {**VALID, "index": 0, "data_shards": 1, "parity_shards": 0, "shard_size": 1001, "checksum_parts": 4}
 
 
 def with_(**changes: Any) -> dict[str, Any]:
@@ -78,6 +80,9 @@ def test_shard_meta_round_trips_through_dict() -> None:
         without("writer"),
         with_(attempt=None),
         with_(writer="w" * 129),
+        with_(checksum_parts=0),
+        with_(checksum_parts=2),
+        {**LOCAL, "checksum_parts": 257},
     ],
     ids=[
         "missing checksum",
@@ -108,6 +113,9 @@ def test_shard_meta_round_trips_through_dict() -> None:
         "missing writer",
         "attempt None",
         "writer too long",
+        "checksum_parts 0",
+        "a coded shard's checksum of parts",
+        "a local copy of 257 parts",
     ],
 )
 def test_shard_meta_from_dict_rejects_malformed_records(values: Any) -> None:
@@ -122,9 +130,10 @@ def test_shard_meta_from_dict_rejects_malformed_records(values: Any) -> None:
         with_(index=0, rank=0, world_size=1),
         with_(payload_size=0, shard_size=0),
         with_(data_shards=1, parity_shards=0, index=0, shard_size=1001),
+        LOCAL,
         with_(data_shards=128, parity_shards=128, index=255, payload_size=257, shard_size=3),
     ],
-    ids=["first shard of a single rank", "empty payload", "k=1 m=0", "k+m=256"],
+    ids=["first shard of a single rank", "empty payload", "k=1 m=0", "a local copy of 4 parts", "k+m=256"],
 )
 def test_shard_meta_from_dict_accepts_edge_values(values: dict[str, Any]) -> None:
     """Boundary-valid records parse and round-trip."""
