@@ -32,7 +32,8 @@ CPU-seconds over ``none`` per saved GiB, relative to one memcpy of a GiB measure
 the same run. The memcpy unit makes the figure comparable between machines; bytes copied per
 byte of state are counted from the code path in docs/benchmarks.md.
 
-    python scripts/bench_overhead.py [--steps 60] [--every 10] [--state-mib 32] [--json PATH]
+    python scripts/bench_overhead.py [--steps 60] [--every 10] [--state-mib 32] [--shapes cpu,gpu-like]
+                                     [--modes none,ray_ckpt/1,...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compute-s", type=float, default=0.3, help="seconds of a gpu-like step's compute, slept (default 0.3)"
     )
     parser.add_argument("--shapes", default="cpu,gpu-like", help="step shapes to run (default cpu,gpu-like)")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="modes to run, comma-separated, 'none' among them (default: all of " + ", ".join(MODES) + ")",
+    )
     parser.add_argument("--quick", action="store_true", help="12 steps, every 4, 4 MiB, gpu-like only (tests)")
     add_json_flag(parser, "the rows")
     args = parser.parse_args(argv)
@@ -250,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [s for s in args.shapes.split(",") if s]
     if not shapes or any(s not in ("cpu", "gpu-like") for s in shapes):
         parser.error(f"--shapes takes cpu and/or gpu-like, comma-separated; got {args.shapes!r}")
+    modes = [m for m in args.modes.split(",") if m]
+    if "none" not in modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes takes 'none' and any of {', '.join(MODES[1:])}, comma-separated; got {args.modes!r}")
+    modes = [m for m in MODES if m in modes]  # the table's order
     if args.steps < 2 * args.every or args.every < 1:
         parser.error("--every must be >= 1 and --steps at least twice --every")
     if not 0 <= args.state_mib <= 1024:
@@ -285,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet.quiet_driver()
         ray_ckpt.start(store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20))
         for shape in shapes:
-            for mode in MODES:
+            for mode in modes:
                 print(f"{shape}: {mode} ...", flush=True)
                 rows.append(run_mode(demo, sim.cluster, shape, mode, args))
                 if mode.startswith("ray_ckpt"):

@@ -198,7 +198,10 @@ def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
         ("bench_goodput.py", ("--steps", "--mtbf-steps", "--seed", "--quick", "--json", "--plots")),
         ("scale_model.py", ("--calibration", "--nodes", "--quick", "--json", "--plots")),
         ("bench_reshard.py", ("--state-mib", "--repeats", "--quick", "--json")),
-        ("bench_overhead.py", ("--steps", "--every", "--state-mib", "--compute-s", "--shapes", "--quick", "--json")),
+        (
+            "bench_overhead.py",
+            ("--steps", "--every", "--state-mib", "--compute-s", "--shapes", "--modes", "--quick", "--json"),
+        ),
         ("bench_dcp.py", ("--state-mib", "--repeats", "--quick", "--json")),
         ("bench_fsdp2_recovery.py", ("--steps", "--kill-after", "--step-sleep-s", "--seed", "--json")),
     ],
