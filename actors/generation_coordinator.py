@@ -15,11 +15,14 @@ from typing import Any
 import ray
 
 from ray_ckpt.core.generations import (
+    POLL_S,
     BeginReply,
     CoordinatorReport,
     Generations,
     JoinReply,
     Member,
+    MemberWire,
+    Waiting,
     beat_interval_s,
     hang_bound_s,
 )
@@ -71,47 +74,65 @@ class GenerationCoordinator:
     async def epoch(self) -> int:
         return self._gens.epoch
 
-    async def register(self, member: Member, number: int) -> bool:
-        async with self._changed:
-            return self._gens.register(member, number, time.time())
+    # Every call a worker makes per rank takes a list of entries, one per rank (members as
+    # ``Member.to_wire`` tuples, which Ray moves many times faster in bulk): a worker sends
+    # its own, and a store relaying up the tree (``ray_ckpt.core.coordinator_relay``) sends the
+    # merged entries of its node's ranks and of the stores below it, so the coordinator takes
+    # one call per batch however many ranks the run has.
 
-    async def beat(self, member: Member, suspect: bool = False, orphaned: bool = False) -> bool:
-        """Record a heartbeat (``suspect``: the member saw a gloo connection of its generation
-        close; ``orphaned``: its node's raylet is gone); True when the member must leave its
-        generation now (``Generations.must_leave``: a peer is lost or a round to replace the
-        generation is open without it)."""
-        now = time.time()
-        self._gens.beat(member, now, suspect=suspect, orphaned=orphaned)
-        self._gens.find_lost(now, self._alive)
-        return self._gens.must_leave(member)
+    async def register_many(self, number: int, members: list[MemberWire]) -> list[bool]:
+        """Workers of a full start announce themselves; False for each whose generation
+        ``number`` is superseded."""
+        async with self._changed:
+            now = time.time()
+            return [self._gens.register(Member.from_wire(member), number, now) for member in members]
+
+    async def beat_many(self, beats: list[tuple[MemberWire, bool, bool]]) -> list[bool]:
+        """Heartbeats ``(member, suspect, orphaned)`` (``suspect``: the member saw a gloo
+        connection of its generation close; ``orphaned``: its node's raylet is gone); True for
+        each member that must leave its generation now (``Generations.must_leave``: a peer is
+        lost or a round to replace the generation is open without it)."""
+        taken = [(Member.from_wire(member), suspect, orphaned) for member, suspect, orphaned in beats]
+        return self._gens.beat_many(taken, time.time(), self._alive)
 
     async def finish(self, member: Member) -> None:
         """``member``'s training function returned: its beats stop and that is no loss."""
         self._gens.finish(member)
 
-    async def join(self, member: Member, timeout_s: float) -> JoinReply:
-        """Wait until a generation with ``member`` forms (``JoinStatus.FORMED``, with the ranks
-        whose process the generation before did not have), or ``timeout_s`` runs out
-        (``TIMEOUT``, naming the missing ranks), or a full start overtakes it (``SUPERSEDED``),
-        or its node is going (``DOOMED``): ``Generations.join``, ``join_reply`` and ``give_up``
-        make the replies."""
+    async def join_many(self, members: list[MemberWire]) -> list[tuple[int, JoinReply | None]]:
+        """Members ask to be in the next generation. Per member: the generation current when it
+        joined (``after``, for ``await_formed``) and None while it waits in the round, or the
+        final reply if it is refused (``SUPERSEDED``, ``DOOMED``). Answered at once: waiting is
+        ``await_formed``'s, so a member's join never waits behind another's wait."""
         self._ensure_watcher()
-        deadline = time.monotonic() + timeout_s
         async with self._changed:
+            now = time.time()
             after = 0 if self._gens.current is None else self._gens.current.number
-            refused = self._gens.join(member, time.time())
-            if refused is not None:
-                return refused
-            self._try_form(time.time())
+            replies = [(after, self._gens.join(Member.from_wire(member), now)) for member in members]
+            if self._gens.complete():  # the watcher drops dead members from a round still filling up
+                self._try_form(now)
+            return replies
+
+    async def await_formed(self, after: int, members: list[Waiting]) -> list[JoinReply | None]:
+        """Per member (its ``Member.waiting`` key) that joined while generation ``after`` was
+        current: ``FORMED`` once a generation formed with it, ``SUPERSEDED`` once a full start
+        overtook it, None while it still waits. Answers when any of them has its reply, or after ``POLL_S``."""
+        deadline = time.monotonic() + POLL_S
+        async with self._changed:
             while True:
-                reply = self._gens.join_reply(member, after)
-                if reply is not None:
-                    return reply
+                replies = [self._gens.join_reply(member, after) for member in members]
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    return self._gens.give_up(member)
+                if left <= 0 or any(reply is not None for reply in replies):
+                    return replies
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), min(left, self._watch_interval_s))
+                    await asyncio.wait_for(self._changed.wait(), left)
+
+    async def give_up(self, member: Member, after: int) -> JoinReply:
+        """``member`` stops waiting: its reply if its generation formed meanwhile, else it
+        leaves the round with the ``TIMEOUT`` reply naming the ranks missing from it."""
+        async with self._changed:
+            reply = self._gens.join_reply(member, after)
+            return reply if reply is not None else self._gens.give_up(member)
 
     async def publish(self, number: int, address: str) -> None:
         async with self._changed:
@@ -119,19 +140,19 @@ class GenerationCoordinator:
                 self._gens.current.address = address
                 self._changed.notify_all()
 
-    async def address(self, number: int, timeout_s: float) -> str | None:
-        """Generation ``number``'s rendezvous address, or None if it is superseded or late."""
-        deadline = time.monotonic() + timeout_s
+    async def address_many(self, number: int, ranks: list[int]) -> list[str | None]:
+        """Generation ``number``'s rendezvous address, once per rank asking: the address once
+        rank 0 published it, "" if the generation is superseded, None if it did not come within
+        ``POLL_S`` (ask again)."""
+        deadline = time.monotonic() + POLL_S
         async with self._changed:
             while True:
                 current = self._gens.current
                 if current is None or current.number != number:
-                    return None
-                if current.address is not None:
-                    return current.address
+                    return [""] * len(ranks)
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
+                if current.address is not None or left <= 0:
+                    return [current.address] * len(ranks)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), left)
 

@@ -11,6 +11,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ray_ckpt import settings
+from ray_ckpt.core.coordinator_relay import OPS, WAITING_OPS, CoordinatorRelay
+from ray_ckpt.core.generations import POLL_S
 from ray_ckpt.core.relay import Relay, subtrees
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
@@ -33,19 +35,21 @@ logger = logging.getLogger(__name__)
 
 _STAGE_THREADS = 32  # ranks of this node that can wait on a stage at once
 _RELAY_THREADS = 32  # child stores that can wait on a relayed stage at once (RAY_CKPT_RELAY_FANIN or more)
+_RENDEZVOUS_THREADS = 64  # coordinator calls waiting at once: each op of this node's ranks and of each child
 
 
 @ray.remote(  # type: ignore[call-overload]
     num_cpus=0,
     max_restarts=0,
     max_concurrency=16,
-    concurrency_groups={"stage": _STAGE_THREADS, "relay": _RELAY_THREADS},
+    concurrency_groups={"stage": _STAGE_THREADS, "relay": _RELAY_THREADS, "rendezvous": _RENDEZVOUS_THREADS},
 )
 class ShardStoreActor:
     """Threaded (max_concurrency) so a slow put never blocks a get; stages and relayed stages
-    wait in their own threads (concurrency groups "stage" and "relay") so they never hold up a
-    put. ``max_restarts=0``: a restarted store would be empty anyway, and its death is what
-    callers must see. Each store is a node of the relay tree (``ray_ckpt.core.relay``)."""
+    wait in their own threads (concurrency groups "stage" and "relay", and "rendezvous" for
+    in-place runs' coordinator calls) so they never hold up a put. ``max_restarts=0``: a
+    restarted store would be empty anyway, and its death is what callers must see. Each store
+    is a node of the relay tree (``ray_ckpt.core.relay``, ``ray_ckpt.core.coordinator_relay``)."""
 
     def __init__(self, node_id: str, budget_bytes: int | None, budget_fraction: float, namespace: str) -> None:
         self._namespace = namespace  # of this deployment (its registry), not of the job that created it
@@ -61,12 +65,14 @@ class ShardStoreActor:
         metrics.observe_store(self._store.stats())
         self._relay = Relay(self._send_up, StageGroup.merged)
         self._plans = Relay(self._send_plans_up, PlanQuery.merged)
+        self._coordinator_calls = CoordinatorRelay(self._coordinate_up)
         self._registry: RegistryClient | None = None
         self._parent: str | None = None  # the store stages go up to; None: the registry
         self._members: list[str] = [node_id]  # this store's part of the relay tree, itself first
         self._handles: dict[str, Any] = {}  # other stores by node id
         self._kept: dict[str, tuple[int, ...]] = {}  # job -> the kept steps this store last applied
         self._relayed = 0  # relay calls taken from stores below
+        self._coordinated = 0  # coordinator calls taken from this node's ranks and stores below
         self._pushes: dict[str, Any] = {}  # child node id -> its last commit push (an ObjectRef)
         self._direct = (
             None if not settings.direct_reads() else DirectReadServer(self._store, str(ray.util.get_node_ip_address()))
@@ -144,6 +150,32 @@ class ShardStoreActor:
         store's own; a ``PlanAnswer`` on the wire per query."""
         answers = self._plans.submit([PlanQuery.from_wire(query) for query in queries])
         return [answer.to_wire() for answer in answers]
+
+    @ray.method(concurrency_group="rendezvous")
+    def coordinate(self, run: str, coordinator: Any, op: str, key: list[Any], entries: list[Any]) -> list[Any]:
+        """A call to the generation coordinator ``coordinator`` of in-place run ``run`` (from a
+        rank of this node, or relayed by a store below): merged with the same run's concurrent
+        calls of the same op and key, and passed up the relay tree
+        (``ray_ckpt.core.coordinator_relay``). One result per entry."""
+        self._coordinated += 1
+        return self._coordinator_calls.submit(run, coordinator, op, tuple(key), entries)
+
+    def _coordinate_up(
+        self, run: str, coordinator: Any, op: str, key: tuple[Any, ...], entries: list[Any]
+    ) -> list[Any]:
+        """``coordinate`` on the parent in the relay tree, or the coordinator itself from the
+        root, from a store not yet placed, or when the parent fails (the coordinator's own
+        errors go back to the callers)."""
+        timeout = settings.relay_timeout_s() + (POLL_S if op in WAITING_OPS else 0.0)
+        parent = self._parent
+        handle = None if parent is None else self._store_handle(parent)
+        if handle is not None:
+            try:
+                call = handle.coordinate.remote(run, coordinator, op, list(key), entries)
+                return list(remote.get(call, timeout=timeout))
+            except Exception as error:  # dead, stopped or slow: the coordinator takes the call instead
+                logger.info("ray_ckpt store: relaying a coordinator call to %s failed (%s)", parent, error)
+        return list(remote.get(getattr(coordinator, OPS[op]).remote(*key, entries), timeout=timeout))
 
     def _linger_s(self) -> float:
         """The root of the tree gathers stages a little before each registry call."""
@@ -266,6 +298,8 @@ class ShardStoreActor:
             parent=self._parent,
             relay_sends=self._relay.sends,
             relayed=self._relayed,
+            coordinator_calls=self._coordinated,
+            coordinator_sends=self._coordinator_calls.sends,
             direct_reads=0 if self._direct is None else self._direct.reads,
             direct_bytes=0 if self._direct is None else self._direct.bytes_sent,
             direct_writes=0 if self._direct is None else self._direct.writes,

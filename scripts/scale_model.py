@@ -9,7 +9,8 @@ per node, the in-place detect and replace times, the control plane's costs (a re
 rank's stage through one relay), the relay tree's fan-in and linger, the code RS(k, m), steps
 kept and the local copy, the training step time. Calibration (``--calibration PATH ...``)
 replaces defaults with what this repository's benchmarks measured (the JSON of
-scripts/bench_recovery.py, bench_memory.py, bench_goodput.py, bench_control_plane.py):
+scripts/bench_recovery.py, bench_memory.py, bench_goodput.py, bench_control_plane.py,
+bench_rendezvous.py):
 
     restore_efficiency   restore speed / raw Ray transfer speed (bench_recovery, 1 node killed,
                          largest size), i.e. the share of the network a peer restore achieves
@@ -21,6 +22,8 @@ scripts/bench_recovery.py, bench_memory.py, bench_goodput.py, bench_control_plan
                          largest N: registry CPU per step / registry calls per step)
     plan_s_per_rank      the registry's CPU for one rank's restore plan and record when every
                          rank asks (same row)
+    coordinator_s_per_member  the generation coordinator's CPU per member for a rendezvous
+                         (bench_rendezvous, relay path, largest N)
     relay_s_per_rank     a relay's CPU per rank it passes on (same row: the stores' CPU per step
                          / ranks / 2, each stage crossing two relays there)
     memory multiple      peer memory per step / state for the code (bench_memory)
@@ -51,10 +54,14 @@ root of the relay tree):
                           its own node)
     full restart          detect_restart + restart_per_node * N
     recovery, ray_ckpt    full restart + restore plan + fetch + load
-    recovery, in place    detect + replace + R * control_call + restore plan + fetch + load
-                          (one worker replaced whatever N; every rank joins the next generation
-                          at the run's one coordinator actor: one actor call per rank, in turn,
-                          costed as a registry call)
+    rendezvous            3 * sum over l = 0..D of (control_call + R / F^l * relay_per_rank)
+                          + R * coordinator_per_member
+                          (every rank's join climbs the relay tree merged with its subtree's, as
+                          stages do; the answer that the generation formed and then its address
+                          come down the same way; the run's one coordinator does a member's
+                          bookkeeping in turn)
+    recovery, in place    detect + replace + rendezvous + restore plan + fetch + load
+                          (one worker replaced whatever N)
     recovery, storage     full restart + N * S / storage + load (every rank rereads its state)
     load                  (S / r) / d2h                         (host -> device, all ranks at once)
     checkpoint interval   Young's optimum sqrt(2 * stall * M), but no shorter than a step and
@@ -87,6 +94,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 GB = 1e9
 GBIT = 1e9 / 8
 HOUR = 3600.0
+COORDINATOR_S_PER_MEMBER = 1.2e-5  # see Params.coordinator_s_per_member
 NODE_COUNTS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 QUICK_NODE_COUNTS = (16, 256, 4096)
 GEMINI_NODES = 16
@@ -113,6 +121,7 @@ class Params:
     replace_s: float = 1.6  # in place, measured here: the replacement's start in a warm spare + the rendezvous
     control_call_s: float = 2.0e-3  # measured here: the registry's CPU per stage call (bench_control_plane)
     plan_s_per_rank: float = 6.5e-5  # measured here: the registry's CPU for one rank's plan and record
+    coordinator_s_per_member: float = COORDINATOR_S_PER_MEMBER  # measured here (bench_rendezvous)
     relay_s_per_rank: float = 5e-6  # measured here: a relay's CPU per rank it passes on
     relay_fanin: int = 16  # RAY_CKPT_RELAY_FANIN
     relay_linger_s: float = 0.005  # RAY_CKPT_RELAY_LINGER_S
@@ -136,6 +145,7 @@ class Params:
             "control_call_s",
             "plan_s_per_rank",
             "relay_s_per_rank",
+            "coordinator_s_per_member",
         ):
             _positive(name, getattr(self, name))
         for name in ("restart_per_node_s", "detect_s", "replace_s", "relay_linger_s"):
@@ -202,6 +212,15 @@ def commit_latency(nodes: int, params: Params) -> float:
     return params.relay_linger_s + sum(params.control_call_s + r * params.relay_s_per_rank for r in carried)
 
 
+def rendezvous_latency(nodes: int, params: Params) -> float:
+    """From the last rank's join to every rank holding the new generation's address: up and down
+    the relay tree (see the formulas)."""
+    ranks = nodes * params.ranks_per_node
+    calls = range(relay_depth(nodes, params.relay_fanin) + 1)
+    climb = sum(params.control_call_s + ranks / params.relay_fanin**level * params.relay_s_per_rank for level in calls)
+    return 3 * climb + ranks * params.coordinator_s_per_member
+
+
 def model(nodes: int, params: Params) -> dict[str, Any]:
     """One row of the model for ``nodes`` nodes (see the module docstring for the formulas)."""
     _int("nodes", nodes, 2)
@@ -227,7 +246,7 @@ def model(nodes: int, params: Params) -> dict[str, Any]:
     plan = ranks * params.plan_s_per_rank
     restart = params.detect_restart_s + params.restart_per_node_s * nodes
     recovery_ours = restart + plan + fetch + load
-    joins = ranks * params.control_call_s
+    joins = rendezvous_latency(nodes, params)
     rejoin = params.detect_s + params.replace_s + joins
     recovery_in_place = rejoin + plan + fetch + load
     storage_read = nodes * state / params.storage_bytes_per_s
@@ -326,6 +345,8 @@ def calibrate(params: Params, documents: Sequence[dict[str, Any]]) -> tuple[Para
     for doc in documents:
         if isinstance(doc, list) and doc and isinstance(doc[0], dict) and "registry_cpu_s_per_step" in doc[0]:
             doc = {"benchmark": "control_plane", "rows": doc}  # bench_control_plane writes its rows alone
+        if isinstance(doc, list) and doc and isinstance(doc[0], dict) and "rendezvous_s" in doc[0]:
+            doc = {"benchmark": "rendezvous", "rows": doc}  # so does bench_rendezvous
         kind = doc.get("benchmark") if isinstance(doc, dict) else None
         if kind == "recovery":
             ratios = [r for r in doc.get("ratios", []) if r.get("killed") == 1 and r.get("vs_raw")]
@@ -368,6 +389,12 @@ def calibrate(params: Params, documents: Sequence[dict[str, Any]]) -> tuple[Para
                 used["control_call_s"] = used["relay_s_per_rank"] = (
                     f"bench_control_plane, {largest['ranks']} ranks, relay path"
                 )
+        elif kind == "rendezvous":
+            rows = [r for r in doc.get("rows", []) if r.get("path") == "relay" and r.get("members")]
+            if rows:
+                largest = max(rows, key=lambda r: r["members"])
+                changes["coordinator_s_per_member"] = float(largest["coordinator_cpu_s_per_member"]["rendezvous"])
+                used["coordinator_s_per_member"] = f"bench_rendezvous, {largest['members']} members, relay path"
         elif kind == "memory":
             for row in doc.get("rows", []):
                 if (row.get("data_shards"), row.get("parity_shards")) == (params.data_shards, params.parity_shards):
@@ -456,7 +483,7 @@ def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.P
     left.set_title("Recovery after one node failure (model)")
     middle.plot(nodes, [r["commit_s"] for r in rows], "o-", label="commit latency (relay tree)")
     middle.plot(nodes, [r["restore_plan_s"] for r in rows], "s-", label="restore plans of all ranks")
-    middle.plot(nodes, [r["in_place_joins_s"] for r in rows], "d-", label="in place: every rank's join")
+    middle.plot(nodes, [r["in_place_joins_s"] for r in rows], "d-", label="in place: the rendezvous up the relay tree")
     middle.plot(nodes, [r["restart_s"] for r in rows], "^-", label="detect + full restart")
     middle.set_yscale("log")
     middle.set_ylabel("seconds")
@@ -513,6 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--relay-s-per-rank", type=float, default=defaults.relay_s_per_rank, help="relay CPU per rank passed on"
     )
+    parser.add_argument(
+        "--coordinator-s-per-member",
+        type=float,
+        default=defaults.coordinator_s_per_member,
+        help="generation coordinator CPU per member of a rendezvous",
+    )
     parser.add_argument("--fanin", type=int, default=defaults.relay_fanin, help="relay tree fan-in")
     parser.add_argument("--efficiency", type=float, default=defaults.restore_efficiency, help="restore / raw speed")
     parser.add_argument("--k", type=int, default=defaults.data_shards, help="data shards")
@@ -525,7 +558,10 @@ def main(argv: list[str] | None = None) -> int:
         type=pathlib.Path,
         nargs="+",
         metavar="PATH",
-        help="JSON written by bench_recovery.py / bench_memory.py / bench_goodput.py / bench_control_plane.py (--json)",
+        help=(
+            "JSON written by bench_recovery.py / bench_memory.py / bench_goodput.py / bench_control_plane.py / "
+            "bench_rendezvous.py (--json)"
+        ),
     )
     parser.add_argument("--quick", action="store_true", help=f"node counts {QUICK_NODE_COUNTS} only, no plot")
     parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
@@ -546,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             replace_s=args.replace_s,
             control_call_s=args.control_call_s,
             plan_s_per_rank=args.plan_s_per_rank,
+            coordinator_s_per_member=args.coordinator_s_per_member,
             relay_s_per_rank=args.relay_s_per_rank,
             relay_fanin=args.fanin,
             restore_efficiency=args.efficiency,

@@ -44,8 +44,10 @@ import enum
 import uuid
 from typing import Any
 
-BEATS_PER_S = 200  # heartbeats a second the run's one coordinator takes, leaving room for joins
+BEATS_PER_S = 200  # heartbeats a second the run's one coordinator takes one call each, leaving room for joins
+BATCHED_BEATS_PER_S = 5000  # ... taken in batches up the stores' relay tree: ~10 us of its CPU each (bench_rendezvous)
 MIN_BEAT_INTERVAL_S = 0.1  # the most often a worker beats
+POLL_S = 2.0  # the longest a coordinator call waits for a generation or its address before it answers "not yet"
 SILENT_BEATS = 1  # beats missed in a row that make a member lost once a peer saw a connection close
 SILENT_MIN_S = 0.5  # and the least silence that does (a closed connection may be an old one's)
 QUIET_BEATS = 5  # beats missed in a row that make a member lost without such a sign
@@ -60,10 +62,14 @@ def hang_bound_s(hang_timeout_s: float, world_size: int) -> float:
     return max(hang_timeout_s, 4 * world_size / BEATS_PER_S)
 
 
-def beat_interval_s(hang_timeout_s: float, world_size: int) -> float:
+def beat_interval_s(hang_timeout_s: float, world_size: int, *, batched: bool = False) -> float:
     """How often each of ``world_size`` workers beats: every ``MIN_BEAT_INTERVAL_S``, less often
-    once the run's beats would pass ``BEATS_PER_S``, and at least four times per hang bound."""
-    return min(hang_bound_s(hang_timeout_s, world_size) / 4, max(MIN_BEAT_INTERVAL_S, world_size / BEATS_PER_S))
+    once the run's beats would pass ``BEATS_PER_S`` (``BATCHED_BEATS_PER_S`` for a worker whose
+    beats go through its node's store, ``batched``), and at least four times per hang bound.
+    The coordinator counts silence in the unbatched interval, so a faster beat is never taken
+    for a silent one."""
+    rate = BATCHED_BEATS_PER_S if batched else BEATS_PER_S
+    return min(hang_bound_s(hang_timeout_s, world_size) / 4, max(MIN_BEAT_INTERVAL_S, world_size / rate))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,29 @@ class Member:
     pid: int
     host: str
     epoch: int
+
+    def to_wire(self) -> MemberWire:
+        """The record as a plain tuple: Ray moves a batch of tuples many times faster than one
+        of dataclass objects (its pickler reduces every object that is not a builtin)."""
+        return (self.rank, self.incarnation, self.node_id, self.pid, self.host, self.epoch)
+
+    @classmethod
+    def from_wire(cls, values: MemberWire) -> Member:
+        rank, incarnation, node_id, pid, host, epoch = values
+        return cls(rank, incarnation, node_id, pid, host, epoch)
+
+    @property
+    def waiting(self) -> Waiting:
+        """What a joined member sends while it waits for its generation: (rank, incarnation,
+        epoch), a third of the record's pickled size."""
+        return (self.rank, self.incarnation, self.epoch)
+
+
+Waiting = tuple[int, str, int]
+"""A joined member's key as it polls for its generation (``Member.waiting``)."""
+
+MemberWire = tuple[int, str, str, int, str, int]
+"""A ``Member`` on the wire (``Member.to_wire``)."""
 
 
 class JoinStatus(enum.Enum):
@@ -176,6 +205,7 @@ class Generations:
         self.finished: set[str] = set()  # incarnations whose training function returned
         self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
         self.history: list[dict[str, Any]] = []
+        self._formed_reply: JoinReply | None = None  # the FORMED reply of the current generation, once made
 
     def attempt(self, number: int) -> str:
         """The ray_ckpt attempt id of generation ``number`` (unique across runs)."""
@@ -222,6 +252,15 @@ class Generations:
             self._doom(member)
             if self._in_current(member) and member.rank not in self.lost:
                 self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "raylet gone", "time": now}
+
+    def beat_many(self, beats: list[tuple[Member, bool, bool]], now: float, alive_nodes: set[str] | None) -> list[bool]:
+        """The heartbeats of many members taken at once (``(member, suspect, orphaned)``, as
+        ``beat`` takes one), then ``find_lost``: whether each member must leave its generation
+        (``must_leave``). One call of a batch relayed up the stores' tree."""
+        for member, suspect, orphaned in beats:
+            self.beat(member, now, suspect=suspect, orphaned=orphaned)
+        self.find_lost(now, alive_nodes)
+        return [self.must_leave(member) for member, _, _ in beats]
 
     def _doom(self, member: Member) -> None:
         """``member``'s node is going: it may not join a round, and leaves the one it is in."""
@@ -297,23 +336,27 @@ class Generations:
         self.beat(member, now)
         return None
 
-    def join_reply(self, member: Member, after: int) -> JoinReply | None:
-        """The reply to ``member``'s join, made when generation ``after`` was current: FORMED
-        once a newer generation formed with this very member, SUPERSEDED once its epoch is
-        over, None while it still waits."""
+    def join_reply(self, member: Member | Waiting, after: int) -> JoinReply | None:
+        """The reply to ``member``'s join (the member, or its ``Member.waiting`` key), made when
+        generation ``after`` was current: FORMED once a newer generation formed with this very
+        member, SUPERSEDED once its epoch is over, None while it still waits."""
+        rank, incarnation, epoch = member.waiting if isinstance(member, Member) else member
         current = self.current
-        if current is not None and current.number > after and current.members.get(member.rank) == member:
-            formed = self.history[-1]
-            return JoinReply(
-                JoinStatus.FORMED,
-                generation=current.number,
-                attempt=self.attempt(current.number),
-                formed_at=current.formed_at,
-                round_started=formed["round_started"],
-                replaced=tuple(formed["replaced"]),
-                lost=tuple((int(lost["rank"]), str(lost["reason"])) for lost in formed["lost"]),
-            )
-        if member.epoch != self.epoch:
+        formed_with = None if current is None else current.members.get(rank)
+        if current is not None and current.number > after and formed_with and formed_with.incarnation == incarnation:
+            if self._formed_reply is None or self._formed_reply.generation != current.number:
+                formed = self.history[-1]
+                self._formed_reply = JoinReply(
+                    JoinStatus.FORMED,
+                    generation=current.number,
+                    attempt=self.attempt(current.number),
+                    formed_at=current.formed_at,
+                    round_started=formed["round_started"],
+                    replaced=tuple(formed["replaced"]),
+                    lost=tuple((int(lost["rank"]), str(lost["reason"])) for lost in formed["lost"]),
+                )
+            return self._formed_reply  # one object for every member: a batch of replies pickles it once
+        if epoch != self.epoch:
             return JoinReply(JoinStatus.SUPERSEDED)
         return None
 

@@ -273,7 +273,9 @@ class StoreStatus:
     ``parent`` (None: it stages with the registry), the calls it made up the tree
     (``relay_sends``), the relay calls it took from stores below (``relayed``), and the direct
     reads it served (``direct_reads``, of ``direct_bytes`` in all) and the direct writes it
-    stored (``direct_writes``, of ``direct_bytes_received`` in all). On the wire (and in
+    stored (``direct_writes``, of ``direct_bytes_received`` in all); for in-place runs, the
+    coordinator calls it took from its node's ranks and the stores below (``coordinator_calls``)
+    and the calls it sent up for them (``coordinator_sends``). On the wire (and in
     ``ray_ckpt.status()``, per node) one flat dict: the usage's fields, then these."""
 
     usage: StoreStats
@@ -284,6 +286,8 @@ class StoreStatus:
     direct_bytes: int = 0
     direct_writes: int = 0
     direct_bytes_received: int = 0
+    coordinator_calls: int = 0
+    coordinator_sends: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -295,6 +299,8 @@ class StoreStatus:
             "direct_bytes": self.direct_bytes,
             "direct_writes": self.direct_writes,
             "direct_bytes_received": self.direct_bytes_received,
+            "coordinator_calls": self.coordinator_calls,
+            "coordinator_sends": self.coordinator_sends,
         }
 
     @classmethod
@@ -318,6 +324,8 @@ class StoreStatus:
             direct_bytes=int(values.get("direct_bytes", 0)),
             direct_writes=int(values.get("direct_writes", 0)),
             direct_bytes_received=int(values.get("direct_bytes_received", 0)),
+            coordinator_calls=int(values.get("coordinator_calls", 0)),
+            coordinator_sends=int(values.get("coordinator_sends", 0)),
         )
 
 

@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -57,6 +58,7 @@ def _backend_class() -> type:
         def __init__(self) -> None:
             super().__init__()
             self._coordinator: Any = None  # the actor's handle
+            self._run = uuid.uuid4().hex  # names the coordinator's calls where stores merge them
             self._world_size = 0  # of the last full start: a replacement's group is one worker
             self._spares: _WarmSpares | None = None  # made in the controller (it holds a lock)
 
@@ -67,7 +69,7 @@ def _backend_class() -> type:
                 self._coordinator = GenerationCoordinator.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
                     config.settings.hang_timeout_s
                 )
-            return CoordinatorClient(self._coordinator, world_size)
+            return CoordinatorClient(self._coordinator, world_size, run=self._run)
 
         def _warm_spares(self, group: Any, config: InPlaceRecovery, *, full_start: bool) -> None:
             if self._spares is None:

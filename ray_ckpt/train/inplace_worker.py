@@ -252,6 +252,10 @@ class _Worker:
         )
         self.backend = self.settings.backend
         self._store: Any = None
+        try:  # this rank's beats and joins go up the stores' relay tree where its node has a store
+            role.coordinator.use_node_store(settings.namespace(), self.member.node_id)
+        except Exception as error:  # no store to find: every call goes to the coordinator itself
+            logger.debug("rank %d: finding this node's store for coordinator calls: %s", self.rank, error)
         if PROCESS.gloo is None:  # no warm-up hook ran (the job has its own): from the generations formed here on
             PROCESS.gloo = GlooConnections()
         if self.settings.warm_spares > 0:  # this node's spare, if any, is taken or no longer needed
@@ -343,8 +347,8 @@ class _Worker:
         )
 
     def _start_heartbeat(self) -> None:
-        interval = beat_interval_s(self.settings.hang_timeout_s, self.world_size)
         coordinator, member = self.role.coordinator, self.member
+        interval = beat_interval_s(self.settings.hang_timeout_s, self.world_size, batched=coordinator.store is not None)
 
         def beat() -> None:
             watched: tuple[int | None, ConnectionWatch | None] = (None, None)  # generation, its watch

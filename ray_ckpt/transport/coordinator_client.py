@@ -10,10 +10,15 @@ never a worker that hangs: the in-place recovery then gives up as for any
 - a call the coordinator answers as soon as it runs it (``epoch``, ``register``, ``publish``,
   ``report``): ``answer_s``, that is ``ANSWER_S`` plus ``QUEUE_S_PER_RANK`` for every rank of
   the run; ``begin``, the run's first call, also gets ``START_S``;
-- a call that waits in the coordinator (``join``, ``address``): the wait it asks for, plus
-  ``answer_s``;
+- a call that waits in the coordinator (``join``, ``address``): polls of at most ``POLL_S``
+  each, each bounded by ``POLL_S`` plus ``answer_s``, until the wait it asks for is over;
 - a heartbeat (``beat``): the caller's, its beat interval (a late beat is skipped; the next one
   is sent).
+
+A worker's per-rank calls (register, beat, join, address) go through its node's store where
+there is one, which merges them with its other ranks' and passes them up the stores' relay tree
+(``ray_ckpt.core.coordinator_relay``), so the coordinator takes a call per batch, not per rank;
+they go straight to the coordinator where the node has no store, or once its store failed.
 
 A ray_ckpt error the actor raised is raised here as itself (``ray_ckpt.transport.remote``); any
 other error (the actor died with the controller: the run is ending) as Ray raises it. The
@@ -22,13 +27,19 @@ replies are ``ray_ckpt.core.generations``' frozen records.
 
 from __future__ import annotations
 
+import logging
+import time
+import uuid
 from typing import Any
 
 import ray
 
-from ray_ckpt.core.generations import BeginReply, CoordinatorReport, JoinReply, Member
+from ray_ckpt.core.coordinator_relay import OPS
+from ray_ckpt.core.generations import POLL_S, BeginReply, CoordinatorReport, JoinReply, Member
 from ray_ckpt.errors import CoordinatorTimeoutError
-from ray_ckpt.transport import remote
+from ray_ckpt.transport import naming, remote
+
+logger = logging.getLogger(__name__)
 
 ANSWER_S = 30.0
 """How long a call the coordinator answers at once may take, before ``QUEUE_S_PER_RANK``: the
@@ -47,17 +58,33 @@ so a call may queue behind one of every rank's; twice that (131 s more at 32768 
 
 class CoordinatorClient:
     """The generation coordinator behind ``handle`` (the actor the run's controller made), for
-    a run of ``world_size`` ranks, which scales every bound (see the module docstring). It
-    pickles with its handle, so the controller hands it to the workers."""
+    a run of ``world_size`` ranks, which scales every bound (see the module docstring); ``run``
+    names the coordinator where stores merge its calls (one id per coordinator). It pickles
+    with its handle, so the controller hands it to the workers; a worker then routes its calls
+    through its node's store (``use_node_store``)."""
 
-    def __init__(self, handle: Any, world_size: int) -> None:
+    def __init__(self, handle: Any, world_size: int, run: str | None = None) -> None:
         self.handle = handle
         self.world_size = world_size
+        self.run = run if run is not None else uuid.uuid4().hex
+        self.store: Any = None  # this process's node's store, once ``use_node_store`` found it
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "store": None}  # a store is its node's: each process finds its own
 
     @property
     def answer_s(self) -> float:
         """The bound on a call the coordinator answers at once, for this run's size."""
         return ANSWER_S + QUEUE_S_PER_RANK * max(0, self.world_size)
+
+    def use_node_store(self, namespace: str, node_id: str) -> bool:
+        """Send this process's per-rank calls (register, beat, join, address) through the store
+        of node ``node_id`` in ``namespace``, which merges them with its other ranks' and passes
+        them up the stores' relay tree (``ray_ckpt.core.coordinator_relay``). False, and calls
+        go straight to the coordinator, where that node has no store (``ray_ckpt.start()`` did
+        not run there). A store that fails later is dropped the same way."""
+        self.store = naming.store_handles(namespace, [node_id]).get(node_id)
+        return self.store is not None
 
     def _call(self, method: str, *args: Any, timeout_s: float) -> Any:
         try:
@@ -68,6 +95,29 @@ class CoordinatorClient:
                 method=method,
                 timeout_s=timeout_s,
             ) from None
+
+    def _per_rank(self, op: str, key: tuple[Any, ...], entry: Any, *, timeout_s: float) -> Any:
+        """One rank's entry of ``op`` (``coordinator_relay.OPS``), through the node's store if
+        there is one, else straight to the coordinator; its result."""
+        store = self.store
+        if store is not None:
+            try:
+                (result,) = remote.get(
+                    store.coordinate.remote(self.run, self.handle, op, list(key), [entry]), timeout=timeout_s
+                )
+                return result
+            except ray.exceptions.GetTimeoutError:
+                raise CoordinatorTimeoutError(
+                    f"the run's generation coordinator did not answer {op} (through this node's store) "
+                    f"within {timeout_s:.1f}s",
+                    method=op,
+                    timeout_s=timeout_s,
+                ) from None
+            except Exception as error:  # the store failed, or the coordinator did: ask the coordinator
+                logger.info("coordinator calls through this node's store failed (%s); calling it directly", error)
+                self.store = None
+        (result,) = self._call(OPS[op], *key, [entry], timeout_s=timeout_s)
+        return result
 
     # ---- the controller's calls ------------------------------------------------------------
 
@@ -89,24 +139,33 @@ class CoordinatorClient:
 
     def register(self, member: Member, generation: int) -> bool:
         """A worker of a full start announces itself; False if its generation is superseded."""
-        return bool(self._call("register", member, generation, timeout_s=self.answer_s))
+        return bool(self._per_rank("register", (generation,), member.to_wire(), timeout_s=self.answer_s))
 
     def beat(self, member: Member, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> bool:
         """A heartbeat (``suspect``: ``member`` saw a gloo connection of its generation close;
         ``orphaned``: its node's raylet is gone); True when ``member`` must leave its generation
         now (a peer of it is lost, or a round to replace it is open). CoordinatorTimeoutError
         after ``timeout_s``."""
-        return bool(self._call("beat", member, suspect, orphaned, timeout_s=timeout_s))
+        return bool(self._per_rank("beat", (), (member.to_wire(), suspect, orphaned), timeout_s=timeout_s))
 
     def finish(self, member: Member) -> None:
         """``member``'s training function returned; its heartbeats stop."""
         self._call("finish", member, timeout_s=self.answer_s)
 
     def join(self, member: Member, timeout_s: float) -> JoinReply:
-        """Wait up to ``timeout_s`` in the coordinator for the next generation with ``member``
-        (the reply says whether it formed, the wait ran out, or a full start overtook it)."""
-        reply: JoinReply = self._call("join", member, timeout_s, timeout_s=timeout_s + self.answer_s)
-        return reply
+        """Wait up to ``timeout_s`` for the next generation with ``member`` (the reply says
+        whether it formed, the wait ran out, or a full start overtook it): the join, then polls
+        of at most ``POLL_S`` each until the reply, then, if the time ran out, giving up."""
+        deadline = time.monotonic() + timeout_s
+        after, refused = self._per_rank("join", (), member.to_wire(), timeout_s=self.answer_s)
+        if refused is not None:
+            return refused
+        while time.monotonic() < deadline:
+            reply = self._per_rank("await", (after,), member.waiting, timeout_s=POLL_S + self.answer_s)
+            if reply is not None:
+                return reply
+        given_up: JoinReply = self._call("give_up", member, after, timeout_s=self.answer_s)
+        return given_up
 
     def publish(self, generation: int, address: str) -> None:
         """Rank 0 publishes ``generation``'s rendezvous address (host:port)."""
@@ -115,5 +174,12 @@ class CoordinatorClient:
     def address(self, generation: int, timeout_s: float) -> str | None:
         """``generation``'s rendezvous address once rank 0 published it; None if the generation
         is superseded or its address did not come within ``timeout_s``."""
-        address = self._call("address", generation, timeout_s, timeout_s=timeout_s + self.answer_s)
-        return None if address is None else str(address)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            address = self._per_rank("address", (generation,), 0, timeout_s=POLL_S + self.answer_s)
+            if address == "":  # superseded
+                return None
+            if address is not None:
+                return str(address)
+            if time.monotonic() >= deadline:
+                return None

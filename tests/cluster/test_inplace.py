@@ -246,6 +246,9 @@ def test_a_node_kill_replaces_only_the_lost_rank_and_the_survivors_keep_their_pr
     (recovery,) = report["recoveries"]
     assert recovery.mode == "in_place" and set(recovery.survivor_pids) == {"0", "2"}
     assert all(recovery.phases_s[p] is not None for p in ("replace", "rendezvous", "fetch", "first_step"))
+    # the ranks' beats and joins went to their nodes' stores, which merged them on the way up
+    stores = [s for s in ray_ckpt.status()["nodes"].values() if "error" not in s]
+    assert sum(s["coordinator_calls"] for s in stores) >= sum(s["coordinator_sends"] for s in stores) > 0, stores
 
 
 def test_survivors_in_a_long_compute_leave_it_as_soon_as_a_peer_dies(cluster: Any) -> None:

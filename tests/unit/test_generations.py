@@ -243,6 +243,11 @@ def test_the_beat_interval_is_a_tenth_of_a_second_until_the_coordinators_rate_ca
     assert generations.beat_interval_s(10.0, 4) == generations.MIN_BEAT_INTERVAL_S
     assert generations.beat_interval_s(10.0, 400) == pytest.approx(400 / generations.BEATS_PER_S)
     assert generations.beat_interval_s(0.2, 4) == pytest.approx(0.05), "at least four beats per hang bound"
+    # through the stores' relay tree the coordinator takes beats in batches: a large run beats far more often
+    batched = generations.beat_interval_s(10.0, 8192, batched=True)
+    assert batched == pytest.approx(8192 / generations.BATCHED_BEATS_PER_S)
+    assert batched < generations.beat_interval_s(10.0, 8192) / 10
+    assert generations.beat_interval_s(10.0, 4, batched=True) == generations.MIN_BEAT_INTERVAL_S
 
 
 def test_a_member_whose_raylet_is_gone_is_lost_at_its_own_word() -> None:

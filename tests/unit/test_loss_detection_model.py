@@ -1,6 +1,7 @@
 """Finding lost members (``Generations.find_lost``, ``must_leave``) under generated
 interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
-orders, late beats, coordinator stalls that deliver a backlog at once, closed-connection
+orders, late beats, beats taken in batches of 1-5 (``beat_many``: the stores merge them on the
+way up), coordinator stalls that deliver a backlog at once, closed-connection
 reports, process deaths, node deaths, dying members that join, finished functions and rounds,
 and checks after every event:
 
@@ -32,9 +33,10 @@ EXAMPLES = int(os.environ.get("RAY_CKPT_LOSS_EXAMPLES", "1000"))
 
 
 class LossDetection(RuleBasedStateMachine):
-    @initialize(world_size=st.integers(2, 5))
-    def start(self, world_size: int) -> None:
+    @initialize(world_size=st.integers(2, 5), batch=st.integers(1, 5))
+    def start(self, world_size: int, batch: int) -> None:
         self.gens = Generations()
+        self.batch = batch  # beats the coordinator takes in one call (merged by the stores), at most
         self.now = 0.0
         number = self.gens.begin(world_size, now=self.now, interval_s=INTERVAL_S)
         self.members = [
@@ -69,21 +71,36 @@ class LossDetection(RuleBasedStateMachine):
         self._flush()
 
     def _flush(self) -> None:
+        """Take the queued calls in the order they came; runs of beats in calls of up to
+        ``batch`` beats (``beat_many``), as stores merge them on the way up."""
         if self.stalling:
             return
-        for call, member, suspect, orphaned in self.backlog:  # in the order they came
+        beats: list[tuple[Member, bool, bool]] = []
+        for call, member, suspect, orphaned in self.backlog:
             if call == "join":
+                self._take_beats(beats)
+                beats = []
                 refused = self.gens.join(member, now=self.now)
                 assert (refused is None) == (member.rank not in self.doomed()), (member, refused)
                 if refused is None:
                     self.joined.add(member.rank)
-            else:
-                self.gens.beat(member, now=self.now, suspect=suspect, orphaned=orphaned)
-                if orphaned:
-                    self.orphaned.add(member.rank)
-                    self.joined.discard(member.rank)
-                self.gens.find_lost(self.now, None)
+                continue
+            beats.append((member, suspect, orphaned))
+            if len(beats) == self.batch:
+                self._take_beats(beats)
+                beats = []
+        self._take_beats(beats)
         self.backlog = []
+
+    def _take_beats(self, beats: list[tuple[Member, bool, bool]]) -> None:
+        if not beats:
+            return
+        leave = self.gens.beat_many(beats, self.now, None)
+        for member, _, orphaned in beats:
+            if orphaned:
+                self.orphaned.add(member.rank)
+                self.joined.discard(member.rank)
+        assert leave == [self.gens.must_leave(member) for member, _, _ in beats]
 
     @rule(order=st.permutations(range(5)), late=st.sets(st.integers(0, 4), max_size=2), stall=st.booleans())
     def tick(self, order: list[int], late: set[int], stall: bool) -> None:
