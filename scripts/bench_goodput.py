@@ -39,11 +39,13 @@ newest step done at the kill minus the newest multiple-of-E checkpoint before it
 equal stall is the goal's figure; the measured run at N is shown next to it.
 
 Per failure (from the events, via the demo's ``failures_report``): steps lost, time to resume
-(kill -> first step of the new worker group done) and its phases. Wasted time per failure =
-steps lost x step time + time to resume, the step time being the run's median time between
-consecutive steps. Also reported: the part that depends on the checkpointing alone (steps lost
-x step time + the restore's own locate/fetch/decode/load), without the failure detection and
-worker-group restart that Ray Train spends either way.
+(kill -> first step of the new worker group done) and its phases. Wasted time per failure = the
+time from the kill until the job is back where it was at the kill (``demo.wasted_s``): time to
+resume + (steps lost - 1) x step time + the part of a step done at the kill (the first step
+after the restore redoes one of the steps lost, or the one in progress), the step time being
+the run's median time between consecutive steps. Also reported: the part that depends on the
+checkpointing alone (steps lost x step time + the restore's own locate/fetch/decode/load),
+without the failure detection and worker-group restart that Ray Train spends either way.
 
 JSON: ``{"benchmark": "goodput", "schedule", "baseline_every", "in_place": {...}, "ray_ckpt": {...},
 "ray_train": {...}, "ratio", "ratio_checkpoint_part", "baseline_stall_per_checkpoint_s",
@@ -109,9 +111,8 @@ def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str
     period = demo.step_time(name, records)
     for f in failures:
         lost = f["steps_lost"] * period
-        resume = f["time_to_resume_s"]
         f["lost_work_s"] = lost
-        f["wasted_s"] = None if resume is None else lost + resume
+        f["wasted_s"] = demo.wasted_s(f, period)
         restore = sum(float(f["phases"].get(p) or 0.0) for p in RESTORE_PHASES)
         f["checkpoint_part_s"] = lost + restore
     measured = [f for f in failures if f["wasted_s"] is not None]
@@ -138,9 +139,10 @@ def checkpoint_stall(name: str, records: list[dict[str, Any]], every: int) -> fl
     return statistics.mean(stalls) if stalls else float("nan")
 
 
-def replay_at_interval(side: dict[str, Any], every: int) -> dict[str, Any]:
+def replay_at_interval(side: dict[str, Any], every: int, demo: Any) -> dict[str, Any]:
     """The measured baseline failures with steps lost recomputed for checkpoints every
-    ``every`` steps (steps s with (s + 1) % every == 0); time to resume as measured."""
+    ``every`` steps (steps s with (s + 1) % every == 0); time to resume and the part of a step
+    done at the kill as measured."""
     period = side["step_time_s"]
     failures = []
     for f in side["failures"]:
@@ -149,8 +151,15 @@ def replay_at_interval(side: dict[str, Any], every: int) -> dict[str, Any]:
         newest = f["restored_step"] + f["steps_lost"]  # the newest step done when the node died
         checkpoint = (newest + 1) // every * every - 1  # -1: none yet, start from scratch
         lost = newest - checkpoint
-        failures.append({"steps_lost": lost, "lost_work_s": lost * period, "time_to_resume_s": f["time_to_resume_s"]})
-        failures[-1]["wasted_s"] = failures[-1]["lost_work_s"] + f["time_to_resume_s"]
+        failures.append(
+            {
+                "steps_lost": lost,
+                "lost_work_s": lost * period,
+                "time_to_resume_s": f["time_to_resume_s"],
+                "into_step_s": f.get("into_step_s"),
+            }
+        )
+        failures[-1]["wasted_s"] = demo.wasted_s(failures[-1], period)
     return {
         "every": every,
         "failures": failures,
@@ -380,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     result["ratio"] = base_w / ours_w if ours_w and base_w else None
     base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every)
     equal_every = max(1, math.ceil(base_stall / max(ours_stall, 1e-6))) if math.isfinite(base_stall) else baseline_every
-    replay = replay_at_interval(result["ray_train"], equal_every)
+    replay = replay_at_interval(result["ray_train"], equal_every, demo)
     result["baseline_stall_per_checkpoint_s"] = base_stall
     result["equal_stall_every"] = equal_every
     result["ray_train_equal_stall"] = replay

@@ -19,7 +19,7 @@ polls; the measured stalls are printed, and ``scripts/bench_goodput.py`` compare
 measured equal stall). The report shows, per mode and failure, the time to resume and its
 phases, the steps lost, each rank's restore source and whether the survivors kept their
 processes; per mode, the steps saved and the intervals chosen, the time lost to the failures
-(time to resume plus steps redone), what checkpointing added to the steps, the wall time and
+(``wasted_s``: until back where it was at the kill), what checkpointing added to the steps, the wall time and
 the goodput (steps per wall second), and which mode's is highest; and checks that the final
 models equal the uninterrupted run's, bit for bit.
 
@@ -418,6 +418,8 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
             continue
         before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
         newest = max(before) if before else recovery.step
+        done_at = [float(s.get("returned", s["time"])) for s in saves if before and int(s["step"]) == newest]
+        done_at = [t for t in done_at if t <= kill_time]
         pids_before, pids_after = _survivor_pids(name, records, recovery)
         result.append(
             {
@@ -426,6 +428,7 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
                 "survivor_pids_after": pids_after,
                 "time_to_resume_s": recovery.time_to_resume_s,
                 "steps_lost": max(0, newest - recovery.step),
+                "into_step_s": kill_time - max(done_at) if done_at else None,
                 "restored_step": recovery.step,
                 "phases": dict(recovery.phases_s),
                 "sources": dict(recovery.sources),
@@ -495,9 +498,22 @@ def step_time(name: str, records: list[dict[str, Any]]) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
+def wasted_s(failure: dict[str, Any], step_s: float) -> float | None:
+    """Seconds one failure cost the job: from the kill until the job is back where it was at
+    the kill. That is the time to resume (kill -> the first step after the restore done), plus
+    the steps lost and the part of a step in progress at the kill (``into_step_s``, at most a
+    step), less the first step after the restore, which redoes one of them: ``resume +
+    (steps_lost - 1) x step + into_step``. None when the failure did not resume."""
+    resume = failure.get("time_to_resume_s")
+    if resume is None or failure.get("failed"):
+        return None
+    into = min(step_s, max(0.0, float(failure.get("into_step_s") or 0.0)))
+    return float(resume) + (int(failure["steps_lost"]) - 1) * step_s + into
+
+
 def time_lost(failures: list[dict[str, Any]], step_s: float) -> float:
-    """Seconds the failures cost: each one's time to resume plus its steps redone."""
-    return sum((f["time_to_resume_s"] or 0.0) + f["steps_lost"] * step_s for f in failures if not f.get("failed"))
+    """Seconds the failures cost (``wasted_s`` of each)."""
+    return sum(wasted_s(f, step_s) or 0.0 for f in failures)
 
 
 TABLE_PHASES = ("detect", "restart", "replace", "rendezvous", "locate", "fetch", "decode", "load", "first_step")

@@ -1,0 +1,51 @@
+"""The wasted time of a failure (``scripts/demo.py``'s ``wasted_s``, which bench_goodput reports):
+from the kill until the job is back where it was at the kill, counting the step in progress at
+the kill and not counting twice the first step after the restore, which redoes a lost one."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
+
+
+def load() -> object:
+    spec = importlib.util.spec_from_file_location("demo_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = load()
+STEP = 5.0
+
+
+def wasted(resume: float | None, lost: int, into: float | None) -> float | None:
+    failure = {"time_to_resume_s": resume, "steps_lost": lost, "into_step_s": into}
+    return demo.wasted_s(failure, STEP)  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_kill_just_after_a_committed_step_wastes_only_the_recovery() -> None:
+    """Nothing lost, 0.1 s into the next step: the resume (7 s, its first step 5 s of it) puts the
+    job back where it was 0.1 s of work later, so 2.1 s were wasted."""
+    assert wasted(7.0, 0, 0.1) == pytest.approx(7.0 - 5.0 + 0.1)
+
+
+def test_steps_lost_are_redone_and_the_first_step_after_the_restore_is_one_of_them() -> None:
+    # 2 steps lost, 3 s into a third: after the resume (first step done) 1 lost step and 3 s remain
+    assert wasted(7.0, 2, 3.0) == pytest.approx(7.0 + 1 * STEP + 3.0)
+
+
+def test_the_part_of_a_step_done_at_the_kill_counts_at_most_a_step_and_none_without_a_resume() -> None:
+    assert wasted(7.0, 1, 60.0) == pytest.approx(7.0 + STEP)  # a stalled step counts one step
+    assert wasted(7.0, 1, None) == pytest.approx(7.0)  # no step done before the kill
+    assert wasted(None, 1, 1.0) is None
+    assert demo.time_lost(  # type: ignore[attr-defined]
+        [{"time_to_resume_s": 7.0, "steps_lost": 0, "into_step_s": 1.0}, {"failed": True}], STEP
+    ) == pytest.approx(3.0)
