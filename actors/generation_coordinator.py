@@ -75,7 +75,7 @@ class GenerationCoordinator:
         return self._gens.epoch
 
     # Every call a worker makes per rank takes a list of entries, one per rank (members as
-    # ``Member.to_wire`` tuples, which Ray moves many times faster in bulk): a worker sends
+    # ``Member.to_wire`` tuples, which Ray moves faster in bulk than objects): a worker sends
     # its own, and a store relaying up the tree (``ray_ckpt.core.coordinator_relay``) sends the
     # merged entries of its node's ranks and of the stores below it, so the coordinator takes
     # one call per batch however many ranks the run has.
@@ -116,7 +116,8 @@ class GenerationCoordinator:
     async def await_formed(self, after: int, members: list[Waiting]) -> list[JoinReply | None]:
         """Per member (its ``Member.waiting`` key) that joined while generation ``after`` was
         current: ``FORMED`` once a generation formed with it, ``SUPERSEDED`` once a full start
-        overtook it, None while it still waits. Answers when any of them has its reply, or after ``POLL_S``."""
+        overtook it, None while it still waits. Answers when any of them has its reply, or
+        after ``POLL_S``."""
         deadline = time.monotonic() + POLL_S
         async with self._changed:
             while True:

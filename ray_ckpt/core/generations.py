@@ -85,8 +85,8 @@ class Member:
     epoch: int
 
     def to_wire(self) -> MemberWire:
-        """The record as a plain tuple: Ray moves a batch of tuples many times faster than one
-        of dataclass objects (its pickler reduces every object that is not a builtin)."""
+        """The record as a plain tuple: Ray moves a batch of tuples faster than one of dataclass
+        objects (its pickler reduces every object that is not a builtin one by one)."""
         return (self.rank, self.incarnation, self.node_id, self.pid, self.host, self.epoch)
 
     @classmethod
