@@ -6,8 +6,9 @@ Inputs (``Params``; command-line options of the same names): per-node state size
 per node, NIC bandwidth per node, aggregate shared-storage bandwidth, per-node MTBF, device->
 host copy bandwidth per GPU, encode bandwidth per rank, Ray's detect+restart time and its growth
 per node, the in-place detect and replace times, the control plane's costs (a registry call, a
-rank's stage through one relay), the relay tree's fan-in and linger, the code RS(k, m), steps
-kept and the local copy, the training step time. Calibration (``--calibration PATH ...``)
+rank's stage through one relay, the generation coordinator's work per member of a rendezvous),
+the relay tree's fan-in and linger, the code RS(k, m), steps kept and the local copy, the
+training step time. Calibration (``--calibration PATH ...``)
 replaces defaults with what this repository's benchmarks measured (the JSON of
 scripts/bench_recovery.py, bench_memory.py, bench_goodput.py, bench_control_plane.py,
 bench_rendezvous.py):

@@ -11,7 +11,9 @@ than its timeout is taken out of the round (it then fails, and Ray Train restart
 Ray actor around it, one per run, owned by the run's controller. It also watches heartbeats: a member of
 the current generation that has not beaten for ``hang_timeout_s`` (its process stopped, or
 stuck outside Python) is killed, so Ray sees a dead worker and replaces it; a job too large for
-one actor to take every rank's beat at that rate gets a longer bound (``hang_bound_s``).
+one actor to take every rank's beat, one call each, at that rate gets a longer bound
+(``hang_bound_s``). The stores relay ranks' calls in batches (``ray_ckpt.core.coordinator_relay``):
+``beat_many`` takes many beats at once.
 
 A member of the current generation is *lost* once it says its node's raylet is gone (its
 worker process outlives the raylet a moment, and can still beat), once its node is dead

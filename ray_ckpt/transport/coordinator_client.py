@@ -51,9 +51,10 @@ START_S = 60.0
 loaded node)."""
 
 QUEUE_S_PER_RANK = 0.004
-"""Added to every bound for each rank of the run: one actor takes every rank's joins and beats
-in turn (about 2 ms a call on the development machine, docs/in-place-recovery.md, "At scale"),
-so a call may queue behind one of every rank's; twice that (131 s more at 32768 ranks)."""
+"""Added to every bound for each rank of the run: where ranks call the actor directly (their
+node has no store), it takes every rank's joins and beats in turn (about 2 ms a call on the
+development machine, docs/in-place-recovery.md, "At scale"), so a call may queue behind one of
+every rank's; twice that (131 s more at 32768 ranks). Through the stores it is far less."""
 
 
 class CoordinatorClient:
