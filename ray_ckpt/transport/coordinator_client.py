@@ -57,6 +57,13 @@ development machine, docs/in-place-recovery.md, "At scale"), so a call may queue
 every rank's; twice that (131 s more at 32768 ranks). Through the stores it is far less."""
 
 
+STORE_MISSES = 5
+"""Calls in a row through the node's store that got no answer in time after which this process
+calls the coordinator directly: half a second of beats at the shortest interval, well inside
+the silence that makes a member lost (``generations.QUIET_MIN_S``), so a store that is stuck
+while the worker lives does not get the worker taken for lost or killed as hung."""
+
+
 class CoordinatorClient:
     """The generation coordinator behind ``handle`` (the actor the run's controller made), for
     a run of ``world_size`` ranks, which scales every bound (see the module docstring); ``run``
@@ -69,6 +76,7 @@ class CoordinatorClient:
         self.world_size = world_size
         self.run = run if run is not None else uuid.uuid4().hex
         self.store: Any = None  # this process's node's store, once ``use_node_store`` found it
+        self._store_misses = 0  # calls through the store in a row that got no answer in time
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "store": None}  # a store is its node's: each process finds its own
@@ -83,7 +91,8 @@ class CoordinatorClient:
         of node ``node_id`` in ``namespace``, which merges them with its other ranks' and passes
         them up the stores' relay tree (``ray_ckpt.core.coordinator_relay``). False, and calls
         go straight to the coordinator, where that node has no store (``ray_ckpt.start()`` did
-        not run there). A store that fails later is dropped the same way."""
+        not run there). A store that fails later, or leaves ``STORE_MISSES`` calls in a row
+        unanswered, is dropped the same way."""
         self.store = naming.store_handles(namespace, [node_id]).get(node_id)
         return self.store is not None
 
@@ -106,8 +115,16 @@ class CoordinatorClient:
                 (result,) = remote.get(
                     store.coordinate.remote(self.run, self.handle, op, list(key), [entry]), timeout=timeout_s
                 )
+                self._store_misses = 0
                 return result
             except ray.exceptions.GetTimeoutError:
+                self._store_misses += 1
+                if self._store_misses >= STORE_MISSES:  # a stuck store must not make this rank look hung
+                    logger.warning(
+                        "%d coordinator calls in a row through this node's store got no answer; calling it directly",
+                        self._store_misses,
+                    )
+                    self.store = None
                 raise CoordinatorTimeoutError(
                     f"the run's generation coordinator did not answer {op} (through this node's store) "
                     f"within {timeout_s:.1f}s",

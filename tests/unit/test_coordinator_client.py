@@ -12,7 +12,7 @@ import ray.exceptions
 from ray_ckpt.core.generations import POLL_S, BeginReply, JoinReply, JoinStatus, Member
 from ray_ckpt.errors import CoordinatorTimeoutError, InPlaceRecoveryError
 from ray_ckpt.transport import remote
-from ray_ckpt.transport.coordinator_client import ANSWER_S, QUEUE_S_PER_RANK, START_S, CoordinatorClient
+from ray_ckpt.transport.coordinator_client import ANSWER_S, QUEUE_S_PER_RANK, START_S, STORE_MISSES, CoordinatorClient
 
 MEMBER = Member(rank=1, incarnation="a1", node_id="n1", pid=1001, host="h", epoch=1)
 
@@ -177,3 +177,24 @@ def test_the_client_travels_with_its_handle_to_the_workers() -> None:
     """The controller hands it to every worker inside the role (Ray pickles it)."""
     back = ray.cloudpickle.loads(ray.cloudpickle.dumps(CoordinatorClient("handle", world_size=8, run="r")))
     assert back.handle == "handle" and back.world_size == 8 and back.run == "r"
+
+
+def test_a_store_that_stops_answering_is_dropped_after_a_few_calls_and_the_rank_beats_directly(
+    fake: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck store must not leave the rank silent (taken for lost, killed as hung)."""
+    original = fake.get
+
+    def get(ref: tuple[str, tuple[Any, ...]], *, timeout: float | None) -> Any:
+        if ref[0] == "coordinate":
+            raise ray.exceptions.GetTimeoutError("store stopped")
+        return original(ref, timeout=timeout)
+
+    monkeypatch.setattr(remote, "get", get)
+    client = CoordinatorClient(Handle(), world_size=4)
+    client.store = Store()
+    for _ in range(STORE_MISSES):
+        with pytest.raises(CoordinatorTimeoutError, match="through this node's store"):
+            client.beat(MEMBER, timeout_s=0.1)
+    assert client.store is None
+    assert client.beat(MEMBER, timeout_s=0.1) is False and [m for m, _, _ in fake.calls] == ["beat_many"]

@@ -137,9 +137,14 @@ def test_a_join_is_answered_formed_with_its_generation_or_superseded_or_given_up
         lost=((2, "node dead"),),
     )
     assert gens.join_reply(member(2), after) is None, "rank 2's old process is not the one that formed"
+    # a poll carries the member's (rank, incarnation, epoch) only, and gets the same reply;
+    # every member of the generation gets one object, which a batch of replies pickles once
+    assert gens.join_reply(member(0).waiting, after) is reply is gens.join_reply(member(1), after)
+    assert gens.join_reply(member(2).waiting, after) is None
     gens.begin(3, now=4.0)
     superseded = gens.join_reply(member(2), after)
     assert superseded is not None and superseded.status is generations.JoinStatus.SUPERSEDED
+    assert gens.join_reply(member(2).waiting, after) == superseded
 
 
 def test_the_coordinators_replies_come_back_whole_from_a_pickle() -> None:
