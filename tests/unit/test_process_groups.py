@@ -126,6 +126,7 @@ class LeaveCoordinator:
 
     def __init__(self) -> None:
         self.beats = 0
+        self.store = None  # no node store: beats go straight to the coordinator
 
     def beat(self, member: Any, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> bool:
         self.beats += 1
