@@ -52,6 +52,7 @@ CALLERS = 32
 WORKERS = 2
 ROUNDS = 3  # rendezvous (and beat rounds) per N: the median is reported
 HANG_TIMEOUT_S = 1e9  # the simulated members' pids are not real processes: never kill one as hung
+NO_PID = 2**31 - 1  # and none is a process (above any pid_max), should the hang watcher ever fire
 
 
 def relay_slots(stores: list[Any], fanin: int) -> list[Any]:
@@ -104,7 +105,7 @@ def measure(path: Path, coordinator: Any, nodes: list[str], count: int) -> dict[
     begun = ray.get(coordinator.begin.remote(count))
     epoch = begun.epoch
     members = [
-        Member(rank=r, incarnation=f"{epoch}.{r}", node_id=nodes[r % len(nodes)], pid=0, host="h", epoch=epoch)
+        Member(rank=r, incarnation=f"{epoch}.{r}", node_id=nodes[r % len(nodes)], pid=NO_PID, host="h", epoch=epoch)
         for r in range(count)
     ]
     groups = path.groups(members)
