@@ -39,7 +39,10 @@ newest step done at the kill minus the newest multiple-of-E checkpoint before it
 equal stall is the goal's figure; the measured run at N is shown next to it.
 
 Per failure (from the events, via the demo's ``failures_report``): steps lost, time to resume
-(kill -> first step of the new worker group done) and its phases. Wasted time per failure = the
+(kill -> first step of the new worker group done) and its phases, and the time until training
+runs again (kill -> the slowest rank's restore done: the time to resume without the first step,
+which at long steps is mostly that step's own compute, the same on both sides). Both are
+printed as medians, in place against Ray Train. Wasted time per failure = the
 time from the kill until the job is back where it was at the kill (``demo.wasted_s``): time to
 resume + (steps lost - 1) x step time + the part of a step done at the kill (the first step
 after the restore redoes one of the steps lost, or the one in progress), the step time being
@@ -52,7 +55,8 @@ JSON: ``{"benchmark": "goodput", "schedule", "baseline_every", "in_place": {...}
 "equal_stall_every", "ray_train_equal_stall": {...}, "ratio_equal_stall", "ratio_in_place",
 "ratio_in_place_equal_stall"}`` (the ``ratio*`` without ``in_place`` compare the full-restart
 run); each side has ``failures`` (the demo's records plus
-``wasted_s``), ``step_time_s``, ``mean_stall_s``, ``wasted_per_failure_s``, ``wall_s``.
+``wasted_s``), ``step_time_s``, ``mean_stall_s``, ``wasted_per_failure_s``, ``wall_s``,
+``median_time_to_resume_s``, ``median_training_again_s``.
 """
 
 from __future__ import annotations
@@ -126,6 +130,11 @@ def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str
         else None,
         "steps_lost_mean": statistics.mean(f["steps_lost"] for f in measured) if measured else None,
         "wall_s": run["wall_s"],
+        **{
+            f"median_{key}": statistics.median(values) if values else None
+            for key in ("time_to_resume_s", "training_again_s")
+            for values in [[f[key] for f in measured if f.get(key) is not None]]
+        },
     }
 
 
@@ -428,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if part is not None:
         print(f"checkpoint-dependent part (lost work + restore, no detect/restart): {part:.1f}x")
+    for key, what in (("time_to_resume_s", "time to resume"), ("training_again_s", "until training runs again")):
+        ours, theirs = result["in_place"].get(f"median_{key}"), result["ray_train"].get(f"median_{key}")
+        if ours is not None and theirs:
+            print(f"{what}, median: in place {ours:.2f} s, Ray Train {theirs:.2f} s = {ours / theirs:.2f}x")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -147,8 +147,9 @@ def train_loop(config: dict[str, Any]) -> None:
     node_id = ray.get_runtime_context().get_node_id()
     mode = config["mode"]
     # an optional stand-in for a larger model's parameters and optimizer state: saved and
-    # restored by both kinds of checkpointing, one element changed every step
-    pad = torch.rand(config.get("state_mib", 0) << 18, generator=torch.Generator().manual_seed(rank))
+    # restored by both kinds of checkpointing, one element changed every step; drawn only when
+    # nothing was restored, as a trainer that restores skips initializing what it loads
+    pad: torch.Tensor | None = None
     start = 0
     ckpt = None
     work_began = time.time()  # what checkpointing can cost from here on: setup, restore, steps, the final wait
@@ -192,6 +193,10 @@ def train_loop(config: dict[str, Any]) -> None:
                 phases_s={"locate": t1 - began, "fetch": 0.0, "decode": 0.0, "load": time.perf_counter() - t1},
             )
         )
+    if pad is None:
+        drawn = time.time()
+        pad = torch.rand(config.get("state_mib", 0) << 18, generator=torch.Generator().manual_seed(rank))
+        work_began += time.time() - drawn  # the draw is the model's setup, not checkpointing
     # compute "sleep": the step's compute is a sleep of compute_s (as if on a GPU), so only the
     # checkpointing uses the CPU; "busy": compute_s of CPU work comes before the model's step
     sleep_compute = config.get("compute") == "sleep"
@@ -427,6 +432,7 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
                 "survivor_pids_before": pids_before,
                 "survivor_pids_after": pids_after,
                 "time_to_resume_s": recovery.time_to_resume_s,
+                "training_again_s": training_again_s(recovery),
                 "steps_lost": max(0, newest - recovery.step),
                 "into_step_s": kill_time - max(done_at) if done_at else None,
                 "restored_step": recovery.step,
@@ -437,6 +443,15 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
             }
         )
     return result
+
+
+def training_again_s(recovery: Recovery) -> float | None:
+    """Kill -> training runs again (the slowest rank's restore done, its first step begins):
+    the time to resume without that first step, which redoes a step lost at the kill."""
+    first_step = recovery.phases_s.get("first_step")
+    if recovery.time_to_resume_s is None or first_step is None:
+        return None
+    return recovery.time_to_resume_s - first_step
 
 
 def _survivor_pids(

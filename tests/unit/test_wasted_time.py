@@ -49,3 +49,18 @@ def test_the_part_of_a_step_done_at_the_kill_counts_at_most_a_step_and_none_with
     assert demo.time_lost(  # type: ignore[attr-defined]
         [{"time_to_resume_s": 7.0, "steps_lost": 0, "into_step_s": 1.0}, {"failed": True}], STEP
     ) == pytest.approx(3.0)
+
+
+def test_training_runs_again_when_the_restore_is_done_before_the_first_step() -> None:
+    from ray_ckpt.core.timeline import Recovery
+
+    def recovery(resume: float | None, first_step: float | None) -> Recovery:
+        return Recovery(
+            job="j", attempt="a", kill_time=0.0, killed_nodes=(), step=1, phases_s={"first_step": first_step},
+            time_to_resume_s=resume, steps_lost=0, bytes_moved=0, sources={}, failed=False, error=None, errors={},
+            mode="in_place", survivor_pids={}, replacement_pids={}, warm_replacements={},
+        )  # fmt: skip
+
+    assert demo.training_again_s(recovery(7.5, 5.25)) == pytest.approx(2.25)  # type: ignore[attr-defined]
+    assert demo.training_again_s(recovery(None, 5.25)) is None  # type: ignore[attr-defined]
+    assert demo.training_again_s(recovery(7.5, None)) is None  # type: ignore[attr-defined]
