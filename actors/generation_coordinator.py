@@ -27,6 +27,8 @@ from ray_ckpt.core.generations import (
     hang_bound_s,
 )
 
+RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
+
 
 def _kill_pid(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
@@ -156,6 +158,20 @@ class GenerationCoordinator:
                     return [current.address] * len(ranks)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), left)
+
+    async def await_recovery(self, known: bool) -> bool:
+        """Whether a recovery is under way (``Generations.recovering``); answers once that
+        differs from ``known`` (checked every ``RECOVERY_CHECK_S``), or after ``POLL_S``. The
+        controller watches it to poll its workers promptly during a recovery."""
+        deadline = time.monotonic() + POLL_S
+        async with self._changed:
+            while True:
+                recovering = self._gens.recovering()
+                left = deadline - time.monotonic()
+                if recovering != known or left <= 0:
+                    return recovering
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), min(left, RECOVERY_CHECK_S))
 
     async def report(self) -> CoordinatorReport:
         """The generations formed after failures, the members killed as hung, and the round."""

@@ -14,11 +14,13 @@ so every use of them is here, behind ``replica_groups()``, which says whether th
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import importlib
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -95,13 +97,29 @@ def set_torch_distributed_env_vars() -> None:
     _set_torch_distributed_env_vars()
 
 
+PROMPT_POLL_S = 0.05  # how often the controller polls its workers while a recovery is under way
+_recovering = threading.Event()  # this process's (the controller's) run is recovering in place
+
+
+def poll_promptly(recovering: bool) -> None:
+    """Say whether the run of this process's controller is recovering in place. While it is,
+    the patched controller (``restart_when_a_replacement_fails``) polls its workers every
+    ``PROMPT_POLL_S`` instead of every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``: it replaces a lost
+    worker once Ray knows the worker is dead, not up to one interval later."""
+    if recovering:
+        _recovering.set()
+    else:
+        _recovering.clear()
+
+
 def restart_when_a_replacement_fails() -> None:
     """Make Ray Train's controller replace several failed workers at once (every failing group
     is shut down before the first replacement, see ``_patch_controller``), and restart the whole
     worker group when replacing single workers fails, instead of ending the run. In Ray 2.60 a
     replacement asks every surviving worker to clear its result queue; if a survivor's node died
     meanwhile (a second failure during the recovery), that error escapes the controller's loop
-    and ends the run with retries left.
+    and ends the run with retries left. Also polls the workers promptly while the run
+    recovers in place (``poll_promptly``).
     Patches ``TrainController`` and its subclasses in this process (Ray's actor machinery
     subclasses it and wraps its methods for tracing); called where the backend class is built,
     which includes the controller; idempotent."""
@@ -164,7 +182,33 @@ def _patch_controller(cls: Any) -> None:
 
     cls._execute_resize_decision = execute_resize_decision
     cls._replace_bad_workers = replace_bad_workers
+    if "_poll_workers" in vars(cls):  # a subclass that does not define it inherits the patched one
+        cls._poll_workers = _promptly_polling(cls._poll_workers)
     cls._ray_ckpt_restarts_on_failed_replacement = True
+
+
+def _promptly_polling(poll: Any) -> Any:
+    """The controller's ``_poll_workers``, which first sleeps out the rest of the health-check
+    interval since its last poll, cut short while ``poll_promptly`` says the run recovers:
+    then the poll comes ``PROMPT_POLL_S`` after the last one. Ray's own method still runs
+    (a sleep of at least a millisecond, so its check for a terminal state runs too)."""
+    clock = importlib.import_module("ray.train.v2._internal.execution.controller.controller").time_monotonic
+
+    @functools.wraps(poll)
+    async def poll_workers(self: Any) -> Any:
+        interval = self._health_check_interval_s
+        while not _recovering.is_set():
+            left = interval - (clock() - self._latest_poll_time)
+            if left <= 0:
+                break
+            await asyncio.sleep(min(left, PROMPT_POLL_S))
+        if _recovering.is_set():
+            since = clock() - self._latest_poll_time
+            wait = max(1e-3, PROMPT_POLL_S - since)
+            self._latest_poll_time = min(self._latest_poll_time, clock() - interval + wait)
+        return await poll(self)
+
+    return poll_workers
 
 
 def _dead_groups(groups: list[Any], failing: set[int], timeout_s: float = 60.0) -> set[int]:

@@ -317,6 +317,11 @@ class Generations:
                 found.append(member)
         return found
 
+    def recovering(self) -> bool:
+        """Whether a recovery is under way: a member of the current generation is lost, or a
+        round to replace the generation is open."""
+        return bool(self.lost) or bool(self.pending)
+
     def must_leave(self, member: Member) -> bool:
         """Whether ``member`` must leave its generation now: it is in the current generation,
         has not joined the next, and a member of it is lost or a round to replace it is open."""

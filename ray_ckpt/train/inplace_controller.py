@@ -26,7 +26,7 @@ import ray.train
 from actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt import _ray_compat
 from ray_ckpt.core.generations import BEATS_PER_S, hang_bound_s
-from ray_ckpt.train.inplace_worker import WARM_HOOK, _become, _Role
+from ray_ckpt.train.inplace_worker import WARM_HOOK, _become, _become_replacement, _Role
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 WARM_STAGGER_S = 1.0  # between two spares' starts
 SPARE_START_S = 60.0  # a spare noted as started this recently may still be starting: it counts
+WATCH_RETRY_S = 1.0  # after a failed call, how long the watch on the run's recoveries waits to ask again
 
 
 @functools.cache
@@ -60,7 +61,9 @@ def _backend_class() -> type:
             self._coordinator: Any = None  # the actor's handle
             self._run = uuid.uuid4().hex  # names the coordinator's calls where stores merge them
             self._world_size = 0  # of the last full start: a replacement's group is one worker
+            self._epoch: int | None = None  # the coordinator's, as its last begin() said (only begin() moves it)
             self._spares: _WarmSpares | None = None  # made in the controller (it holds a lock)
+            self._watching = False  # whether the thread that makes the controller poll promptly runs
 
         def _coordinator_for(self, config: InPlaceRecovery, world_size: int) -> CoordinatorClient:
             if self._coordinator is None:  # lives as long as the run's controller
@@ -88,9 +91,8 @@ def _backend_class() -> type:
             _ray_compat.restart_when_a_replacement_fails()  # here: the controller's class exists by now
             if _ray_compat.is_replica_group(group):  # a replacement: it rendezvouses in the train function
                 coordinator = self._coordinator_for(config, self._world_size)
-                epoch = coordinator.epoch()
-                group.execute(_ray_compat.set_torch_distributed_env_vars)
-                group.execute(_become, _Role(coordinator, epoch, None, None, config.settings))
+                epoch = coordinator.epoch() if self._epoch is None else self._epoch
+                group.execute(_become_replacement, _Role(coordinator, epoch, None, None, config.settings))
                 self._warm_spares(group, config, full_start=False)
                 return
             self._world_size = len(group)
@@ -107,11 +109,33 @@ def _backend_class() -> type:
                     BEATS_PER_S,
                 )
             begun = coordinator.begin(len(group))
+            self._epoch = begun.epoch
             role = _Role(coordinator, begun.epoch, begun.generation, begun.attempt, config.settings)
             group.execute(_become, role)
             self._warm_spares(group, config, full_start=True)
+            if not self._watching:
+                self._watching = True
+                threading.Thread(
+                    target=_poll_promptly_in_recoveries, args=(coordinator,), name="ray_ckpt-recoveries", daemon=True
+                ).start()
 
     return _InPlaceBackend
+
+
+def _poll_promptly_in_recoveries(coordinator: CoordinatorClient) -> None:
+    """A daemon of the controller: while the coordinator says the run recovers in place, the
+    controller polls its workers every ``_ray_compat.PROMPT_POLL_S`` (``poll_promptly``), so
+    it replaces a lost worker as soon as Ray knows it is dead rather than up to a health-check
+    interval later. Never raises: an unanswered call only leaves the polls at their interval."""
+    recovering = False
+    while True:
+        try:
+            recovering = coordinator.await_recovery(recovering)
+        except Exception as error:  # the run is ending, or its coordinator is busy
+            logger.debug("ray_ckpt: asking the coordinator whether the run recovers: %s", error)
+            recovering = False
+            time.sleep(WATCH_RETRY_S)
+        _ray_compat.poll_promptly(recovering)
 
 
 class _WarmSpares:

@@ -153,6 +153,11 @@ class CoordinatorClient:
         reply: CoordinatorReport = self._call("report", timeout_s=self.answer_s)
         return reply
 
+    def await_recovery(self, known: bool) -> bool:
+        """Whether a recovery is under way in the run; answers once that differs from
+        ``known``, or after ``POLL_S``."""
+        return bool(self._call("await_recovery", known, timeout_s=self.answer_s + POLL_S))
+
     # ---- a worker's calls ------------------------------------------------------------------
 
     def register(self, member: Member, generation: int) -> bool:

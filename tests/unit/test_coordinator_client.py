@@ -198,3 +198,10 @@ def test_a_store_that_stops_answering_is_dropped_after_a_few_calls_and_the_rank_
             client.beat(MEMBER, timeout_s=0.1)
     assert client.store is None
     assert client.beat(MEMBER, timeout_s=0.1) is False and [m for m, _, _ in fake.calls] == ["beat_many"]
+
+
+def test_asking_whether_the_run_recovers_waits_in_the_coordinator_for_a_change(fake: Coordinator) -> None:
+    fake.replies["await_recovery"] = True
+    client = CoordinatorClient(Handle(), world_size=8)
+    assert client.await_recovery(False) is True
+    assert fake.calls[-1] == ("await_recovery", (False,), pytest.approx(POLL_S + client.answer_s))

@@ -299,3 +299,17 @@ def test_a_member_lost_by_silence_whose_node_then_dies_cannot_join() -> None:
     assert lost == [2]
     gens.find_lost(now=now + 0.1, alive_nodes={"n0", "n1"})
     assert gens.join(member(2), now=now + 0.2) == generations.JoinReply(generations.JoinStatus.DOOMED)
+
+
+def test_a_recovery_is_under_way_from_a_loss_or_a_join_until_the_next_generation_forms() -> None:
+    """What the controller's prompt polls follow (``GenerationCoordinator.await_recovery``)."""
+    gens = started()
+    assert not gens.recovering()
+    gens.find_lost(now=0.6, alive_nodes={"n0", "n1"})
+    assert gens.recovering(), "a member lost"
+    for rank, tag in ((0, "a"), (1, "a"), (2, "b")):
+        gens.join(member(rank, tag), now=1.0)
+    gens.form(now=1.0)
+    assert not gens.recovering(), "the next generation formed"
+    gens.join(member(1), now=2.0)  # a survivor whose collective failed before any loss was found
+    assert gens.recovering(), "a round is open"

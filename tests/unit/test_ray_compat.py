@@ -247,3 +247,53 @@ def test_the_driver_printer_head_resource_and_log_folder_are_where_ray_keeps_the
     head = {"NodeID": "h", "Alive": True, "Resources": {HEAD_NODE_RESOURCE_NAME: 1.0, "CPU": 2.0}}
     assert _ray_compat.is_head_node(RayNode.from_ray(head))
     assert not _ray_compat.is_head_node(RayNode.from_ray({"NodeID": "w", "Alive": True, "Resources": {"CPU": 2.0}}))
+
+
+@pytest.mark.parametrize("recovering", [True, False], ids=["recovering", "not-recovering"])
+def test_the_controller_polls_its_workers_at_once_while_the_run_recovers_and_at_its_interval_otherwise(
+    recovering: bool,
+) -> None:
+    """Ray's own ``_poll_workers``, patched, on a controller that polled just now with a 60 s
+    health-check interval: while ``poll_promptly`` says the run recovers it polls within
+    ``PROMPT_POLL_S``; otherwise it still waits out the interval."""
+    import asyncio
+
+    from ray.train.v2._internal.execution.controller import controller
+
+    _ray_compat.restart_when_a_replacement_fails()
+    source = inspect.getsource(controller.TrainController._poll_workers)
+    for needed in ("self._latest_poll_time", "self._health_check_interval_s", "time_monotonic()"):
+        assert needed in source, needed
+    polled: list[float | None] = []
+
+    class WorkerGroup:
+        def poll_status(self, timeout: float | None = None) -> str:
+            polled.append(timeout)
+            return "status"
+
+    class State:
+        def is_terminal(self) -> bool:
+            return False
+
+    class Controller:
+        _health_check_interval_s = 60.0
+        _latest_poll_time = controller.time_monotonic()
+        _worker_group = WorkerGroup()
+
+        def get_state(self) -> State:
+            return State()
+
+    async def poll() -> Any:
+        return await controller.TrainController._poll_workers(Controller())  # type: ignore[arg-type]
+
+    _ray_compat.poll_promptly(recovering)
+    try:
+        if recovering:
+            assert asyncio.run(asyncio.wait_for(poll(), timeout=10.0)) == "status"
+            assert polled == [60.0], "Ray's own poll ran, with its timeout"
+        else:
+            with pytest.raises(asyncio.TimeoutError):
+                asyncio.run(asyncio.wait_for(poll(), timeout=0.5))
+            assert polled == []
+    finally:
+        _ray_compat.poll_promptly(False)
