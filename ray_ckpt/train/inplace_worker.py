@@ -196,6 +196,13 @@ def _become(role: _Role) -> None:
     PROCESS.role = role
 
 
+def _become_replacement(role: _Role) -> None:
+    """``_become`` for a replacement, whose torch.distributed environment (RANK, WORLD_SIZE,
+    ...) Ray's full start did not set: one call from the controller for both."""
+    _ray_compat.set_torch_distributed_env_vars()
+    _become(role)
+
+
 def current_attempt() -> str | None:
     """The attempt id of this worker's generation, or None outside an in-place run."""
     return PROCESS.attempt if PROCESS.role is not None else None
