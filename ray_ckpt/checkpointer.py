@@ -434,9 +434,10 @@ class Checkpointer(WithIdentity):
     def abandon(self) -> None:
         """Close without raising and without waiting, for a checkpointer whose worker group
         failed: a save in flight goes on in the background (a dead peer may hold it up for a
-        while), its error, if any, logged, and the buffers are released once it ended. Its
-        unfinished step is discarded by the next attempt, which the registry also keeps from
-        taking a stage of this one (``StaleAttemptError``)."""
+        while), its error, if any, logged, and the buffers are released once it ended, but for
+        the newest staged step's blob, which a restore in this process then takes without a
+        store (``ray_ckpt.own_copies``). Its unfinished step is discarded by the next attempt,
+        which the registry also keeps from taking a stage of this one (``StaleAttemptError``)."""
         if self._closed:
             return
         in_flight, self._in_flight = self._in_flight, None
@@ -446,17 +447,17 @@ class Checkpointer(WithIdentity):
             error = None if done is None else done.exception()
             if error is not None:
                 logger.info("rank %d: the abandoned save of step %s ended with %s", self.rank, self._last_step, error)
-            self._release(wait=False)
+            self._release(wait=False, keep_for_rollback=True)
 
         if in_flight is None:
             release(None)
         else:
             in_flight.add_done_callback(release)
 
-    def _release(self, *, wait: bool) -> None:
+    def _release(self, *, wait: bool, keep_for_rollback: bool = False) -> None:
         self._closed = True
         self._background.shutdown(wait=wait)
-        self._saves.release()
+        self._saves.release(keep_for_rollback=keep_for_rollback)
         self._stores.clear()
 
     def _check_open(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt import reshard
+from ray_ckpt import own_copies, reshard
 from ray_ckpt.backup import Backup
 from ray_ckpt.core import blob, dtensor, hostmem, snapshot
 from ray_ckpt.core.checksum import verify
@@ -388,8 +388,14 @@ class Restorer(WithIdentity):
         }
 
     def _local_copy(self, step: int, record: RankRecord) -> np.ndarray | None:
-        """This rank's local copy, if it lives on this node and is intact."""
-        if record.local is None or record.local_node != self.node_id or not self.stores.live([self.node_id]):
+        """This rank's local copy, if it lives on this node and is intact: from this process's
+        own save buffer where it still holds the step (``own_copies``), else from the node's store."""
+        if record.local is None or record.local_node != self.node_id:
+            return None
+        held = own_copies.take(self.job, self.rank, step, record.local.writer)
+        if held is not None and held.size == record.local.shard_size and verify(record.local, held):
+            return held
+        if not self.stores.live([self.node_id]):
             return None
         try:
             address = ShardAddress.local_copy(self.job, step, self.rank, writer=record.local.writer)

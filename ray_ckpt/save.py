@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ray_ckpt import settings
+from ray_ckpt import own_copies, settings
 from ray_ckpt.backup import Backup
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, hostmem, snapshot
@@ -222,6 +222,7 @@ class SavePipeline(WithIdentity):
         """Copy the state into the reused host buffer: (buffer of k * shard_size bytes, blob
         size, the CUDA events the copies are done at: ``record_copies``, empty for a state on
         the CPU). Blocks the caller."""
+        own_copies.forget(self.job, self.rank)  # the buffer's blob of an older step is overwritten below
         size = blob.blob_size(len(layout.header), layout.payload_size)
         padded = self.code.shard_size(size) * self.code.data_shards
         on_gpu = any(t.is_cuda for t in layout.tensors)
@@ -272,6 +273,8 @@ class SavePipeline(WithIdentity):
             )
         )
         t3 = time.perf_counter()
+        if local is not None:  # a rollback in this process may take the step from the buffer
+            own_copies.note(self.job, self.rank, step, self.writer, buffer[:size], self)
         phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
         self._completed += 1
         if self.backup is not None and self.config.backup_every and step % self.config.backup_every == 0:
@@ -388,7 +391,12 @@ class SavePipeline(WithIdentity):
             logger.warning("job %r rank %d: full protection is back (%d stores)", self.job, self.rank, stores)
         self._degraded = degraded
 
-    def release(self) -> None:
-        """Free the buffers."""
+    def release(self, *, keep_for_rollback: bool = False) -> None:
+        """Free the buffers; with ``keep_for_rollback`` the blob of the newest staged step
+        stays held (``own_copies.orphan``) until a restore in this process takes it."""
+        if keep_for_rollback:
+            own_copies.orphan(self)
+        else:
+            own_copies.drop(self)
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._parity = []

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from ray_ckpt import own_copies
 from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
@@ -300,3 +301,44 @@ def test_a_step_that_is_not_an_int_from_0_to_step_max_is_refused_before_anything
     with pytest.raises(ConfigError, match=r"step must be an int in \[0, 2\*\*63\)"):
         restorer(registry, stores, pool).restore(step)
     assert stores.gets == [] and stores.plans == 0
+
+
+@pytest.mark.parametrize("given_up", [True, False], ids=["buffer-given-up", "buffer-still-written"])
+def test_a_rollback_in_the_saving_process_takes_the_step_from_its_own_buffer(
+    pool: ThreadPoolExecutor, given_up: bool
+) -> None:
+    """An in-place survivor: its save pipeline still holds step 2's blob. The restore takes it
+    without asking any store, bit-exact, whether its pipeline gave the buffer up or still writes
+    it (then ``take`` copies it, see test_own_copies.py)."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores, local_node="here")
+    buffer = registry.blobs[(1, 2)].copy()
+    pipeline = object()
+    own_copies.note(JOB, 1, 2, "", buffer, pipeline)
+    if given_up:
+        own_copies.orphan(pipeline)
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and (restored.step, restored.source) == (2, "local")
+    assert digest(restored.state) == digest(state_of(1, 2))
+    assert stores.gets == [], "no store was asked"
+    assert own_copies.take(JOB, 1, 2, "") is None, "taken once"
+
+
+@pytest.mark.parametrize("held", ["corrupt", "other-writer", "other-step", "dropped"])
+def test_a_held_blob_that_is_not_the_planned_steps_intact_copy_is_not_used(pool: ThreadPoolExecutor, held: str) -> None:
+    """A flipped byte, another writer's or another step's blob, or one dropped at close: the
+    restore reads the node's store instead, bit-exact."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores, local_node="here")
+    buffer = registry.blobs[(1, 2)].copy()
+    if held == "corrupt":
+        buffer[-1] ^= 0xFF
+    pipeline = object()
+    step, writer = (1, "") if held == "other-step" else (2, "w2" if held == "other-writer" else "")
+    own_copies.note(JOB, 1, step, writer, buffer, pipeline)
+    if held == "dropped":
+        own_copies.drop(pipeline)
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and restored.source == "local"
+    assert digest(restored.state) == digest(state_of(1, 2))
+    assert stores.gets == [("here", 0)]

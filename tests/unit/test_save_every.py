@@ -37,7 +37,7 @@ class FakeSaves:
     def check_placement(self) -> None:
         pass
 
-    def release(self) -> None:
+    def release(self, *, keep_for_rollback: bool = False) -> None:
         pass
 
     def snapshot(self, layout: Any) -> tuple[np.ndarray, int, list[Any]]:
