@@ -341,6 +341,9 @@ class RegistryActor:
     def latest_committed(self, job: str) -> int | None:
         return self._registry.latest_committed(job)
 
+    def jobs_of_run(self, run: str) -> list[str]:
+        return self._registry.jobs_of_run(run)
+
     def committed_steps(self, job: str) -> list[int]:
         return self._registry.committed_steps(job)
 

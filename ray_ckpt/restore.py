@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt import own_copies, reshard
+from ray_ckpt import own_copies, prefetch, reshard
 from ray_ckpt.backup import Backup
 from ray_ckpt.core import blob, dtensor, hostmem, snapshot
 from ray_ckpt.core.checksum import verify
@@ -223,12 +223,13 @@ class Restorer(WithIdentity):
         world size is resharded into it (``reshard``). See ``Checkpointer.restore``."""
         t0 = time.perf_counter()
         self.restored_bytes = 0
+        read = prefetch.claim(self.job, self.attempt, self.rank)  # this rank's blob, read ahead, if any
         if step is not None:
             check_step(step)
             located = self.registry.locate_rank(self.job, step, self.rank)
             if into is not None and located.world_size != self.world_size:
                 return self._resharded(step, into, t0), None
-            return self._from_memory(step, self._record(located, step), t0), None
+            return self._from_memory(step, self._record(located, step), t0, read), None
         answer = self._plan()
         plan = answer.plan
         if self.attempt is None:  # the registry's attempt for ranks that restore without one
@@ -242,7 +243,7 @@ class Restorer(WithIdentity):
                     restored = self._resharded(plan.step, into, t0)
                 else:
                     located = answer.records.get(self.rank) or self.registry.locate_rank(self.job, plan.step, self.rank)
-                    restored = self._from_memory(plan.step, self._record(located, plan.step), t0)
+                    restored = self._from_memory(plan.step, self._record(located, plan.step), t0, read)
             except ConfigError:
                 raise  # the caller's state or world size, not the step: it stays restorable
             except Exception:
@@ -317,13 +318,24 @@ class Restorer(WithIdentity):
             )
         return located.record
 
-    def _from_memory(self, step: int, record: RankRecord, t0: float) -> Restored:
+    def _from_memory(self, step: int, record: RankRecord, t0: float, read: prefetch.Read | None = None) -> Restored:
         t1 = time.perf_counter()
         local = self._local_copy(step, record)
         if local is not None:
             t2 = time.perf_counter()
             state = load(local)
             return Restored(step, state, "local", _phases(t0, t1, t2, t2, time.perf_counter()))
+        blob = None if read is None else read.blob_of(step, record, self._timeout_s())
+        if blob is not None:  # read from peers ahead of this call: its fetch is the wait for that read
+            self.restored_bytes = record.shard_size * record.data_shards
+            t2 = time.perf_counter()
+            return Restored(step, load(blob), "peers", _phases(t0, t1, t2, t2, time.perf_counter()))
+        blob, fetched, decoded = self._from_peers(step, record)
+        return Restored(step, load(blob), "peers", _phases(t0, t1, fetched, decoded, time.perf_counter()))
+
+    def _from_peers(self, step: int, record: RankRecord) -> tuple[np.ndarray, float, float]:
+        """This rank's blob of ``step`` from any k checksum-valid shards on peers, decoded, with
+        the moments (perf_counter) the fetch and the decode ended."""
         # map the output buffer's pages while the shards are in flight
         buffer = self._background.submit(self._allocate, record.shard_size * record.data_shards)
         shards, lost = fetch_shards(
@@ -331,13 +343,28 @@ class Restorer(WithIdentity):
         )
         output = buffer.result()
         self.restored_bytes = record.shard_size * len(shards)
-        t2 = time.perf_counter()
+        fetched = time.perf_counter()
         ReedSolomon(record.data_shards, record.parity_shards).decode_into(shards, output)
-        t3 = time.perf_counter()
-        state = load(output[: record.payload_size])
         if lost:
             logger.warning("rank %d step %d: rebuilt without shards %s", self.rank, step, sorted(lost))
-        return Restored(step, state, "peers", _phases(t0, t1, t2, t3, time.perf_counter()))
+        return output[: record.payload_size], fetched, time.perf_counter()
+
+    def read_planned(self) -> prefetch.Planned | None:
+        """This rank's blob of the step its attempt's plan restores from memory, read from peers
+        ahead of ``restore`` (``ray_ckpt.prefetch``): (step, this rank's record of it, blob), or
+        None when the plan restores no step from memory at this world size or this node holds
+        the rank's local copy (read by the restore itself, without the network). Asks for the
+        plan as ``restore`` does (the same, decided once per attempt) and changes nothing else."""
+        answer = self._plan()
+        plan = answer.plan
+        if plan.source != "peers" or plan.step is None or int(plan.world_size or 0) != self.world_size:
+            return None
+        located = answer.records.get(self.rank) or self.registry.locate_rank(self.job, plan.step, self.rank)
+        record = self._record(located, plan.step)
+        if record.local is not None and record.local_node == self.node_id:
+            return None
+        blob, _, _ = self._from_peers(plan.step, record)
+        return plan.step, record, blob
 
     def _resharded(self, step: int, into: Any, t0: float) -> Restored:
         """This rank's new shards of ``step`` (saved at another world size or sharding), read as byte

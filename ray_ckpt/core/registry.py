@@ -515,6 +515,15 @@ class Registry:
         with self._lock:
             return self._latest_locked(job)
 
+    def jobs_of_run(self, run: str) -> list[str]:
+        """The jobs that saved or restored under an attempt of the in-place run ``run`` (its
+        generations' attempt ids are ``<run>.g<n>``), sorted."""
+        prefix = f"{run}.g"
+        with self._lock:
+            return sorted(
+                job for job, state in self._incarnations.items() if any(a.startswith(prefix) for a in state.seen)
+            )
+
     def committed_by(self, job: str, step: int) -> str | None:
         """The attempt that committed ``step`` (None: none, or the step is not committed)."""
         with self._lock:

@@ -31,6 +31,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psutil
@@ -38,8 +39,9 @@ import ray
 import ray.train
 import torch.distributed as dist
 
-from ray_ckpt import _ray_compat, settings
+from ray_ckpt import _ray_compat, prefetch, settings
 from ray_ckpt.core.generations import JoinStatus, Member, beat_interval_s
+from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import (
     CommitTimeoutError,
@@ -48,10 +50,13 @@ from ray_ckpt.errors import (
     InPlaceRecoveryError,
     PeerLost,
 )
+from ray_ckpt.restore import Restorer
 from ray_ckpt.train import process_groups
 from ray_ckpt.train.gloo_connections import ConnectionWatch, GlooConnections
 from ray_ckpt.train.interrupts import Interrupts
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
+from ray_ckpt.transport.registry_client import RegistryClient
+from ray_ckpt.transport.store_directory import StoreDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +295,7 @@ class _Worker:
         try:
             if self.role.generation is None:
                 self._rejoin(role="replacement", detected_at=None)
+                self._read_ahead()
             while True:
                 try:
                     interrupts.arm()
@@ -433,6 +439,7 @@ class _Worker:
         """Join the next generation and set up its process group (retried if a member dies
         during the rendezvous); raises InPlaceRecoveryError when it cannot form in time.
         Returns the ranks whose process was replaced on the way (empty: no peer was lost)."""
+        prefetch.clear()  # a read begun for the generation before is not this one's
         coordinator = self.role.coordinator
         deadline = time.monotonic() + self.settings.timeout_s
         replaced: set[int] = set()
@@ -481,6 +488,34 @@ class _Worker:
                 "ready": time.time(),
             }
             return sorted(replaced)
+
+    def _read_ahead(self) -> None:
+        """Begin this replacement's read of its state from peers now that its generation formed
+        (``ray_ckpt.prefetch``), while its training function builds what it needs before it
+        calls ``restore()``: for every job this run checkpoints, in the default namespace."""
+        attempt = PROCESS.attempt
+        run = attempt.rpartition(".g")[0] if attempt else ""
+        if not attempt or not run:
+            return
+        namespace = settings.namespace()
+        registry, stores = RegistryClient(namespace), StoreDirectory(namespace)
+
+        def read(job: str) -> prefetch.Planned | None:
+            identity = RankIdentity(
+                job=job, rank=self.rank, world_size=self.world_size, attempt=attempt, node_id=self.member.node_id
+            )
+            with ThreadPoolExecutor(1, thread_name_prefix=f"ray_ckpt-prefetch-{self.rank}") as background:
+                restorer = Restorer(
+                    identity=identity,
+                    registry=registry,
+                    stores=stores,
+                    backup=None,
+                    background=background,
+                    timeout_s=settings.peer_timeout_s,
+                )
+                return restorer.read_planned()
+
+        prefetch.begin(attempt, self.rank, lambda: registry.jobs_of_run(run), read)
 
     def _init_process_group(self, generation: int, timeout_s: float) -> None:
         coordinator = self.role.coordinator

@@ -103,6 +103,10 @@ class RegistryClient:
         latest = self.call("latest_committed", job)
         return None if latest is None else int(latest)
 
+    def jobs_of_run(self, run: str) -> list[str]:
+        """The jobs with an attempt of the in-place run ``run`` (``Registry.jobs_of_run``)."""
+        return [str(job) for job in self.call("jobs_of_run", run)]
+
     def wait_committed(self, job: str, step: int, timeout_s: float) -> bool:
         """True once ``step`` (or a newer one) committed; False after ``timeout_s``."""
         return bool(self.call("wait_committed", job, step, timeout_s, timeout_s=timeout_s + settings.peer_timeout_s()))

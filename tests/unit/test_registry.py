@@ -329,3 +329,16 @@ def test_a_newer_step_a_rank_staged_shows_it_went_past() -> None:
     assert registry.wait_settled("job", 8, rank=1, attempt=None, world_size=2, passed=8, timeout_s=0) == "pending"
     stage(registry, 8, 0, world_size=2)
     assert registry.wait_settled("job", 8, rank=1, attempt=None, world_size=2, passed=8, timeout_s=0) == "committed"
+
+
+def test_the_jobs_of_an_in_place_run_are_those_with_an_attempt_of_its_generations() -> None:
+    """What a replacement reads ahead for (``ray_ckpt.prefetch``): only jobs this run joined, not
+    another run's, nor one whose name merely starts like the run's."""
+    registry = Registry()
+    registry.plan_restore("mine", "abc123.g1", set(NODES))
+    registry.plan_restore("mine", "abc123.g2", set(NODES))
+    registry.plan_restore("also-mine", "abc123.g3", set(NODES))
+    registry.plan_restore("theirs", "def456.g1", set(NODES))
+    registry.plan_restore("lookalike", "abc1234.g1", set(NODES))
+    assert registry.jobs_of_run("abc123") == ["also-mine", "mine"]
+    assert registry.jobs_of_run("nothing") == []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ray_ckpt import own_copies
+from ray_ckpt import own_copies, prefetch
 from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
@@ -342,3 +342,58 @@ def test_a_held_blob_that_is_not_the_planned_steps_intact_copy_is_not_used(pool:
     assert restored is not None and restored.source == "local"
     assert digest(restored.state) == digest(state_of(1, 2))
     assert stores.gets == [("here", 0)]
+
+
+@pytest.fixture
+def no_reads() -> Iterable[None]:
+    prefetch.clear()
+    yield
+    prefetch.clear()
+
+
+def test_a_replacements_read_ahead_is_the_planned_steps_blob_and_its_restore_asks_no_store_again(
+    pool: ThreadPoolExecutor, no_reads: None
+) -> None:
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    planned = restorer(registry, stores, pool).read_planned()
+    assert planned is not None and planned[0] == 2 and planned[1] == registry.records[2][1]
+    assert bytes(planned[2]) == bytes(registry.blobs[(1, 2)])
+    reads = len(stores.gets)
+    prefetch.begin("a", 1, lambda: [JOB], lambda job: planned)
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and (restored.step, restored.source) == (2, "peers")
+    assert digest(restored.state) == digest(state_of(1, 2))
+    assert len(stores.gets) == reads, "the restore read nothing more"
+    assert prefetch.claim(JOB, "a", 1) is None, "claimed once"
+
+
+@pytest.mark.parametrize("read", ["other-step", "failed", "other-job", "other-attempt"])
+def test_a_read_ahead_that_is_not_the_restores_own_is_not_used(
+    pool: ThreadPoolExecutor, no_reads: None, read: str
+) -> None:
+    """A read of another step (the plan moved on), one that failed, or one begun for another
+    job or attempt: the restore reads from peers itself, bit-exact."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+
+    def ahead(job: str) -> prefetch.Planned | None:
+        if read == "failed":
+            raise RuntimeError("a store died during the read")
+        return 1, registry.records[1][1], registry.blobs[(1, 1)]
+
+    prefetch.begin("b" if read == "other-attempt" else "a", 1, lambda: ["x" if read == "other-job" else JOB], ahead)
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and restored.step == 2 and digest(restored.state) == digest(state_of(1, 2))
+    assert len(stores.gets) >= K, "read from peers"
+
+
+def test_nothing_is_read_ahead_where_the_local_copy_is_on_this_node_or_the_plan_is_a_backup(
+    pool: ThreadPoolExecutor,
+) -> None:
+    stores = FakeStores()
+    assert restorer(FakeRegistry(stores, local_node="here"), stores, pool).read_planned() is None
+    registry = FakeRegistry(stores)
+    registry.plan = RestorePlan(step=None, source="backup", ever_committed=True, newest_committed=2, newest_staged=2)
+    assert restorer(registry, stores, pool).read_planned() is None
+    assert stores.gets == []
