@@ -97,7 +97,7 @@ def set_torch_distributed_env_vars() -> None:
     _set_torch_distributed_env_vars()
 
 
-PROMPT_POLL_S = 0.05  # how often the controller polls its workers while a recovery is under way
+PROMPT_POLL_S = 0.1  # how often the controller polls its workers while a recovery is under way
 _recovering = threading.Event()  # this process's (the controller's) run is recovering in place
 
 
