@@ -152,6 +152,15 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
     assert document["ratio_equal_stall"] == pytest.approx(
         document["ray_train_equal_stall"]["wasted_per_failure_s"] / document["ray_ckpt"]["wasted_per_failure_s"]
     )
+    # in place is compared at its own stall: Ray Train every E' = ceil(stall per checkpoint / in place's per step)
+    stall = document["in_place"]["mean_stall_s"]
+    every_in_place = document["equal_stall_every_in_place"]
+    assert every_in_place == max(1, math.ceil(document["baseline_stall_per_checkpoint_s"] / stall))
+    assert document["ray_train_equal_stall_in_place"]["every"] == every_in_place
+    assert document["ratio_in_place_equal_stall"] == pytest.approx(
+        document["ray_train_equal_stall_in_place"]["wasted_per_failure_s"]
+        / document["in_place"]["wasted_per_failure_s"]
+    )
 
 
 @pytest.mark.timeout(600)
