@@ -10,7 +10,8 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
 
@@ -26,6 +27,8 @@ from ray_ckpt.core.generations import (
     beat_interval_s,
     hang_bound_s,
 )
+
+T = TypeVar("T")
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
 
@@ -120,15 +123,12 @@ class GenerationCoordinator:
         current: ``FORMED`` once a generation formed with it, ``SUPERSEDED`` once a full start
         overtook it, None while it still waits. Answers when any of them has its reply, or
         after ``POLL_S``."""
-        deadline = time.monotonic() + POLL_S
-        async with self._changed:
-            while True:
-                replies = [self._gens.join_reply(member, after) for member in members]
-                left = deadline - time.monotonic()
-                if left <= 0 or any(reply is not None for reply in replies):
-                    return replies
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), left)
+
+        def replies() -> tuple[list[JoinReply | None], bool]:
+            found = [self._gens.join_reply(member, after) for member in members]
+            return found, any(reply is not None for reply in found)
+
+        return await self._answer_when(replies)
 
     async def give_up(self, member: Member, after: int) -> JoinReply:
         """``member`` stops waiting: its reply if its generation formed meanwhile, else it
@@ -147,31 +147,38 @@ class GenerationCoordinator:
         """Generation ``number``'s rendezvous address, once per rank asking: the address once
         rank 0 published it, "" if the generation is superseded, None if it did not come within
         ``POLL_S`` (ask again)."""
-        deadline = time.monotonic() + POLL_S
-        async with self._changed:
-            while True:
-                current = self._gens.current
-                if current is None or current.number != number:
-                    return [""] * len(ranks)
-                left = deadline - time.monotonic()
-                if current.address is not None or left <= 0:
-                    return [current.address] * len(ranks)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), left)
+
+        def addresses() -> tuple[list[str | None], bool]:
+            current = self._gens.current
+            if current is None or current.number != number:
+                return [""] * len(ranks), True
+            return [current.address] * len(ranks), current.address is not None
+
+        return await self._answer_when(addresses)
 
     async def await_recovery(self, known: bool) -> bool:
         """Whether a recovery is under way (``Generations.recovering``); answers once that
         differs from ``known`` (checked every ``RECOVERY_CHECK_S``), or after ``POLL_S``. The
         controller watches it to poll its workers promptly during a recovery."""
+
+        def recovering() -> tuple[bool, bool]:
+            now = self._gens.recovering()
+            return now, now != known
+
+        return await self._answer_when(recovering, check_s=RECOVERY_CHECK_S)
+
+    async def _answer_when(self, answer: Callable[[], tuple[T, bool]], check_s: float = POLL_S) -> T:
+        """``answer()``'s value once it says it is ready, or as it is after ``POLL_S``; asked
+        again whenever the state changes (the condition is notified) and every ``check_s``."""
         deadline = time.monotonic() + POLL_S
         async with self._changed:
             while True:
-                recovering = self._gens.recovering()
+                value, ready = answer()
                 left = deadline - time.monotonic()
-                if recovering != known or left <= 0:
-                    return recovering
+                if ready or left <= 0:
+                    return value
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), min(left, RECOVERY_CHECK_S))
+                    await asyncio.wait_for(self._changed.wait(), min(left, check_s))
 
     async def report(self) -> CoordinatorReport:
         """The generations formed after failures, the members killed as hung, and the round."""

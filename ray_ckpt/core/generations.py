@@ -178,12 +178,24 @@ def generation_of(attempt: str | None) -> int | None:
     """The generation number in an attempt id of ``Generations.attempt`` (``<run>.g<n>``), or
     None for any other attempt id. Generation 1 is a run's first; every later one follows a
     failure (a full restart or an in-place recovery)."""
+    parsed = _parse_attempt(attempt)
+    return None if parsed is None else parsed[1]
+
+
+def run_of(attempt: str | None) -> str | None:
+    """The run in an attempt id of ``Generations.attempt`` (``<run>.g<n>``), or None for any
+    other attempt id."""
+    parsed = _parse_attempt(attempt)
+    return None if parsed is None else parsed[0]
+
+
+def _parse_attempt(attempt: str | None) -> tuple[str, int] | None:
     if not isinstance(attempt, str):
         return None
     run, dot, tail = attempt.rpartition(".g")
     if not dot or not run or not tail.isdecimal() or not tail.isascii():
         return None
-    return int(tail)
+    return run, int(tail)
 
 
 class Generations:

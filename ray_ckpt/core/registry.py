@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
+from ray_ckpt.core.generations import run_of
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.core.wire import (
     GroupResult,
@@ -517,12 +518,9 @@ class Registry:
 
     def jobs_of_run(self, run: str) -> list[str]:
         """The jobs that saved or restored under an attempt of the in-place run ``run`` (its
-        generations' attempt ids are ``<run>.g<n>``), sorted."""
-        prefix = f"{run}.g"
+        generations' attempt ids are ``<run>.g<n>``, ``generations.run_of``), sorted."""
         with self._lock:
-            return sorted(
-                job for job, state in self._incarnations.items() if any(a.startswith(prefix) for a in state.seen)
-            )
+            return sorted(job for job, state in self._incarnations.items() if any(run_of(a) == run for a in state.seen))
 
     def committed_by(self, job: str, step: int) -> str | None:
         """The attempt that committed ``step`` (None: none, or the step is not committed)."""

@@ -40,7 +40,7 @@ import ray.train
 import torch.distributed as dist
 
 from ray_ckpt import _ray_compat, prefetch, settings
-from ray_ckpt.core.generations import JoinStatus, Member, beat_interval_s
+from ray_ckpt.core.generations import JoinStatus, Member, beat_interval_s, run_of
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import (
@@ -494,8 +494,8 @@ class _Worker:
         (``ray_ckpt.prefetch``), while its training function builds what it needs before it
         calls ``restore()``: for every job this run checkpoints, in the default namespace."""
         attempt = PROCESS.attempt
-        run = attempt.rpartition(".g")[0] if attempt else ""
-        if not attempt or not run:
+        run = run_of(attempt)
+        if attempt is None or run is None:
             return
         namespace = settings.namespace()
         registry, stores = RegistryClient(namespace), StoreDirectory(namespace)
