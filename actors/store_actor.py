@@ -254,13 +254,26 @@ class ShardStoreActor:
         if members and members[0] == self._store.node_id:
             self._parent, self._members = parent, list(members)
             for run in subtrees(members, fanin):
-                self._forget_if_dead(run[0])
-                child = self._store_handle(run[0])
-                if child is not None:
-                    self._pushes[run[0]] = child.mark_committed.remote(
-                        job, step, keep_steps, run, self._store.node_id, fanin, attempt
-                    )
+                self._hand_on(run, job, step, keep_steps, fanin, attempt)
         return freed
+
+    def _hand_on(
+        self, run: list[str], job: str, step: int, keep_steps: list[int], fanin: int, attempt: str | None
+    ) -> None:
+        """Push the commit to the first store of ``run`` with the run as its part of the tree. A
+        store that has no actor now (killed, its successor not registered yet) is passed over:
+        the next of the run takes its place, so the stores below a dead one are placed again
+        with this commit instead of staging with the registry until the registry's list of
+        stores leaves the dead one out."""
+        for first in range(len(run)):
+            node_id = run[first]
+            self._forget_if_dead(node_id)
+            child = self._store_handle(node_id)
+            if child is not None:
+                self._pushes[node_id] = child.mark_committed.remote(
+                    job, step, keep_steps, run[first:], self._store.node_id, fanin, attempt
+                )
+                return
 
     def drop(
         self,

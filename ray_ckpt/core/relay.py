@@ -19,9 +19,10 @@ one group per step and attempt, their packed parts side by side) into one call a
 relay failed is safe: the registry acknowledges stages it holds already (``Registry``).
 
 **Down**: the commit (job, step, kept steps) goes from the registry to the root and from each
-store to its children, fire and forget. A store also learns the kept steps of its job from
-every stage result (``GroupResult.keep_steps``), so a commit lost with a failed relay is made
-up by the next stage round.
+store to its children, fire and forget; a child with no store now (killed, its successor not
+registered yet) is passed over, the next store of its run taking its place. A store also
+learns the kept steps of its job from every stage result (``GroupResult.keep_steps``), so a
+commit lost with a failed relay is made up by the next stage round.
 
 **Restore plans** climb the same tree after a restart: every rank asks its node's store for
 its attempt's plan and its record (``PlanQuery``); the queries of one job and attempt merge on
