@@ -394,6 +394,8 @@ class Checkpointer(WithIdentity):
         if self.attempt is None and self._restorer.attempt is not None:  # the registry gave this rank its attempt
             self.identity = self._saves.identity = self._restorer.identity
         self._saves.restart_counting()  # the next save is this incarnation's first step: always recorded
+        if restored is not None and restored.from_world_size is None:
+            self._saves.reserve(self._restorer.restored_bytes)  # mapped during the next step, not in its save
         newest = None if plan is None else plan.newest_staged
         self._record(
             "restore",

@@ -322,6 +322,7 @@ class Restorer(WithIdentity):
         t1 = time.perf_counter()
         local = self._local_copy(step, record)
         if local is not None:
+            self.restored_bytes = local.size
             t2 = time.perf_counter()
             state = load(local)
             return Restored(step, state, "local", _phases(t0, t1, t2, t2, time.perf_counter()))

@@ -14,6 +14,7 @@ Collaborators are passed in (registry, stores, backup), as for the restore path.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -188,6 +189,7 @@ class SavePipeline(WithIdentity):
         self.code = ReedSolomon(config.data_shards, config.parity_shards)
         self.registry, self.stores, self.backup, self._record = registry, stores, backup, record
         self._buffer: torch.Tensor = torch.empty(0, dtype=torch.uint8)
+        self._reserved: Future[np.ndarray] | None = None  # a buffer mapped ahead (``reserve``)
         self._parity: list[np.ndarray] = []
         self._placement_checked = False
         self._degraded = False
@@ -218,6 +220,33 @@ class SavePipeline(WithIdentity):
                 "" if spare else f" (add nodes beyond {k + m} for spares)",
             )
 
+    def reserve(self, blob_size: int) -> None:
+        """Map the host buffer of a ``blob_size``-byte blob (padded or not) on a background
+        thread for the next snapshot, unless the buffer is that large already: after a restore
+        of that many bytes (the state saved next is as large), so that an incarnation's first
+        save copies into mapped pages instead of mapping them while the training loop waits. A
+        state on a GPU still maps pinned memory at its first save."""
+        nbytes = self.code.shard_size(blob_size) * self.code.data_shards
+        if self._buffer.numel() >= nbytes or self._reserved is not None:
+            return
+        reserved: Future[np.ndarray] = Future()
+
+        def map_pages() -> None:
+            try:
+                reserved.set_result(hostmem.allocate(nbytes))
+            except BaseException as error:  # the snapshot maps its own buffer instead
+                reserved.set_exception(error)
+
+        self._reserved = reserved
+        threading.Thread(target=map_pages, name="ray_ckpt-reserve", daemon=True).start()
+
+    def _take_reserved(self) -> np.ndarray | None:
+        """The buffer ``reserve`` mapped, once it is (None if none was, or mapping failed)."""
+        reserved, self._reserved = self._reserved, None
+        if reserved is None or reserved.exception() is not None:
+            return None
+        return reserved.result()
+
     def snapshot(self, layout: snapshot.SnapshotLayout) -> tuple[np.ndarray, int, list[Any]]:
         """Copy the state into the reused host buffer: (buffer of k * shard_size bytes, blob
         size, the CUDA events the copies are done at: ``record_copies``, empty for a state on
@@ -226,6 +255,9 @@ class SavePipeline(WithIdentity):
         size = blob.blob_size(len(layout.header), layout.payload_size)
         padded = self.code.shard_size(size) * self.code.data_shards
         on_gpu = any(t.is_cuda for t in layout.tensors)
+        reserved = self._take_reserved()
+        if reserved is not None and not on_gpu and reserved.size >= padded > self._buffer.numel():
+            self._buffer = torch.from_numpy(reserved)
         if self._buffer.numel() < padded or (on_gpu and not self._buffer.is_pinned()):
             if on_gpu:
                 self._buffer = torch.empty(padded, dtype=torch.uint8, pin_memory=True)
@@ -399,4 +431,5 @@ class SavePipeline(WithIdentity):
         else:
             own_copies.drop(self)
         self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._reserved = None
         self._parity = []

@@ -207,10 +207,12 @@ def test_the_local_copy_is_used_without_fetching_shards(pool: ThreadPoolExecutor
     """A rank whose full copy is on its own node restores it with no shard fetched."""
     stores = FakeStores()
     registry = FakeRegistry(stores, local_node="here")
-    restored, _ = restorer(registry, stores, pool).restore()
+    restoring = restorer(registry, stores, pool)
+    restored, _ = restoring.restore()
     assert restored is not None and restored.source == "local"
     assert digest(restored.state) == digest(state_of(1, 2))
     assert stores.gets == [("here", 0)]
+    assert restoring.restored_bytes == registry.blobs[(1, 2)].size
 
 
 @pytest.mark.parametrize("where", [0, -1], ids=["first byte", "last byte"])
@@ -317,10 +319,12 @@ def test_a_rollback_in_the_saving_process_takes_the_step_from_its_own_buffer(
     own_copies.note(JOB, 1, 2, "", buffer, pipeline)
     if given_up:
         own_copies.orphan(pipeline)
-    restored, _ = restorer(registry, stores, pool).restore()
+    restoring = restorer(registry, stores, pool)
+    restored, _ = restoring.restore()
     assert restored is not None and (restored.step, restored.source) == (2, "local")
     assert digest(restored.state) == digest(state_of(1, 2))
     assert stores.gets == [], "no store was asked"
+    assert restoring.restored_bytes == buffer.size, "counted (the next save's buffer is mapped to that size)"
     assert own_copies.take(JOB, 1, 2, "") is None, "taken once"
 
 
@@ -338,10 +342,12 @@ def test_a_held_blob_that_is_not_the_planned_steps_intact_copy_is_not_used(pool:
     own_copies.note(JOB, 1, step, writer, buffer, pipeline)
     if held == "dropped":
         own_copies.drop(pipeline)
-    restored, _ = restorer(registry, stores, pool).restore()
+    restoring = restorer(registry, stores, pool)
+    restored, _ = restoring.restore()
     assert restored is not None and restored.source == "local"
     assert digest(restored.state) == digest(state_of(1, 2))
     assert stores.gets == [("here", 0)]
+    assert restoring.restored_bytes == buffer.size
 
 
 @pytest.fixture
