@@ -32,7 +32,10 @@ hits three runs of the same job:
 
 The estimate is only a starting point: a report blocks that long only when reports come faster
 than the controller polls. So the run also measures the baseline's stall per checkpoint and
-derives the truly equal-stall interval E = ceil(that stall / ray_ckpt's stall per step). Its
+derives the truly equal-stall interval E = ceil(that stall / ray_ckpt's stall per step), both
+stalls taken from the end of the warm-up on (the steps the failures fall in: a long run's
+steady stall, without its start-up, where the in-place run's warm spares start on the same
+shared cores); the whole run's stalls and the ratio at them are printed beside it. Its
 wasted time per failure is replayed on the measured run: same kills, same step time, same
 measured time to resume, with the steps lost recomputed for checkpoints every E steps (the
 newest step done at the kill minus the newest multiple-of-E checkpoint before it). The ratio at
@@ -52,12 +55,14 @@ without the failure detection and worker-group restart that Ray Train spends eit
 
 JSON: ``{"benchmark": "goodput", "schedule", "baseline_every", "in_place": {...}, "ray_ckpt": {...},
 "ray_train": {...}, "ratio", "ratio_checkpoint_part", "baseline_stall_per_checkpoint_s",
-"equal_stall_every", "ray_train_equal_stall": {...}, "ratio_equal_stall", "ratio_in_place",
-"equal_stall_every_in_place", "ray_train_equal_stall_in_place": {...}, "ratio_in_place_equal_stall"}``
-(in place is compared at its own stall per step, measured in its own run, which the warm spares'
-start-up and each generation's fresh save buffer raise; the ``ratio*`` without ``in_place``
-compare the full-restart run); each side has ``failures`` (the demo's records plus
-``wasted_s``), ``step_time_s``, ``mean_stall_s``, ``wasted_per_failure_s``, ``wall_s``,
+"baseline_stall_per_checkpoint_whole_run_s", "equal_stall_every", "ray_train_equal_stall": {...},
+"ratio_equal_stall", "ratio_in_place", "equal_stall_every_in_place",
+"ray_train_equal_stall_in_place": {...}, "ratio_in_place_equal_stall",
+"equal_stall_every_in_place_whole_run", "ray_train_equal_stall_in_place_whole_run": {...},
+"ratio_in_place_whole_run_equal_stall"}`` (in place is compared at its own stall per step,
+measured in its own run; the ``ratio*`` without ``in_place`` compare the full-restart run); each
+side has ``failures`` (the demo's records plus ``wasted_s``), ``step_time_s``, ``mean_stall_s``
+(the whole run), ``steady_stall_s`` (after the warm-up), ``wasted_per_failure_s``, ``wall_s``,
 ``median_time_to_resume_s``, ``median_training_again_s``.
 """
 
@@ -112,7 +117,20 @@ def kill_schedule(
     return schedule
 
 
-def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str, Any]) -> dict[str, Any]:
+def stall_per_step(name: str, records: list[dict[str, Any]], first_step: int = 0) -> float:
+    """Mean save stall per training step of the steps from ``first_step`` on (the baseline
+    stalls only on its checkpoint steps)."""
+    stalls = [
+        float(r["phases_s"]["blocking"])
+        for r in records
+        if r["kind"] == "save" and r.get("job") == name and int(r["step"]) >= first_step and "blocking" in r["phases_s"]
+    ]
+    return statistics.mean(stalls) if stalls else 0.0
+
+
+def summarize(
+    name: str, records: list[dict[str, Any]], demo: Any, run: dict[str, Any], warm_up_steps: int
+) -> dict[str, Any]:
     failures = demo.failures_report(name, records)
     period = demo.step_time(name, records)
     for f in failures:
@@ -125,7 +143,8 @@ def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str
     return {
         "failures": failures,
         "step_time_s": period,
-        "mean_stall_s": demo.mean_stall(name, records),
+        "mean_stall_s": stall_per_step(name, records),
+        "steady_stall_s": stall_per_step(name, records, warm_up_steps),
         "wasted_per_failure_s": statistics.mean(f["wasted_s"] for f in measured) if measured else None,
         "checkpoint_part_per_failure_s": statistics.mean(f["checkpoint_part_s"] for f in measured)
         if measured
@@ -140,12 +159,15 @@ def summarize(name: str, records: list[dict[str, Any]], demo: Any, run: dict[str
     }
 
 
-def checkpoint_stall(name: str, records: list[dict[str, Any]], every: int) -> float:
-    """Mean stall of the baseline's checkpoint steps (torch.save + report)."""
+def checkpoint_stall(name: str, records: list[dict[str, Any]], every: int, first_step: int = 0) -> float:
+    """Mean stall of the baseline's checkpoint steps (torch.save + report) from ``first_step`` on."""
     stalls = [
         float(r["phases_s"]["blocking"])
         for r in records
-        if r["kind"] == "save" and r.get("job") == name and (int(r["step"]) + 1) % every == 0
+        if r["kind"] == "save"
+        and r.get("job") == name
+        and (int(r["step"]) + 1) % every == 0
+        and int(r["step"]) >= first_step
     ]
     return statistics.mean(stalls) if stalls else float("nan")
 
@@ -184,7 +206,7 @@ def format_table(result: dict[str, Any]) -> str:
         "checkpointing",
         "failures",
         "step s",
-        "stall/step ms",
+        "stall/step ms (warm / all)",
         "steps lost",
         "lost work s",
         "resume s",
@@ -209,7 +231,7 @@ def format_table(result: dict[str, Any]) -> str:
                 label,
                 str(len(measured)),
                 f"{side['step_time_s']:.3f}",
-                f"{side['mean_stall_s'] * 1e3:.1f}",
+                f"{side['steady_stall_s'] * 1e3:.1f} / {side['mean_stall_s'] * 1e3:.1f}",
                 mean([f["steps_lost"] for f in measured]),
                 mean([f["lost_work_s"] for f in measured]),
                 mean([f["time_to_resume_s"] for f in measured]),
@@ -218,9 +240,14 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{side['wall_s']:.1f}",
             )
         )
-    for replay, label in (
-        (result["ray_train_equal_stall"], "equal stall with the full restart"),
-        (result["ray_train_equal_stall_in_place"], "equal stall with in place"),
+    for replay, label, checkpoint_s in (
+        (result["ray_train_equal_stall"], "equal stall with the full restart", "baseline_stall_per_checkpoint_s"),
+        (result["ray_train_equal_stall_in_place"], "equal stall with in place", "baseline_stall_per_checkpoint_s"),
+        (
+            result["ray_train_equal_stall_in_place_whole_run"],
+            "in place's whole run",
+            "baseline_stall_per_checkpoint_whole_run_s",
+        ),
     ):
         fs = replay["failures"]
         if not fs:
@@ -230,7 +257,7 @@ def format_table(result: dict[str, Any]) -> str:
                 f"Ray Train, every {replay['every']} ({label}, replayed)",
                 str(len(fs)),
                 f"{result['ray_train']['step_time_s']:.3f}",
-                f"{result['baseline_stall_per_checkpoint_s'] / replay['every'] * 1e3:.1f}",
+                f"{result[checkpoint_s] / replay['every'] * 1e3:.1f}",
                 f"{statistics.mean(f['steps_lost'] for f in fs):.2f}",
                 f"{statistics.mean(f['lost_work_s'] for f in fs):.2f}",
                 f"{statistics.mean(f['time_to_resume_s'] for f in fs):.2f}",
@@ -391,9 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             "state_mib": args.state_mib,
             "schedule": [{"step": s, "ranks": r} for s, r, _ in schedule],
             "baseline_every": baseline_every,
-            "in_place": summarize("goodput-in_place", inplace_records, demo, inplace),
-            "ray_ckpt": summarize("goodput-ray_ckpt", ours_records, demo, ours),
-            "ray_train": summarize("goodput-ray_train", base_records, demo, base),
+            "in_place": summarize("goodput-in_place", inplace_records, demo, inplace, warm_up_steps),
+            "ray_ckpt": summarize("goodput-ray_ckpt", ours_records, demo, ours, warm_up_steps),
+            "ray_train": summarize("goodput-ray_train", base_records, demo, base, warm_up_steps),
         }
         ok = True
     finally:
@@ -402,26 +429,31 @@ def main(argv: list[str] | None = None) -> int:
     ours_w = result["ray_ckpt"]["wasted_per_failure_s"]
     base_w = result["ray_train"]["wasted_per_failure_s"]
     result["ratio"] = base_w / ours_w if ours_w and base_w else None
-    base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every)
-    equal_every = max(1, math.ceil(base_stall / max(ours_stall, 1e-6))) if math.isfinite(base_stall) else baseline_every
-    replay = replay_at_interval(result["ray_train"], equal_every, demo)
+    # Ray Train replayed at each side's stall per step, after the warm-up (the goal's figures: a
+    # long run's steady stall) and over the whole run (its start-up included)
+    base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every, warm_up_steps)
+    if not math.isfinite(base_stall):
+        base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every)
+    base_stall_whole = checkpoint_stall("goodput-ray_train", base_records, baseline_every)
     result["baseline_stall_per_checkpoint_s"] = base_stall
-    result["equal_stall_every"] = equal_every
-    result["ray_train_equal_stall"] = replay
-    replay_w = replay["wasted_per_failure_s"]
-    result["ratio_equal_stall"] = replay_w / ours_w if ours_w and replay_w else None
+    result["baseline_stall_per_checkpoint_whole_run_s"] = base_stall_whole
     inplace_w = result["in_place"]["wasted_per_failure_s"]
     result["ratio_in_place"] = base_w / inplace_w if inplace_w and base_w else None
-    # in place against Ray Train at in place's own stall per step, measured in its own run
-    inplace_stall = result["in_place"]["mean_stall_s"]
-    equal_in_place = (
-        max(1, math.ceil(base_stall / max(inplace_stall, 1e-6))) if math.isfinite(base_stall) else baseline_every
-    )
-    replay_in_place = replay_at_interval(result["ray_train"], equal_in_place, demo)
-    result["equal_stall_every_in_place"] = equal_in_place
-    result["ray_train_equal_stall_in_place"] = replay_in_place
-    replay_in_place_w = replay_in_place["wasted_per_failure_s"]
-    result["ratio_in_place_equal_stall"] = replay_in_place_w / inplace_w if inplace_w and replay_in_place_w else None
+    for side, suffix, stall_key, checkpoint_s in (
+        ("ray_ckpt", "", "steady_stall_s", base_stall),
+        ("in_place", "_in_place", "steady_stall_s", base_stall),
+        ("in_place", "_in_place_whole_run", "mean_stall_s", base_stall_whole),
+    ):
+        every = (
+            max(1, math.ceil(checkpoint_s / max(result[side][stall_key], 1e-6)))
+            if math.isfinite(checkpoint_s)
+            else baseline_every
+        )
+        replay = replay_at_interval(result["ray_train"], every, demo)
+        side_w, replay_w = result[side]["wasted_per_failure_s"], replay["wasted_per_failure_s"]
+        result[f"equal_stall_every{suffix}"] = every
+        result[f"ray_train_equal_stall{suffix}"] = replay
+        result[f"ratio{suffix}_equal_stall"] = replay_w / side_w if side_w and replay_w else None
     ours_c = result["ray_ckpt"]["checkpoint_part_per_failure_s"]
     base_c = result["ray_train"]["checkpoint_part_per_failure_s"]
     result["ratio_checkpoint_part"] = base_c / ours_c if ours_c and base_c else None
@@ -434,21 +466,25 @@ def main(argv: list[str] | None = None) -> int:
     part = result["ratio_checkpoint_part"]
     equal = result["ratio_equal_stall"]
     print(
-        f"stall per checkpoint, measured: Ray Train {base_stall * 1e3:.1f} ms per checkpoint, ray_ckpt "
-        f"{ours_stall * 1e3:.1f} ms per step: equal stall at a Ray Train checkpoint every {equal_every} steps"
+        f"stall after the warm-up (step {warm_up_steps} on): Ray Train {base_stall * 1e3:.1f} ms per checkpoint, "
+        f"ray_ckpt {result['ray_ckpt']['steady_stall_s'] * 1e3:.1f} ms per step, in place "
+        f"{result['in_place']['steady_stall_s'] * 1e3:.1f} ms per step; over the whole run: "
+        f"{base_stall_whole * 1e3:.1f}, {result['ray_ckpt']['mean_stall_s'] * 1e3:.1f}, "
+        f"{result['in_place']['mean_stall_s'] * 1e3:.1f} ms"
     )
     print(
-        f"wasted time per failure: Ray Train / ray_ckpt = {equal:.2f}x at equal stall (goal >= 5x); "
-        f"{ratio:.2f}x measured with Ray Train every {baseline_every} steps"
+        f"wasted time per failure: Ray Train / ray_ckpt = {equal:.2f}x at equal stall (Ray Train every "
+        f"{result['equal_stall_every']} steps); {ratio:.2f}x measured with Ray Train every {baseline_every} steps"
         if ratio is not None and equal is not None
         else "wasted time per failure: no measured failure on one side"
     )
     in_place_equal = result["ratio_in_place_equal_stall"]
-    if in_place_equal is not None:
+    whole = result["ratio_in_place_whole_run_equal_stall"]
+    if in_place_equal is not None and whole is not None:
         print(
             f"wasted time per failure in place: Ray Train / ray_ckpt in place = {in_place_equal:.2f}x at equal "
-            f"stall (in place {result['in_place']['mean_stall_s'] * 1e3:.1f} ms per step: Ray Train every "
-            f"{result['equal_stall_every_in_place']} steps); "
+            f"stall after the warm-up (Ray Train every {result['equal_stall_every_in_place']} steps), {whole:.2f}x "
+            f"at the whole run's (every {result['equal_stall_every_in_place_whole_run']}); "
             f"{result['ratio_in_place']:.2f}x measured with Ray Train every {baseline_every} steps"
         )
     if part is not None:
