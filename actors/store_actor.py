@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ray_ckpt import settings
 from ray_ckpt.core.coordinator_relay import OPS, WAITING_OPS, CoordinatorRelay
 from ray_ckpt.core.generations import POLL_S
-from ray_ckpt.core.relay import Relay, subtrees
+from ray_ckpt.core.relay import Relay, reachable_part, subtrees
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import (
@@ -260,20 +260,20 @@ class ShardStoreActor:
     def _hand_on(
         self, run: list[str], job: str, step: int, keep_steps: list[int], fanin: int, attempt: str | None
     ) -> None:
-        """Push the commit to the first store of ``run`` with the run as its part of the tree. A
-        store that has no actor now (killed, its successor not registered yet) is passed over:
-        the next of the run takes its place, so the stores below a dead one are placed again
-        with this commit instead of staging with the registry until the registry's list of
-        stores leaves the dead one out."""
-        for first in range(len(run)):
-            node_id = run[first]
+        """Push the commit to the first store of ``run`` that has an actor, with its part of the
+        run (``relay.reachable_part``): a store killed, its successor not registered yet, is
+        passed over, so the stores below it are placed again with this commit instead of
+        staging with the registry until the registry's list of stores leaves it out."""
+
+        def reachable(node_id: str) -> bool:
             self._forget_if_dead(node_id)
-            child = self._store_handle(node_id)
-            if child is not None:
-                self._pushes[node_id] = child.mark_committed.remote(
-                    job, step, keep_steps, run[first:], self._store.node_id, fanin, attempt
-                )
-                return
+            return self._store_handle(node_id) is not None
+
+        part = reachable_part(run, reachable)
+        if part is not None:
+            self._pushes[part[0]] = self._store_handle(part[0]).mark_committed.remote(
+                job, step, keep_steps, part, self._store.node_id, fanin, attempt
+            )
 
     def drop(
         self,

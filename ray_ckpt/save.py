@@ -14,7 +14,6 @@ Collaborators are passed in (registry, stores, backup), as for the restore path.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -26,7 +25,7 @@ import torch
 from ray_ckpt import own_copies, settings
 from ray_ckpt.backup import Backup
 from ray_ckpt.config import CheckpointConfig
-from ray_ckpt.core import blob, hostmem, snapshot
+from ray_ckpt.core import blob, hostmem, snapshot, workpool
 from ray_ckpt.core.checksum import checksum, combined
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.identity import RankIdentity, WithIdentity
@@ -227,21 +226,12 @@ class SavePipeline(WithIdentity):
         save copies into mapped pages instead of mapping them while the training loop waits. A
         state on a GPU still maps pinned memory at its first save."""
         nbytes = self.code.shard_size(blob_size) * self.code.data_shards
-        if self._buffer.numel() >= nbytes or self._reserved is not None:
-            return
-        reserved: Future[np.ndarray] = Future()
-
-        def map_pages() -> None:
-            try:
-                reserved.set_result(hostmem.allocate(nbytes))
-            except BaseException as error:  # the snapshot maps its own buffer instead
-                reserved.set_exception(error)
-
-        self._reserved = reserved
-        threading.Thread(target=map_pages, name="ray_ckpt-reserve", daemon=True).start()
+        if self._buffer.numel() < nbytes and self._reserved is None:
+            self._reserved = workpool.pool().submit(hostmem.allocate, nbytes)
 
     def _take_reserved(self) -> np.ndarray | None:
-        """The buffer ``reserve`` mapped, once it is (None if none was, or mapping failed)."""
+        """The buffer ``reserve`` mapped, once it is (None if none was, or mapping failed: the
+        snapshot maps its own)."""
         reserved, self._reserved = self._reserved, None
         if reserved is None or reserved.exception() is not None:
             return None

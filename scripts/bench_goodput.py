@@ -117,17 +117,6 @@ def kill_schedule(
     return schedule
 
 
-def stall_per_step(name: str, records: list[dict[str, Any]], first_step: int = 0) -> float:
-    """Mean save stall per training step of the steps from ``first_step`` on (the baseline
-    stalls only on its checkpoint steps)."""
-    stalls = [
-        float(r["phases_s"]["blocking"])
-        for r in records
-        if r["kind"] == "save" and r.get("job") == name and int(r["step"]) >= first_step and "blocking" in r["phases_s"]
-    ]
-    return statistics.mean(stalls) if stalls else 0.0
-
-
 def summarize(
     name: str, records: list[dict[str, Any]], demo: Any, run: dict[str, Any], warm_up_steps: int
 ) -> dict[str, Any]:
@@ -143,8 +132,8 @@ def summarize(
     return {
         "failures": failures,
         "step_time_s": period,
-        "mean_stall_s": stall_per_step(name, records),
-        "steady_stall_s": stall_per_step(name, records, warm_up_steps),
+        "mean_stall_s": demo.mean_stall(name, records),
+        "steady_stall_s": demo.mean_stall(name, records, warm_up_steps),
         "wasted_per_failure_s": statistics.mean(f["wasted_s"] for f in measured) if measured else None,
         "checkpoint_part_per_failure_s": statistics.mean(f["checkpoint_part_s"] for f in measured)
         if measured
@@ -431,10 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     result["ratio"] = base_w / ours_w if ours_w and base_w else None
     # Ray Train replayed at each side's stall per step, after the warm-up (the goal's figures: a
     # long run's steady stall) and over the whole run (its start-up included)
-    base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every, warm_up_steps)
-    if not math.isfinite(base_stall):
-        base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every)
     base_stall_whole = checkpoint_stall("goodput-ray_train", base_records, baseline_every)
+    base_stall = checkpoint_stall("goodput-ray_train", base_records, baseline_every, warm_up_steps)
+    if not math.isfinite(base_stall):  # no checkpoint after the warm-up
+        base_stall = base_stall_whole
     result["baseline_stall_per_checkpoint_s"] = base_stall
     result["baseline_stall_per_checkpoint_whole_run_s"] = base_stall_whole
     inplace_w = result["in_place"]["wasted_per_failure_s"]

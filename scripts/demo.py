@@ -473,12 +473,16 @@ def _survivor_pids(
     )
 
 
-def mean_stall(name: str, records: list[dict[str, Any]]) -> float:
-    """Mean save stall per training step (the baseline stalls only on checkpoint steps)."""
+def mean_stall(name: str, records: list[dict[str, Any]], first_step: int = 0) -> float:
+    """Mean save stall per training step, of the steps from ``first_step`` on (the baseline
+    stalls only on checkpoint steps)."""
     stalls = [
         float(r["phases_s"]["blocking"])
         for r in records
-        if r["kind"] == "save" and r.get("job") == name and "blocking" in r.get("phases_s", {})
+        if r["kind"] == "save"
+        and r.get("job") == name
+        and "blocking" in r.get("phases_s", {})
+        and int(r["step"]) >= first_step
     ]
     return sum(stalls) / len(stalls) if stalls else 0.0
 

@@ -53,6 +53,16 @@ def subtrees(members: Sequence[str], fanin: int) -> list[list[str]]:
     return runs
 
 
+def reachable_part(run: Sequence[str], reachable: Callable[[str], bool]) -> list[str] | None:
+    """The part of a child's ``run`` a commit is handed to: the run from its first reachable
+    store on (the stores before it, gone, are passed over, so the stores below them are still
+    placed), or None when no store of the run is reachable."""
+    for first, node_id in enumerate(run):
+        if reachable(node_id):
+            return list(run[first:])
+    return None
+
+
 class _Item(Protocol):
     """What a relay passes up: items with the same ``key`` merge; ``ranks`` say whose they are."""
 

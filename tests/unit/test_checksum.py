@@ -9,15 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from save_pipelines import lone_pipeline
 
 from ray_ckpt import save as save_module
-from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core.checksum import checksum, combined, of_parts, verify
 from ray_ckpt.core.codec import ReedSolomon
-from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.placement import Node
 from ray_ckpt.core.shard import ShardMeta
-from ray_ckpt.save import SavePipeline
 
 
 def padded(size: int, k: int, seed: int = 0) -> np.ndarray:
@@ -84,16 +82,7 @@ def test_a_save_hashes_its_shards_once_and_its_local_copy_not_again(monkeypatch:
 
     monkeypatch.setattr(save_module, "checksum", counting)
     stores = FakeStores()
-    saver = SavePipeline(
-        identity=RankIdentity(job="j", rank=0, world_size=1, node_id="a"),
-        writer="w",
-        config=CheckpointConfig(data_shards=4, parity_shards=2),
-        registry=None,  # type: ignore[arg-type]
-        stores=stores,  # type: ignore[arg-type]
-        backup=None,
-        record=lambda *a, **k: None,
-    )
-    saver._stage = lambda request: True  # type: ignore[method-assign]
+    saver = lone_pipeline("j", stores=stores, data_shards=4, parity_shards=2)
     size = 100_003
     code = ReedSolomon(4, 2)
     buffer = padded(size, 4)

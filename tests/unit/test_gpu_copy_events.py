@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from save_pipelines import lone_pipeline
 
-from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import snapshot
-from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.save import SavePipeline, record_copies
 
 
@@ -48,15 +47,7 @@ class FakeCudaTensor:
 
 
 def pipeline() -> SavePipeline:
-    return SavePipeline(
-        identity=RankIdentity(job="gpu", rank=0, world_size=1, node_id="here"),
-        writer="w",
-        config=CheckpointConfig(data_shards=2, parity_shards=1),
-        registry=None,  # type: ignore[arg-type]
-        stores=None,  # type: ignore[arg-type]
-        backup=None,
-        record=lambda *a, **k: None,
-    )
+    return lone_pipeline("gpu", node_id="here", data_shards=2, parity_shards=1)
 
 
 def test_one_event_per_device_on_that_devices_current_stream() -> None:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from save_pipelines import lone_pipeline
 
-from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, snapshot
-from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.restore import load
 from ray_ckpt.save import SavePipeline
 from ray_ckpt.testing import digest
@@ -20,15 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def pipeline(k: int, m: int) -> SavePipeline:
     """A pipeline for the blocking part only: snapshot() uses none of its collaborators."""
-    return SavePipeline(
-        identity=RankIdentity(job="gpu", rank=0, world_size=1, node_id="here"),
-        writer="w",
-        config=CheckpointConfig(data_shards=k, parity_shards=m),
-        registry=None,  # type: ignore[arg-type]
-        stores=None,  # type: ignore[arg-type]
-        backup=None,
-        record=lambda *a, **k: None,
-    )
+    return lone_pipeline("gpu", node_id="here", data_shards=k, parity_shards=m)
 
 
 @pytest.mark.parametrize(("k", "m"), [(4, 2), (2, 1), (3, 0)])

@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from save_pipelines import lone_pipeline
 
 from ray_ckpt import own_copies
-from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, snapshot
-from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.placement import Node
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.save import SavePipeline
@@ -30,17 +29,7 @@ class Stores:
 
 
 def pipeline(job: str, *, local_copy: bool = True) -> SavePipeline:
-    saves = SavePipeline(
-        identity=RankIdentity(job=job, rank=0, world_size=1, node_id="a"),
-        writer="w",
-        config=CheckpointConfig(data_shards=2, parity_shards=1, local_copy=local_copy),
-        registry=None,  # type: ignore[arg-type]
-        stores=Stores(),  # type: ignore[arg-type]
-        backup=None,
-        record=lambda *a, **k: None,
-    )
-    saves._stage = lambda request: True  # type: ignore[method-assign]
-    return saves
+    return lone_pipeline(job, stores=Stores(), data_shards=2, parity_shards=1, local_copy=local_copy)
 
 
 def save(saves: SavePipeline, step: int) -> bytes:

@@ -9,11 +9,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from shard_metas import shard_metas
 
 from ray_ckpt.core.batcher import Batcher
 from ray_ckpt.core.registry import Registry
-from ray_ckpt.core.relay import Relay, subtrees
+from ray_ckpt.core.relay import Relay, reachable_part, subtrees
 from ray_ckpt.core.wire import GroupResult, PlanAnswer, PlanQuery, RestorePlan, StageGroup, StagePart, StageRequest
 from ray_ckpt.errors import ConfigError, SnapshotFormatError, StaleAttemptError
 
@@ -75,6 +77,39 @@ def test_the_tree_reaches_every_store_once_with_parents_before_children(count: i
     deepest = max(depth(n) for n in members)
     bound = count - 1 if fanin == 1 else 2 * max(1, (count - 1).bit_length())
     assert deepest <= bound
+
+
+def tree_past_gone(members: list[str], fanin: int, gone: set[str]) -> dict[str, str | None]:
+    """child -> parent as the commits draw the tree when the ``gone`` stores (the registry's
+    list, cached, still names them) pass nothing on: each store hands a child's run to its
+    first reachable store (``reachable_part``)."""
+    parents: dict[str, str | None] = {members[0]: None}
+    pending = [members]
+    while pending:
+        part = pending.pop()
+        for run in subtrees(part, fanin):
+            reached = reachable_part(run, lambda node: node not in gone)
+            if reached is not None:
+                parents[reached[0]] = part[0]
+                pending.append(reached)
+    return parents
+
+
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 80), fanin=st.integers(1, 5), data=st.data())
+def test_stores_below_gone_ones_are_still_placed_once_with_parents_before_children(
+    count: int, fanin: int, data: st.DataObject
+) -> None:
+    """Any stores but the root gone (killed, still on the registry's list): every store left is
+    placed exactly once, no gone store is, a parent sorts before its children, and no store has
+    more than ``fanin`` children."""
+    members = sorted(f"{i:04x}" for i in range(count))
+    gone = set(data.draw(st.sets(st.sampled_from(members[1:])) if count > 1 else st.just(set())))
+    parents = tree_past_gone(members, fanin, gone)
+    assert sorted(parents) == sorted(set(members) - gone)
+    assert all(parent is None or parent < child for child, parent in parents.items())
+    children = [parent for parent in parents.values() if parent is not None]
+    assert all(children.count(parent) <= fanin for parent in set(children))
 
 
 def test_subtrees_splits_the_rest_into_contiguous_runs_of_near_equal_length() -> None:

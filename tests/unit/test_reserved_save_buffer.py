@@ -9,25 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from save_pipelines import lone_pipeline
 
-from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, snapshot
-from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.save import SavePipeline
 
 STATE = {"w": torch.arange(300_000, dtype=torch.float32)}  # above hostmem's smallest mapped buffer
 
 
 def pipeline() -> SavePipeline:
-    return SavePipeline(
-        identity=RankIdentity(job="reserve", rank=0, world_size=1, node_id="a"),
-        writer="w",
-        config=CheckpointConfig(data_shards=2, parity_shards=1),
-        registry=None,  # type: ignore[arg-type]
-        stores=None,  # type: ignore[arg-type]
-        backup=None,
-        record=lambda *a, **k: None,
-    )
+    return lone_pipeline("reserve", data_shards=2, parity_shards=1)
 
 
 def blob_size(state: Any) -> int:
