@@ -52,6 +52,7 @@ def _backend_class() -> type:
 
     if path.missing is None:  # here in the controller, before it starts any worker
         _ray_compat.warm_worker_processes(WARM_HOOK)
+        _ray_compat.no_dataset_manager_without_datasets()
 
     class _InPlaceBackend(base):  # type: ignore[misc, valid-type]
         has_replica_groups = path.missing is None

@@ -297,3 +297,37 @@ def test_the_controller_polls_its_workers_at_once_while_the_run_recovers_and_at_
             assert polled == []
     finally:
         _ray_compat.poll_promptly(False)
+
+
+def test_a_run_without_datasets_starts_no_dataset_manager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray Train starts a DatasetManager actor (a process importing Ray Data) at every worker
+    group start; patched, a run without datasets gets ``NoDatasets`` instead, which answers as
+    Ray's provider would (KeyError), and a run with datasets still gets Ray's own."""
+    from ray.train.v2._internal.callbacks import datasets
+    from ray.train.v2._internal.data_integration.interfaces import DatasetShardMetadata
+
+    cls = datasets.DatasetsCallback
+    monkeypatch.setattr(cls, "before_init_train_context", cls.before_init_train_context)  # undone after the test
+    monkeypatch.setattr(cls, "_ray_ckpt_no_empty_manager", False, raising=False)
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(datasets, "RayDatasetShardProvider", lambda **kwargs: made.append(kwargs) or "ray's provider")
+    _ray_compat.no_dataset_manager_without_datasets()
+    _ray_compat.no_dataset_manager_without_datasets()  # idempotent
+
+    class Worker:
+        class metadata:
+            node_id = "n"
+
+    callback = object.__new__(cls)
+    callback._datasets, callback._data_config, callback._data_context = {}, None, None
+    callback._dataset_shard_provider = None
+    providers = callback.before_init_train_context([Worker(), Worker()])["dataset_shard_provider"]
+    assert made == [] and len(providers) == 2 and isinstance(providers[0], _ray_compat.NoDatasets)
+    with pytest.raises(KeyError, match="'train' not found"):
+        providers[0].get_dataset_shard(DatasetShardMetadata(dataset_name="train", world_rank=0))
+    providers[0].shutdown_data_executors()
+    callback.after_worker_group_shutdown(None)  # Ray's own: nothing of ours to shut down
+
+    callback._datasets = {"train": object()}
+    providers = callback.before_init_train_context([Worker()])["dataset_shard_provider"]
+    assert providers == ["ray's provider"] and made[0]["world_size"] == 1
