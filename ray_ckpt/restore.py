@@ -18,6 +18,7 @@ functions. No pickle: a peer's bytes are data, validated before use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -86,9 +87,10 @@ class ShardSource(RangeSource, Protocol):
         store: a ``PlanAnswer`` on the wire (KeyError: no live store there)."""
         ...
 
-    def get(self, node_id: str, address: ShardAddress) -> Future[Found]:
+    def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Found]:
         """The shard (or the rank's full local copy) at ``address``, from that node's store; the
-        future fails if the store does."""
+        future fails if the store does. Its bytes may land in ``into()`` (an array of the
+        shard's size), unchecked; the answer's data is then that array."""
 
 
 def check_shard(found: Any, expected: ShardMeta) -> str | None:
@@ -127,10 +129,11 @@ def fetch_shards(
 ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
     """Any k checksum-valid shards of ``record``, fetched in parallel; data shards first (no
     decode work). A dead store, a missing shard or a bad checksum is an erasure: the next
-    candidate is fetched instead. Valid data shards are copied into their place in the output
-    buffer (``buffer``'s result) as they arrive. Returns (shards by index, lost index ->
-    reason); InsufficientShardsError, naming rank, step and lost shards, if fewer than k are
-    valid."""
+    candidate is fetched instead. Data shards land in their place in the output buffer
+    (``buffer``'s result): a direct read receives them there and they are checked in place (one
+    that fails its check is rebuilt there by the decode), others are copied in as they arrive.
+    Returns (shards by index, lost index -> reason); InsufficientShardsError, naming rank,
+    step and lost shards, if fewer than k are valid."""
     k, shard_size = record.data_shards, record.shard_size
     live = source.live(set(record.nodes.values()))
     lost: dict[int, str] = {}
@@ -148,7 +151,8 @@ def fetch_shards(
         while candidates and len(valid) + len(pending) < k:
             index = candidates.pop(0)
             address = ShardAddress(job, step, rank, index, writer=record.first.writer)
-            pending[source.get(record.nodes[index], address)] = index
+            into = functools.partial(_slot, buffer, index, shard_size) if index < k else None
+            pending[source.get(record.nodes[index], address, into)] = index
 
     launch()
     while pending and len(valid) < k:
@@ -169,8 +173,9 @@ def fetch_shards(
             if reason is not None:
                 lost[index] = reason
             elif index < k:
-                slot = buffer.result()[index * shard_size : (index + 1) * shard_size]
-                np.copyto(slot, found[1])  # type: ignore[index]
+                slot = _slot(buffer, index, shard_size)
+                if not hostmem.same_memory(slot, found[1]):  # type: ignore[index]
+                    np.copyto(slot, found[1])  # type: ignore[index]
                 valid[index] = slot
             else:
                 valid[index] = found[1]  # type: ignore[index]
@@ -188,6 +193,11 @@ def fetch_shards(
             available=len(valid),
         )
     return valid, lost
+
+
+def _slot(buffer: Future[np.ndarray], index: int, shard_size: int) -> np.ndarray:
+    """Data shard ``index``'s place in the output buffer (waits for the buffer)."""
+    return buffer.result()[index * shard_size : (index + 1) * shard_size]
 
 
 def _phases(t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, float]:

@@ -535,7 +535,7 @@ class _Stores:
     def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[Any]:
         raise KeyError(node_id)  # plans go to the registry directly
 
-    def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
+    def get(self, node_id: str, address: ShardAddress, into: Any = None) -> Future[Any]:
         future: Future[Any] = Future()
         if node_id not in self.world.alive:
             future.set_exception(RuntimeError("dead store"))

@@ -17,7 +17,7 @@ import numpy as np
 from ray_ckpt import settings
 from ray_ckpt.config import MAX_SHARDS
 from ray_ckpt.core import gf256, workpool
-from ray_ckpt.core.hostmem import as_bytes
+from ray_ckpt.core.hostmem import as_bytes, same_memory
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, ShardMismatchError
 
 try:
@@ -148,7 +148,7 @@ class ReedSolomon:
         slots = [target[i * length : (i + 1) * length] for i in range(k)]
         missing = [i for i in range(k) if i not in views]
         for i in range(k):
-            if i in views:
+            if i in views and not same_memory(slots[i], views[i]):  # a shard fetched into its place stays
                 np.copyto(slots[i], views[i])
         if missing:
             used, matrix = self._recovery_rows(tuple(sorted(views)), tuple(missing))

@@ -84,3 +84,9 @@ def as_bytes(buffer: Any, what: str = "buffer") -> np.ndarray:
     if not view.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous")
     return np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, dtype=np.uint8)
+
+
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the same bytes (same start, same size): copying one into the
+    other would change nothing."""
+    return a.nbytes == b.nbytes and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]

@@ -69,6 +69,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -298,12 +299,15 @@ def read(
     ranges: list[tuple[int, int]] | None,
     timeout_s: float,
     into: Landing | None = None,
+    whole_into: Callable[[], np.ndarray] | None = None,
     same_node: bool = False,
 ) -> tuple[dict[str, Any], bool | None, list[np.ndarray]] | None:
     """``(meta dict, intact, pieces)`` of the shard (or a rank's local copy) at ``address``,
     from the store at ``endpoint``, or None if it does not hold it.
-    ``ranges`` None reads the whole shard as one writable piece. A piece that landed ``into``
-    is that array.
+    ``ranges`` None reads the whole shard as one writable piece: into ``whole_into()`` (called
+    once the store answered) when that is a writable uint8 array of the shard's size, whatever
+    the bytes are (the caller checks a whole shard itself), else fresh memory. A piece that
+    landed ``into`` (ranges) or ``whole_into`` is that array.
     ``same_node``: the store runs on the caller's node (its Unix socket is used when it has
     one). OSError when the store cannot be reached or the connection breaks; ValueError for an
     answer that is an error (a range out of bounds)."""
@@ -330,6 +334,8 @@ def read(
         sizes = [int(size) for size in answer["sizes"]]
         vouched = into is not None and answer["intact"] is True and answer["meta"].get("checksum") == into.checksum
         arrays = into.arrays if vouched and into is not None else [None] * len(sizes)
+        if ranges is None and whole_into is not None:
+            arrays = [_writable_bytes(whole_into())]
         targets = [a if a is not None and a.size == size else None for a, size in zip(arrays, sizes, strict=True)]
         scratch = hostmem.allocate(sum(size for size, target in zip(sizes, targets, strict=True) if target is None))
         pieces, cursor = [], 0
@@ -339,6 +345,13 @@ def read(
             _recv_into(sock, target.data)
             pieces.append(target)
         return answer["meta"], answer["intact"], pieces
+
+
+def _writable_bytes(array: Any) -> np.ndarray | None:
+    """``array`` if bytes can be received into it (a writable, contiguous uint8 array)."""
+    if isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.flags.writeable and array.flags.c_contiguous:
+        return array
+    return None
 
 
 def write(

@@ -103,15 +103,17 @@ class StoreDirectory:
             ),
         )
 
-    def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
+    def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Any]:
         """The shard (or local copy) at ``address`` in that node's store: ``(meta dict, data)``
-        or None. Data read directly is writable."""
+        or None. Data read directly is writable, and lands in ``into()`` when that is a writable
+        uint8 array of the shard's size (``direct_reads.read``'s ``whole_into``: unchecked bytes;
+        the caller checks them)."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
             return handle.get.remote(address.to_wire()).future()
 
         def whole() -> Any:
-            found = self._read(node_id, handle, address, None, None)
+            found = self._read(node_id, handle, address, None, None, into)
             if found is _THROUGH_RAY:
                 call = handle.get.remote(address.to_wire())
                 return remote.get(call, timeout=settings.peer_timeout_s())
@@ -146,6 +148,7 @@ class StoreDirectory:
         address: ShardAddress,
         ranges: list[tuple[int, int]] | None,
         into: Landing | None,
+        whole_into: Callable[[], np.ndarray] | None = None,
     ) -> Any:
         """A direct read from that store, or ``_THROUGH_RAY`` (``_direct``)."""
         timeout_s = settings.peer_timeout_s()
@@ -155,7 +158,13 @@ class StoreDirectory:
             handle,
             address.job,
             lambda endpoint, same_node: direct_reads.read(
-                endpoint, address, ranges=ranges, timeout_s=timeout_s, into=into, same_node=same_node
+                endpoint,
+                address,
+                ranges=ranges,
+                timeout_s=timeout_s,
+                into=into,
+                whole_into=whole_into,
+                same_node=same_node,
             ),
         )
 

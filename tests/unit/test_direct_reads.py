@@ -80,6 +80,30 @@ def test_bytes_land_in_the_callers_arrays_only_when_the_store_vouches_for_them(
     assert pieces[0] is not landed and not landed.any()
 
 
+def test_a_whole_shard_lands_where_the_caller_says_when_it_fits(served: tuple[DirectReadServer, np.ndarray]) -> None:
+    """``whole_into``: the whole shard is received into the caller's array (asked for once the
+    store answered, so the caller may still be mapping it) when that array fits; a read of
+    ranges or an array of another size or type gets fresh memory."""
+    server, data = served
+    asked: list[int] = []
+    target = np.zeros(SIZE, dtype=np.uint8)
+
+    def place() -> np.ndarray:
+        asked.append(1)
+        return target
+
+    _, intact, (whole,) = _read(server.endpoint("j"), ranges=None, whole_into=place)  # type: ignore[misc]
+    assert whole is target and np.array_equal(target, data) and asked == [1]
+    assert intact is None  # unchecked: the caller checks a whole shard itself
+    read_only = np.zeros(SIZE, dtype=np.uint8)
+    read_only.flags.writeable = False
+    for misfit in (np.zeros(SIZE - 1, dtype=np.uint8), np.zeros(SIZE // 4, dtype=np.int32), read_only):
+        _, _, (whole,) = _read(server.endpoint("j"), ranges=None, whole_into=lambda m=misfit: m)  # type: ignore[misc]
+        assert whole is not misfit and np.array_equal(whole, data) and not misfit.any()
+    _, _, pieces = _read(server.endpoint("j"), ranges=[(0, 10)], whole_into=place)  # type: ignore[misc]
+    assert pieces[0] is not target and asked == [1]
+
+
 def test_a_wrong_token_reads_nothing_and_a_jobs_token_reads_that_job_only(
     served: tuple[DirectReadServer, np.ndarray],
 ) -> None:

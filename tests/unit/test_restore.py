@@ -3,7 +3,7 @@ corrupt shards, decode, load; the local copy, the backup fallback and the world-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -60,6 +60,7 @@ class FakeStores:
         self.dead: set[str] = set()
         self.failing: set[str] = set()
         self.gets: list[tuple[str, int]] = []
+        self.landed = 0  # shards received into the caller's buffer
         self.registry: FakeRegistry | None = None  # answers the plans a node's store relays
         self.plans = 0
 
@@ -76,14 +77,21 @@ class FakeStores:
         future.set_result(PlanAnswer(plan, located).to_wire())
         return future
 
-    def get(self, node_id: str, address: ShardAddress) -> Future[Any]:
+    def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Any]:
+        """As a direct read: the bytes land in ``into()`` when it fits, unchecked (corrupt ones too)."""
         self.gets.append((node_id, address.index))
         future: Future[Any] = Future()
         if node_id in self.failing:
             future.set_exception(RuntimeError("the store's process died"))
         else:
             key = (address.job, address.step, address.rank, address.index, address.local)
-            future.set_result(self.held[node_id].get(key))
+            found = self.held[node_id].get(key)
+            if found is not None and into is not None and into().size == found[1].size:
+                self.landed += 1
+                target = into()
+                np.copyto(target, found[1])
+                found = (found[0], target)
+            future.set_result(found)
         return future
 
 
@@ -162,8 +170,9 @@ def restorer(registry: Any, stores: Any, pool: ThreadPoolExecutor, **overrides: 
 
 
 def test_peers_restore_is_bit_exact_with_a_dead_node_and_a_corrupt_shard(pool: ThreadPoolExecutor) -> None:
-    """Data shard 0's node is dead and data shard 1's bytes are flipped: the restore fetches
-    parity instead, decodes, and the state is bit-exact step 2 of rank 1."""
+    """Data shard 0's node is dead and data shard 1's bytes are flipped (received straight into
+    their place in the output buffer, as a direct read does): the restore fetches parity
+    instead, decodes over them, and the state is bit-exact step 2 of rank 1."""
     stores = FakeStores()
     registry = FakeRegistry(stores)
     stores.dead.add("n0")
@@ -177,6 +186,7 @@ def test_peers_restore_is_bit_exact_with_a_dead_node_and_a_corrupt_shard(pool: T
     assert digest(restored.state) == digest(state_of(1, 2))
     assert set(restored.phases_s) == {"locate", "fetch", "decode", "load"}
     assert ("n0", 0) not in stores.gets  # a dead node is never asked
+    assert stores.landed == 2  # data shards 1 (corrupt) and 2, in place; parity shards never land there
     assert registry.rollbacks == [] and registry.unrestorable == []
 
 
