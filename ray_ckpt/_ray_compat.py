@@ -281,8 +281,8 @@ def no_dataset_manager_without_datasets() -> None:
     """Make Ray Train start no ``DatasetManager`` actor for a worker group of a run that has no
     Ray Datasets. Ray 2.60 starts one at every worker group start, a replacement included: a
     new worker process on the controller's node that imports Ray Data (about 2 s of CPU) while
-    the replacement's training function and restore run, kept alive by the survivors' handles
-    for the rest of the run, one more per recovery. Without datasets it only answers KeyError,
+    the replacement's training function and restore run, alive as long as a worker started
+    with it. Without datasets it only answers KeyError,
     as ``NoDatasets`` does. Patches ``DatasetsCallback.before_init_train_context`` in this
     process (the controller's); idempotent."""
     datasets = importlib.import_module("ray.train.v2._internal.callbacks.datasets")
