@@ -282,9 +282,9 @@ def no_dataset_manager_without_datasets() -> None:
     Ray Datasets. Ray 2.60 starts one at every worker group start, a replacement included: a
     new worker process on the controller's node that imports Ray Data (about 2 s of CPU) while
     the replacement's training function and restore run, alive as long as a worker started
-    with it. Without datasets it only answers KeyError,
-    as ``NoDatasets`` does. Patches ``DatasetsCallback.before_init_train_context`` in this
-    process (the controller's); idempotent."""
+    with it. Without datasets it only answers KeyError, as ``NoDatasets`` does. Patches
+    ``DatasetsCallback.before_init_train_context`` in this process (the controller's);
+    idempotent."""
     datasets = importlib.import_module("ray.train.v2._internal.callbacks.datasets")
     cls = datasets.DatasetsCallback
     if getattr(cls, "_ray_ckpt_no_empty_manager", False):
