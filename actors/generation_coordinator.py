@@ -17,6 +17,8 @@ import ray
 
 from ray_ckpt.core.generations import (
     POLL_S,
+    Beat,
+    BeatWire,
     BeginReply,
     CoordinatorReport,
     Generations,
@@ -92,13 +94,11 @@ class GenerationCoordinator:
             now = time.time()
             return [self._gens.register(Member.from_wire(member), number, now) for member in members]
 
-    async def beat_many(self, beats: list[tuple[MemberWire, bool, bool]]) -> list[bool]:
-        """Heartbeats ``(member, suspect, orphaned)`` (``suspect``: the member saw a gloo
-        connection of its generation close; ``orphaned``: its node's raylet is gone); True for
-        each member that must leave its generation now (``Generations.must_leave``: a peer is
-        lost or a round to replace the generation is open without it)."""
-        taken = [(Member.from_wire(member), suspect, orphaned) for member, suspect, orphaned in beats]
-        return self._gens.beat_many(taken, time.time(), self._alive)
+    async def beat_many(self, beats: list[BeatWire]) -> list[bool]:
+        """Heartbeats (``Beat.to_wire``); True for each member that must leave its generation
+        now (``Generations.must_leave``: a peer is lost or a round to replace the generation is
+        open without it)."""
+        return self._gens.beat_many([Beat.from_wire(beat) for beat in beats], time.time(), self._alive)
 
     async def finish(self, member: Member) -> None:
         """``member``'s training function returned: its beats stop and that is no loss."""

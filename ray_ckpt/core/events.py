@@ -36,7 +36,8 @@ plus:
   (a survivor had dropped the failed generation's checkpointers and process group), joined (it
   asked to join), round_started (the first rank asked), formed (every rank had joined), ready
   (its process group was up), lost ([rank, reason] of each member the generation before lost:
-  "node dead", "raylet gone", "silent", "silent after a closed connection").
+  "node dead", "raylet gone", "silent", "silent after a closed connection", "silent after its
+  connection closed").
 - ``interval``: job, rank, attempt, step, interval (the steps between saves a rank of an
   ``every="auto"`` job chose, a power of two), reason ("warm-up", "optimum", "keep-up", "cap"),
   measured {step_s, blocking_s, slowdown_s, background_s, cost_s, mtbf_s, failures,

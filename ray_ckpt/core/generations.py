@@ -20,7 +20,11 @@ worker process outlives the raylet a moment, and can still beat), once its node 
 (``find_lost``), or once it has gone silent while its peers kept beating: it missed
 ``SILENT_BEATS`` beats in a row (and at least ``SILENT_MIN_S``) after a peer reported one of
 its gloo connections closed (a process that dies closes its sockets), ``QUIET_BEATS`` (and at
-least ``QUIET_MIN_S``) without such a report. A live member taken for lost costs one more
+least ``QUIET_MIN_S``) without such a report. A closed connection names its peer where the
+address it was connected to is one of that peer's own endpoints (each member reports, once per
+generation, the local addresses of its gloo listeners and of the connections it opened,
+``Endpoints``); the member so named is lost once it missed a beat and ``NAMED_SILENT_MIN_S``
+passed, the others keep the bounds above. A live member taken for lost costs one more
 round (it is told to leave and rejoins with its process), so the bounds leave room for a beat
 thread held up by a busy host. Silence is counted in its
 peers' beats, and in seconds of the coordinator's own ``clock``, which stands still while the
@@ -52,6 +56,7 @@ MIN_BEAT_INTERVAL_S = 0.1  # the most often a worker beats
 POLL_S = 2.0  # the longest a coordinator call waits for a generation or its address before it answers "not yet"
 SILENT_BEATS = 1  # beats missed in a row that make a member lost once a peer saw a connection close
 SILENT_MIN_S = 0.5  # and the least silence that does (a closed connection may be an old one's)
+NAMED_SILENT_MIN_S = 0.25  # the least silence that makes lost the member a closed connection names
 QUIET_BEATS = 5  # beats missed in a row that make a member lost without such a sign
 QUIET_MIN_S = 3.0  # and the least silence that does: a beat thread may wait a second or more for the GIL or CPU
 
@@ -108,6 +113,46 @@ Waiting = tuple[int, str, int]
 
 MemberWire = tuple[int, str, str, int, str, int]
 """A ``Member`` on the wire (``Member.to_wire``)."""
+
+Address = tuple[str, int]
+"""A TCP endpoint: (IP, port), an IPv4-mapped IPv6 address written as IPv4 (``address``)."""
+
+Endpoints = tuple[int, tuple[Address, ...]]
+"""What a member reports of its sockets once per generation: the generation's number and the
+local addresses of its gloo listeners and of the connections it opened since it started. A peer
+whose connection to one of them closes names this member (``Generations.find_lost``)."""
+
+
+def address(ip: str, port: int) -> Address:
+    """``(ip, port)`` as the two ends of one TCP connection both write it: a socket of one end
+    may be IPv6 (``::ffff:10.0.0.1``) where the other's is IPv4 (``10.0.0.1``)."""
+    return (ip.removeprefix("::ffff:"), int(port))
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """One heartbeat of ``member``: ``suspect``, it saw a gloo connection it accepted close;
+    ``orphaned``, its node's raylet is gone; ``closed``, the remote addresses of the
+    connections it saw close (each may name a peer by its ``Endpoints``); ``endpoints``, its
+    own, sent until a beat is taken after its generation formed."""
+
+    member: Member
+    suspect: bool = False
+    orphaned: bool = False
+    closed: tuple[Address, ...] = ()
+    endpoints: Endpoints | None = None
+
+    def to_wire(self) -> BeatWire:
+        return (self.member.to_wire(), self.suspect, self.orphaned, self.closed, self.endpoints)
+
+    @classmethod
+    def from_wire(cls, values: BeatWire) -> Beat:
+        member, suspect, orphaned, closed, endpoints = values
+        return cls(Member.from_wire(member), bool(suspect), bool(orphaned), tuple(closed), endpoints)
+
+
+BeatWire = tuple[MemberWire, bool, bool, tuple[Address, ...], Endpoints | None]
+"""A ``Beat`` on the wire (``Beat.to_wire``)."""
 
 
 class JoinStatus(enum.Enum):
@@ -215,6 +260,8 @@ class Generations:
         self.beat_count = 0  # beats taken so far; ``beat_seen`` holds each member's count and clock at its last
         self.beat_seen: dict[str, tuple[int, float]] = {}
         self.suspected = False  # a member saw a gloo connection close in the current generation
+        self.closed: set[Address] = set()  # remote addresses of the current generation's closed connections
+        self.endpoints: dict[str, frozenset[Address]] = {}  # incarnation -> its endpoints in the current generation
         self.lost: dict[int, dict[str, Any]] = {}  # the current generation's lost ranks: how, when
         self.finished: set[str] = set()  # incarnations whose training function returned
         self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
@@ -241,6 +288,8 @@ class Generations:
 
     def _new_generation(self) -> None:
         self.suspected = False
+        self.closed = set()
+        self.endpoints = {}
         self.lost = {}
         self.finished.clear()
 
@@ -253,28 +302,37 @@ class Generations:
         return True
 
     def beat(self, member: Member, now: float, *, suspect: bool = False, orphaned: bool = False) -> None:
-        """A heartbeat of ``member``; ``suspect``: it saw a gloo connection of its current
-        generation close; ``orphaned``: its node's raylet is gone, so it is lost (both counted
-        only from a member of the current generation)."""
+        """A heartbeat of ``member`` (``Beat`` says what its flags mean)."""
+        self.take(Beat(member, suspect, orphaned), now)
+
+    def take(self, beat: Beat, now: float) -> None:
+        """A heartbeat: ``beat.suspect``, ``closed`` and ``endpoints`` count only from a member
+        of the current generation (``endpoints`` only for that generation); ``orphaned`` makes
+        the member lost."""
+        member = beat.member
         self.beats[member.incarnation] = (now, member)
         self._tick(now)
         self.beat_count += 1
         self.beat_seen[member.incarnation] = (self.beat_count, self.clock)
-        if suspect and self._in_current(member):
-            self.suspected = True
+        if self._in_current(member):
+            self.suspected = self.suspected or beat.suspect
+            self.closed.update(address(*remote) for remote in beat.closed)
+            if beat.endpoints is not None and self.current is not None and beat.endpoints[0] == self.current.number:
+                self.endpoints[member.incarnation] = frozenset(address(*local) for local in beat.endpoints[1])
+        orphaned = beat.orphaned
         if orphaned:
             self._doom(member)
             if self._in_current(member) and member.rank not in self.lost:
                 self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "raylet gone", "time": now}
 
-    def beat_many(self, beats: list[tuple[Member, bool, bool]], now: float, alive_nodes: set[str] | None) -> list[bool]:
-        """The heartbeats of many members taken at once (``(member, suspect, orphaned)``, as
-        ``beat`` takes one), then ``find_lost``: whether each member must leave its generation
-        (``must_leave``). One call of a batch relayed up the stores' tree."""
-        for member, suspect, orphaned in beats:
-            self.beat(member, now, suspect=suspect, orphaned=orphaned)
+    def beat_many(self, beats: list[Beat], now: float, alive_nodes: set[str] | None) -> list[bool]:
+        """The heartbeats of many members taken at once (as ``take`` takes one), then
+        ``find_lost``: whether each member must leave its generation (``must_leave``). One call
+        of a batch relayed up the stores' tree."""
+        for beat in beats:
+            self.take(beat, now)
         self.find_lost(now, alive_nodes)
-        return [self.must_leave(member) for member, _, _ in beats]
+        return [self.must_leave(beat.member) for beat in beats]
 
     def _doom(self, member: Member) -> None:
         """``member``'s node is going: it may not join a round, and leaves the one it is in."""
@@ -304,6 +362,7 @@ class Generations:
         beats = SILENT_BEATS if self.suspected else QUIET_BEATS
         # a member that missed ``beats`` in a row is silent a beat longer, as beats come in any order
         quiet_s = max(SILENT_MIN_S if self.suspected else QUIET_MIN_S, (beats + 1) * self.interval_s)
+        named_s = max(NAMED_SILENT_MIN_S, (SILENT_BEATS + 1) * self.interval_s)
         beating = [
             m for r, m in self.current.members.items() if r not in self.lost and m.incarnation not in self.finished
         ]
@@ -322,7 +381,10 @@ class Generations:
                 reason = "node dead"
             else:
                 count, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
-                if self.clock - clock > quiet_s and self.beat_count - count >= beats * others:
+                named = bool(self.closed) and not self.closed.isdisjoint(self.endpoints.get(member.incarnation, ()))
+                if named and self.clock - clock > named_s and self.beat_count - count >= SILENT_BEATS * others:
+                    reason = "silent after its connection closed"
+                elif self.clock - clock > quiet_s and self.beat_count - count >= beats * others:
                     reason = "silent after a closed connection" if self.suspected else "silent"
             if reason is not None:
                 self.lost[rank] = {"rank": rank, "pid": member.pid, "reason": reason, "time": now}

@@ -16,27 +16,32 @@ pair is closed. Ray's connections are older than the listener (or go to its own 
 rendezvous store's port is left out; a server the training function itself opens on this
 process would have its accepted connections shut too, and only when a generation fails.
 
-``ConnectionWatch`` (from ``GlooConnections.watch``) tells, without reading a byte, whether one
-of the accepted connections has been closed since: a peer process that dies closes its
-sockets, so its survivors' heartbeats see it within a beat. Only the accepted end is watched, so
-a peer whose every connection this process opened goes unseen here (it is seen on the other
-ranks, or by its silence).
+``ConnectionWatch`` (from ``GlooConnections.watch``) tells, without reading a byte, which of
+this process's connections have been closed since: the accepted ones, and every one made since
+``GlooConnections()`` (gloo's own connections to its peers' listeners among them). A peer
+process that dies closes its sockets, so its survivors' heartbeats see it within a beat. The
+watch also lists this process's endpoints (the local addresses of its gloo listeners and of
+the connections made since), which its heartbeats report: a survivor whose connection to one
+of them closed names this process to the run (``ray_ckpt.core.generations``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import select
 import socket
 from collections.abc import Iterable
+from typing import Any
 
 import psutil
+
+from ray_ckpt.core.generations import Address, address
 
 logger = logging.getLogger(__name__)
 
 
-def _listening() -> set[int]:
-    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+MAX_ENDPOINTS = 4096  # the most endpoints a process reports: a gloo full mesh has one per peer
 
 
 class GlooConnections:
@@ -44,28 +49,50 @@ class GlooConnections:
     process group exists; thread-safe (it only reads the process's sockets)."""
 
     def __init__(self) -> None:
-        self._before = _listening()
+        connections = psutil.Process().net_connections("tcp")
+        self._before = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
+        self._older = {(c.laddr, c.raddr) for c in connections if c.status == psutil.CONN_ESTABLISHED}
+
+    def _listed(self, store_ports: Iterable[int]) -> tuple[list[Any], list[Any], list[Any]]:
+        """This process's gloo listeners, the connections accepted on them and the other
+        connections made since this object was made, none of them a rendezvous store's."""
+        stores = set(store_ports)
+        connections = psutil.Process().net_connections("tcp")
+        listeners = [
+            c
+            for c in connections
+            if c.status == psutil.CONN_LISTEN and c.laddr.port not in self._before and c.laddr.port not in stores
+        ]
+        ports = {c.laddr.port for c in listeners}
+        accepted, made = [], []
+        for c in connections:
+            if c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
+                continue
+            if c.laddr.port in ports:
+                accepted.append(c)
+            elif (c.laddr, c.raddr) not in self._older and not {c.laddr.port, c.raddr.port} & stores:
+                made.append(c)
+        return listeners, accepted, made
 
     def accepted(self, store_ports: Iterable[int] = ()) -> list[tuple[int, int, tuple[str, int]]]:
         """(fd, local port, peer address) of each established connection accepted on a gloo
         listener: one opened since this object was made, not one of ``store_ports``."""
-        connections = psutil.Process().net_connections("tcp")
-        listeners = {
-            c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN and c.laddr.port not in self._before
-        } - set(store_ports)
-        return [
-            (c.fd, c.laddr.port, (c.raddr.ip, c.raddr.port))
-            for c in connections
-            if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.laddr.port in listeners and c.fd >= 0
-        ]
+        _, accepted, _ = self._listed(store_ports)
+        return [(c.fd, c.laddr.port, (c.raddr.ip, c.raddr.port)) for c in accepted]
 
     def watch(self, store_ports: Iterable[int] = ()) -> ConnectionWatch:
-        """A watch over the connections ``accepted`` now (none if they cannot be listed)."""
+        """A watch over the connections accepted on gloo listeners and made since this object
+        was made, as they are now (none if they cannot be listed), with this process's
+        endpoints."""
         try:
-            return ConnectionWatch([fd for fd, _, _ in self.accepted(store_ports)])
+            listeners, accepted, made = self._listed(store_ports)
         except (psutil.Error, OSError) as error:
             logger.debug("listing this process's connections: %s", error)
-            return ConnectionWatch([])
+            return ConnectionWatch({})
+        watched = {c.fd: (address(*c.raddr), True) for c in accepted}
+        watched.update({c.fd: (address(*c.raddr), False) for c in made})
+        endpoints = {address(*c.laddr) for c in listeners} | {address(*c.laddr) for c in made}
+        return ConnectionWatch(watched, tuple(sorted(endpoints))[:MAX_ENDPOINTS])
 
     def shut(self, store_ports: Iterable[int] = ()) -> int:
         """Shut down every accepted gloo connection (``accepted``) for reading and writing, so
@@ -96,17 +123,33 @@ class GlooConnections:
 _CLOSED = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
-class ConnectionWatch:
-    """Whether any of a set of sockets (by descriptor) was closed since the watch was made: by
-    its peer (end of stream, reset) or here (the descriptor is gone). Reads nothing; not
-    thread-safe (one heartbeat thread polls it)."""
+@dataclasses.dataclass(frozen=True)
+class Closures:
+    """What a ``ConnectionWatch`` saw: whether a connection accepted on a gloo listener closed,
+    and the remote addresses of every watched connection that closed."""
 
-    def __init__(self, fds: Iterable[int]) -> None:
+    accepted: bool = False
+    remotes: tuple[Address, ...] = ()
+
+
+class ConnectionWatch:
+    """Which of a set of sockets (descriptor -> remote address, whether accepted on a gloo
+    listener) were closed since the watch was made: by the peer (end of stream, reset) or here
+    (the descriptor is gone); and this process's ``endpoints`` when it was made. Reads nothing;
+    not thread-safe (one heartbeat thread polls it)."""
+
+    def __init__(self, sockets: dict[int, tuple[Address, bool]], endpoints: tuple[Address, ...] = ()) -> None:
         self._poll = select.poll()
-        self.fds = sorted(set(fds))
-        for fd in self.fds:
+        self._sockets = dict(sockets)
+        self.endpoints = endpoints
+        for fd in self._sockets:
             self._poll.register(fd, _CLOSED)
 
-    def closed(self) -> bool:
-        """Whether one of the sockets is closed now (does not wait)."""
-        return any(events & (_CLOSED | select.POLLNVAL) for _, events in self._poll.poll(0))
+    @property
+    def fds(self) -> list[int]:
+        return sorted(self._sockets)
+
+    def closures(self) -> Closures:
+        """The sockets closed now (does not wait)."""
+        closed = [self._sockets[fd] for fd, events in self._poll.poll(0) if events & (_CLOSED | select.POLLNVAL)]
+        return Closures(any(accepted for _, accepted in closed), tuple(sorted({remote for remote, _ in closed})))

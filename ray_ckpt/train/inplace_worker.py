@@ -40,7 +40,7 @@ import ray.train
 import torch.distributed as dist
 
 from ray_ckpt import _ray_compat, prefetch, settings
-from ray_ckpt.core.generations import JoinStatus, Member, beat_interval_s, run_of
+from ray_ckpt.core.generations import Beat, JoinStatus, Member, beat_interval_s, run_of
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import (
@@ -52,7 +52,7 @@ from ray_ckpt.errors import (
 )
 from ray_ckpt.restore import Restorer
 from ray_ckpt.train import process_groups
-from ray_ckpt.train.gloo_connections import ConnectionWatch, GlooConnections
+from ray_ckpt.train.gloo_connections import Closures, ConnectionWatch, GlooConnections
 from ray_ckpt.train.interrupts import Interrupts
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
 from ray_ckpt.transport.registry_client import RegistryClient
@@ -365,20 +365,26 @@ class _Worker:
 
         def beat() -> None:
             watched: tuple[int | None, ConnectionWatch | None] = (None, None)  # generation, its watch
+            reported: int | None = None  # the generation whose endpoints the coordinator took
             left: int | None = None  # the generation this rank was last told to leave
             while not self._beating.wait(interval):
                 generation = self._generation
                 if generation is not None and watched[0] != generation:
                     watched = (generation, self._watch_gloo())
                 watch = watched[1] if watched[0] == generation else None
-                suspect = generation is not None and watch is not None and watch.closed()
+                closures = watch.closures() if watch is not None else Closures()
+                endpoints = None
+                if watch is not None and generation is not None and reported != generation:
+                    endpoints = (generation, watch.endpoints)
                 orphaned = self._orphaned()  # its node is going: say so before this process goes too
+                signs = Beat(member, closures.accepted, orphaned, closures.remotes, endpoints)
                 try:
-                    leave = coordinator.beat(member, timeout_s=interval, suspect=suspect, orphaned=orphaned)
+                    leave = coordinator.beat(signs, timeout_s=interval)
                 except CoordinatorTimeoutError:
                     continue
                 except Exception:  # the run is ending
                     return
+                reported = generation if endpoints is not None else reported
                 if not leave or generation is None or generation != self._generation or generation == left:
                     continue
                 left = generation

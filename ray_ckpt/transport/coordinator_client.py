@@ -35,7 +35,7 @@ from typing import Any
 import ray
 
 from ray_ckpt.core.coordinator_relay import OPS
-from ray_ckpt.core.generations import POLL_S, BeginReply, CoordinatorReport, JoinReply, Member
+from ray_ckpt.core.generations import POLL_S, Beat, BeginReply, CoordinatorReport, JoinReply, Member
 from ray_ckpt.errors import CoordinatorTimeoutError
 from ray_ckpt.transport import naming, remote
 
@@ -164,12 +164,11 @@ class CoordinatorClient:
         """A worker of a full start announces itself; False if its generation is superseded."""
         return bool(self._per_rank("register", (generation,), member.to_wire(), timeout_s=self.answer_s))
 
-    def beat(self, member: Member, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> bool:
-        """A heartbeat (``suspect``: ``member`` saw a gloo connection of its generation close;
-        ``orphaned``: its node's raylet is gone); True when ``member`` must leave its generation
-        now (a peer of it is lost, or a round to replace it is open). CoordinatorTimeoutError
-        after ``timeout_s``."""
-        return bool(self._per_rank("beat", (), (member.to_wire(), suspect, orphaned), timeout_s=timeout_s))
+    def beat(self, beat: Beat, timeout_s: float) -> bool:
+        """A heartbeat (``Beat`` says what it carries); True when its member must leave its
+        generation now (a peer of it is lost, or a round to replace it is open).
+        CoordinatorTimeoutError after ``timeout_s``."""
+        return bool(self._per_rank("beat", (), beat.to_wire(), timeout_s=timeout_s))
 
     def finish(self, member: Member) -> None:
         """``member``'s training function returned; its heartbeats stop."""

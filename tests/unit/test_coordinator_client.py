@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import ray.exceptions
 
-from ray_ckpt.core.generations import POLL_S, BeginReply, JoinReply, JoinStatus, Member
+from ray_ckpt.core.generations import POLL_S, Beat, BeginReply, JoinReply, JoinStatus, Member
 from ray_ckpt.errors import CoordinatorTimeoutError, InPlaceRecoveryError
 from ray_ckpt.transport import remote
 from ray_ckpt.transport.coordinator_client import ANSWER_S, QUEUE_S_PER_RANK, START_S, STORE_MISSES, CoordinatorClient
@@ -75,7 +75,7 @@ def test_every_call_has_its_bound_scaled_by_the_runs_size(fake: Coordinator) -> 
     assert client.begin(1000) == BeginReply(epoch=2, generation=5, attempt="r.g5")
     assert client.epoch() == 2
     assert client.register(MEMBER, 5) is True
-    assert client.beat(MEMBER, timeout_s=0.25) is False
+    assert client.beat(Beat(MEMBER), timeout_s=0.25) is False
     assert client.join(MEMBER, 12.0) == FORMED
     client.publish(6, "10.0.0.1:4242")
     assert client.address(6, 3.0) == "10.0.0.1:4242"
@@ -94,7 +94,7 @@ def test_every_call_has_its_bound_scaled_by_the_runs_size(fake: Coordinator) -> 
     )
     args = {method: a for method, a, _ in fake.calls}
     assert args["join_many"] == ([MEMBER.to_wire()],) and args["await_formed"] == (5, [MEMBER.waiting])  # after: 5
-    assert args["beat_many"] == ([(MEMBER.to_wire(), False, False)],) and args["address_many"] == (6, [0])
+    assert args["beat_many"] == ([(MEMBER.to_wire(), False, False, (), None)],) and args["address_many"] == (6, [0])
     assert Member.from_wire(MEMBER.to_wire()) == MEMBER
 
 
@@ -159,7 +159,7 @@ def test_a_store_that_fails_is_dropped_and_the_call_goes_to_the_coordinator(
     monkeypatch.setattr(remote, "get", get)
     client = CoordinatorClient(Handle(), world_size=4)
     client.store = Store()
-    assert client.beat(MEMBER, timeout_s=0.25) is False
+    assert client.beat(Beat(MEMBER), timeout_s=0.25) is False
     assert client.store is None and [method for method, _, _ in fake.calls] == ["beat_many"]
 
 
@@ -195,9 +195,9 @@ def test_a_store_that_stops_answering_is_dropped_after_a_few_calls_and_the_rank_
     client.store = Store()
     for _ in range(STORE_MISSES):
         with pytest.raises(CoordinatorTimeoutError, match="through this node's store"):
-            client.beat(MEMBER, timeout_s=0.1)
+            client.beat(Beat(MEMBER), timeout_s=0.1)
     assert client.store is None
-    assert client.beat(MEMBER, timeout_s=0.1) is False and [m for m, _, _ in fake.calls] == ["beat_many"]
+    assert client.beat(Beat(MEMBER), timeout_s=0.1) is False and [m for m, _, _ in fake.calls] == ["beat_many"]
 
 
 def test_asking_whether_the_run_recovers_waits_in_the_coordinator_for_a_change(fake: Coordinator) -> None:

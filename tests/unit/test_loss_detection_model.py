@@ -2,14 +2,16 @@
 interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
 orders, late beats, beats taken in batches of 1-5 (``beat_many``: the stores merge them on the
 way up), coordinator stalls that deliver a backlog at once, closed-connection
-reports, process deaths, node deaths, dying members that join, finished functions and rounds,
+reports (of an accepted connection, naming nobody, or of one to a member's endpoint, naming that
+member, live or dead), process deaths, node deaths, dying members that join, finished functions and rounds,
 and checks after every event:
 
 - safety: with nobody dead, a member that is alive and beats is never lost unless it was silent
-  for a whole quiet bound (it missed ``QUIET_BEATS`` beats in a row), nor one whose function
-  finished, nor one in the round;
-- liveness: a dead member is lost within the bound that applies (with or without a closed
-  connection reported), counted in the time the coordinator was taking beats;
+  for a whole quiet bound (it missed ``QUIET_BEATS`` beats in a row; one beat once a closed
+  connection was reported), nor one whose function finished, nor one in the round;
+- liveness: a dead member is lost within the bound that applies (a closed connection naming
+  it, one naming nobody, or none reported), counted in the time the coordinator was taking
+  beats;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
   open;
 - a member whose node is going (it said its raylet is gone, or the node table showed its node
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ray_ckpt.core import generations
-from ray_ckpt.core.generations import Generations, Member
+from ray_ckpt.core.generations import Beat, Generations, Member
 
 INTERVAL_S = 0.1
 EXAMPLES = int(os.environ.get("RAY_CKPT_LOSS_EXAMPLES", "1000"))
@@ -44,6 +46,7 @@ class LossDetection(RuleBasedStateMachine):
         ]
         for member in self.members:
             assert self.gens.register(member, number, now=self.now)
+            self.gens.take(Beat(member, endpoints=(number, (self._endpoint(member.rank),))), now=self.now)
         self.dead: dict[int, float] = {}  # rank -> when it died
         self.dead_nodes: set[str] = set()
         self.finished: set[int] = set()
@@ -53,8 +56,10 @@ class LossDetection(RuleBasedStateMachine):
         self.seen_on_dead_nodes: set[int] = set()  # outside the round when the node table showed their node dead
         self.missed = dict.fromkeys(range(world_size), 0)  # beats missed in a row
         self.worst_missed = dict.fromkeys(range(world_size), 0)
-        self.suspected_at: float | None = None
-        self.backlog: list[tuple[str, Member, bool, bool]] = []  # calls not yet taken: beat or join
+        self.suspected_at: float | None = None  # the first report of a closed accepted connection
+        self.reported_at: float | None = None  # the first closed-connection report, naming someone or not
+        self.named_at: dict[int, float] = {}  # rank -> the first report of a closed connection to its endpoint
+        self.backlog: list[tuple[str, Beat]] = []  # calls not yet taken: beat or join
         self.stalling = False
         self.stalled_s = 0.0  # time the coordinator took no beat since the first death
 
@@ -65,9 +70,13 @@ class LossDetection(RuleBasedStateMachine):
     def _beating(self) -> list[int]:
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
 
-    def _send(self, member: Member, suspect: bool = False, call: str = "beat", orphaned: bool = False) -> None:
+    @staticmethod
+    def _endpoint(rank: int) -> tuple[str, int]:
+        return ("10.0.0.1", 40000 + rank)
+
+    def _send(self, beat: Beat, call: str = "beat") -> None:
         """A call reaches the coordinator's queue; taken at once unless it is stalled."""
-        self.backlog.append((call, member, suspect, orphaned))
+        self.backlog.append((call, beat))
         self._flush()
 
     def _flush(self) -> None:
@@ -75,32 +84,32 @@ class LossDetection(RuleBasedStateMachine):
         ``batch`` beats (``beat_many``), as stores merge them on the way up."""
         if self.stalling:
             return
-        beats: list[tuple[Member, bool, bool]] = []
-        for call, member, suspect, orphaned in self.backlog:
+        beats: list[Beat] = []
+        for call, beat in self.backlog:
             if call == "join":
                 self._take_beats(beats)
                 beats = []
-                refused = self.gens.join(member, now=self.now)
-                assert (refused is None) == (member.rank not in self.doomed()), (member, refused)
+                refused = self.gens.join(beat.member, now=self.now)
+                assert (refused is None) == (beat.member.rank not in self.doomed()), (beat.member, refused)
                 if refused is None:
-                    self.joined.add(member.rank)
+                    self.joined.add(beat.member.rank)
                 continue
-            beats.append((member, suspect, orphaned))
+            beats.append(beat)
             if len(beats) == self.batch:
                 self._take_beats(beats)
                 beats = []
         self._take_beats(beats)
         self.backlog = []
 
-    def _take_beats(self, beats: list[tuple[Member, bool, bool]]) -> None:
+    def _take_beats(self, beats: list[Beat]) -> None:
         if not beats:
             return
         leave = self.gens.beat_many(beats, self.now, None)
-        for member, _, orphaned in beats:
-            if orphaned:
-                self.orphaned.add(member.rank)
-                self.joined.discard(member.rank)
-        assert leave == [self.gens.must_leave(member) for member, _, _ in beats]
+        for beat in beats:
+            if beat.orphaned:
+                self.orphaned.add(beat.member.rank)
+                self.joined.discard(beat.member.rank)
+        assert leave == [self.gens.must_leave(beat.member) for beat in beats]
 
     @rule(order=st.permutations(range(5)), late=st.sets(st.integers(0, 4), max_size=2), stall=st.booleans())
     def tick(self, order: list[int], late: set[int], stall: bool) -> None:
@@ -117,7 +126,7 @@ class LossDetection(RuleBasedStateMachine):
                 self.worst_missed[rank] = max(self.worst_missed[rank], self.missed[rank])
                 continue
             self.missed[rank] = 0
-            self._send(self.members[rank])
+            self._send(Beat(self.members[rank]))
         if not stall:
             self.gens.find_lost(self.now, {m.node_id for m in self.members} - self.dead_nodes)
             self.seen_on_dead_nodes.update(
@@ -145,16 +154,32 @@ class LossDetection(RuleBasedStateMachine):
     def dying_says_its_raylet_is_gone(self, index: int) -> None:
         """A member whose node is going beats once more, saying its raylet is gone."""
         dying = [r for r in self.dead if r not in self.finished]
-        self._send(self.members[dying[index % len(dying)]], orphaned=True)
+        self._send(Beat(self.members[dying[index % len(dying)]], orphaned=True))
 
     @precondition(lambda self: len(self._beating()) > 1)
-    @rule(index=st.integers(0, 4))
-    def report_closed(self, index: int) -> None:
-        """A live member saw one of its gloo connections close: a dead peer's, one a finished
-        peer closed, or (the worst case for safety) any other."""
+    @rule(index=st.integers(0, 4), accepted=st.booleans(), named=st.none() | st.integers(0, 4))
+    def report_closed(self, index: int, accepted: bool, named: int | None) -> None:
+        """A live member saw one of its connections close: one it accepted on a gloo listener
+        (naming nobody), or one to the endpoint of member ``named``; a dead peer's, one a
+        finished peer closed, or (the worst case for safety) a live peer's."""
         rank = self._beating()[index % len(self._beating())]
-        self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
-        self._send(self.members[rank], suspect=True)
+        if not accepted and named is None:
+            return
+        self.reported_at = self.now if self.reported_at is None else self.reported_at
+        if accepted:
+            self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
+        closed: tuple[tuple[str, int], ...] = ()
+        if named is not None and named < len(self.members):
+            self.named_at.setdefault(named, self.now)
+            closed = (self._endpoint(named),)
+        self._send(Beat(self.members[rank], suspect=accepted, closed=closed))
+
+    @precondition(lambda self: bool(self.dead) and bool(self._beating()))
+    @rule(index=st.integers(0, 4), dead=st.integers(0, 4))
+    def report_a_dead_peers_connection_closed(self, index: int, dead: int) -> None:
+        """What a dead process's survivors see most: their connection to its endpoint closed."""
+        ranks = sorted(self.dead)
+        self.report_closed(index, accepted=False, named=ranks[dead % len(ranks)])
 
     @precondition(lambda self: len(self._beating()) > 1)
     @rule(index=st.integers(0, 4))
@@ -170,14 +195,14 @@ class LossDetection(RuleBasedStateMachine):
     def join(self, index: int) -> None:
         """A member whose collective failed joins the next round."""
         rank = self._beating()[index % len(self._beating())]
-        self._send(self.members[rank], call="join")
+        self._send(Beat(self.members[rank]), call="join")
 
     @precondition(lambda self: any(r not in self.finished for r in self.dead))
     @rule(index=st.integers(0, 4))
     def dying_joins(self, index: int) -> None:
         """A member whose node is going fails its collective and joins the round before it dies."""
         dying = [r for r in self.dead if r not in self.finished]
-        self._send(self.members[dying[index % len(dying)]], call="join")
+        self._send(Beat(self.members[dying[index % len(dying)]]), call="join")
 
     @invariant()
     def no_member_whose_node_is_going_is_in_the_round(self) -> None:
@@ -197,7 +222,7 @@ class LossDetection(RuleBasedStateMachine):
                 continue
             # no death at all: a false loss needs a whole quiet bound of missed beats
             assert self.worst_missed[rank] >= generations.SILENT_BEATS, (rank, self.worst_missed, self.gens.lost)
-            if self.suspected_at is None:
+            if self.reported_at is None:
                 assert self.worst_missed[rank] >= generations.QUIET_BEATS, (rank, self.worst_missed)
 
     @invariant()
@@ -207,13 +232,16 @@ class LossDetection(RuleBasedStateMachine):
         for rank, died in self.dead.items():
             if rank in self.finished or rank in self.joined:
                 continue
+            bounds = [max(generations.QUIET_MIN_S, generations.QUIET_BEATS * INTERVAL_S) + 2 * INTERVAL_S]
             if self.members[rank].node_id in self.dead_nodes:
-                bound = 2 * INTERVAL_S  # the next tick's node table
-            elif self.suspected_at is not None:
-                bound = max(generations.SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S) + INTERVAL_S
-                bound += max(0.0, self.suspected_at - died)
-            else:
-                bound = max(generations.QUIET_MIN_S, generations.QUIET_BEATS * INTERVAL_S) + 2 * INTERVAL_S
+                bounds.append(2 * INTERVAL_S)  # the next tick's node table
+            if self.suspected_at is not None:
+                silent = max(generations.SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S) + INTERVAL_S
+                bounds.append(silent + max(0.0, self.suspected_at - died))
+            if rank in self.named_at:
+                named = max(generations.NAMED_SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S) + INTERVAL_S
+                bounds.append(named + max(0.0, self.named_at[rank] - died))
+            bound = min(bounds)
             bound += self.stalled_s + INTERVAL_S * max(self.worst_missed.values())
             assert self.now - died <= bound + 1e-9, (rank, died, self.now, bound, self.gens.lost)
 
