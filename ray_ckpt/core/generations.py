@@ -20,10 +20,10 @@ worker process outlives the raylet a moment, and can still beat), once its node 
 (``find_lost``), or once it has gone silent while its peers kept beating: it missed
 ``SILENT_BEATS`` beats in a row (and at least ``SILENT_MIN_S``) after a peer reported one of
 its gloo connections closed (a process that dies closes its sockets), ``QUIET_BEATS`` (and at
-least ``QUIET_MIN_S``) without such a report. A closed connection names its peer where the
-address it was connected to is one of that peer's own endpoints (each member reports, once per
-generation, the local addresses of its gloo listeners and of the connections it opened,
-``Endpoints``); the member so named is lost once it missed a beat and ``NAMED_SILENT_MIN_S``
+least ``QUIET_MIN_S``) without such a report. A closed connection names its peer where the peer
+reported the same connection from its end (each member reports, once per generation, the
+connections its process accepted on a gloo listener or made since it started,
+``Connections``); the member so named is lost once it missed a beat and ``NAMED_SILENT_MIN_S``
 passed, the others keep the bounds above. A live member taken for lost costs one more
 round (it is told to leave and rejoins with its process), so the bounds leave room for a beat
 thread held up by a busy host. Silence is counted in its
@@ -117,10 +117,13 @@ MemberWire = tuple[int, str, str, int, str, int]
 Address = tuple[str, int]
 """A TCP endpoint: (IP, port), an IPv4-mapped IPv6 address written as IPv4 (``address``)."""
 
-Endpoints = tuple[int, tuple[Address, ...]]
+Connection = tuple[Address, Address]
+"""A TCP connection as one of its ends sees it: (local address, remote address)."""
+
+Connections = tuple[int, tuple[Connection, ...]]
 """What a member reports of its sockets once per generation: the generation's number and the
-local addresses of its gloo listeners and of the connections it opened since it started. A peer
-whose connection to one of them closes names this member (``Generations.find_lost``)."""
+connections its process accepted on a gloo listener or made since it started. A peer that sees
+one of them close from the other end names this member (``Generations.find_lost``)."""
 
 
 def address(ip: str, port: int) -> Address:
@@ -132,26 +135,26 @@ def address(ip: str, port: int) -> Address:
 @dataclasses.dataclass(frozen=True)
 class Beat:
     """One heartbeat of ``member``: ``suspect``, it saw a gloo connection it accepted close;
-    ``orphaned``, its node's raylet is gone; ``closed``, the remote addresses of the
-    connections it saw close (each may name a peer by its ``Endpoints``); ``endpoints``, its
-    own, sent until a beat is taken after its generation formed."""
+    ``orphaned``, its node's raylet is gone; ``closed``, the connections it saw close (each
+    may name the peer that reported it, ``Connections``); ``connections``, its own, sent until
+    a beat is taken after its generation formed."""
 
     member: Member
     suspect: bool = False
     orphaned: bool = False
-    closed: tuple[Address, ...] = ()
-    endpoints: Endpoints | None = None
+    closed: tuple[Connection, ...] = ()
+    connections: Connections | None = None
 
     def to_wire(self) -> BeatWire:
-        return (self.member.to_wire(), self.suspect, self.orphaned, self.closed, self.endpoints)
+        return (self.member.to_wire(), self.suspect, self.orphaned, self.closed, self.connections)
 
     @classmethod
     def from_wire(cls, values: BeatWire) -> Beat:
-        member, suspect, orphaned, closed, endpoints = values
-        return cls(Member.from_wire(member), bool(suspect), bool(orphaned), tuple(closed), endpoints)
+        member, suspect, orphaned, closed, connections = values
+        return cls(Member.from_wire(member), bool(suspect), bool(orphaned), tuple(closed), connections)
 
 
-BeatWire = tuple[MemberWire, bool, bool, tuple[Address, ...], Endpoints | None]
+BeatWire = tuple[MemberWire, bool, bool, tuple[Connection, ...], Connections | None]
 """A ``Beat`` on the wire (``Beat.to_wire``)."""
 
 
@@ -260,8 +263,12 @@ class Generations:
         self.beat_count = 0  # beats taken so far; ``beat_seen`` holds each member's count and clock at its last
         self.beat_seen: dict[str, tuple[int, float]] = {}
         self.suspected = False  # a member saw a gloo connection close in the current generation
-        self.closed: set[Address] = set()  # remote addresses of the current generation's closed connections
-        self.endpoints: dict[str, frozenset[Address]] = {}  # incarnation -> its endpoints in the current generation
+        self.closed: set[Connection] = (
+            set()
+        )  # the current generation's closed connections, as their other end sees them
+        self.connections: dict[
+            str, frozenset[Connection]
+        ] = {}  # incarnation -> its connections in the current generation
         self.lost: dict[int, dict[str, Any]] = {}  # the current generation's lost ranks: how, when
         self.finished: set[str] = set()  # incarnations whose training function returned
         self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
@@ -289,7 +296,7 @@ class Generations:
     def _new_generation(self) -> None:
         self.suspected = False
         self.closed = set()
-        self.endpoints = {}
+        self.connections = {}
         self.lost = {}
         self.finished.clear()
 
@@ -306,9 +313,9 @@ class Generations:
         self.take(Beat(member, suspect, orphaned), now)
 
     def take(self, beat: Beat, now: float) -> None:
-        """A heartbeat: ``beat.suspect``, ``closed`` and ``endpoints`` count only from a member
-        of the current generation (``endpoints`` only for that generation); ``orphaned`` makes
-        the member lost."""
+        """A heartbeat: ``beat.suspect``, ``closed`` and ``connections`` count only from a
+        member of the current generation (``connections`` only for that generation);
+        ``orphaned`` makes the member lost."""
         member = beat.member
         self.beats[member.incarnation] = (now, member)
         self._tick(now)
@@ -316,9 +323,12 @@ class Generations:
         self.beat_seen[member.incarnation] = (self.beat_count, self.clock)
         if self._in_current(member):
             self.suspected = self.suspected or beat.suspect
-            self.closed.update(address(*remote) for remote in beat.closed)
-            if beat.endpoints is not None and self.current is not None and beat.endpoints[0] == self.current.number:
-                self.endpoints[member.incarnation] = frozenset(address(*local) for local in beat.endpoints[1])
+            self.closed.update((address(*remote), address(*local)) for local, remote in beat.closed)
+            reported = beat.connections
+            if reported is not None and self.current is not None and reported[0] == self.current.number:
+                self.connections[member.incarnation] = frozenset(
+                    (address(*local), address(*remote)) for local, remote in reported[1]
+                )
         orphaned = beat.orphaned
         if orphaned:
             self._doom(member)
@@ -381,7 +391,7 @@ class Generations:
                 reason = "node dead"
             else:
                 count, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
-                named = bool(self.closed) and not self.closed.isdisjoint(self.endpoints.get(member.incarnation, ()))
+                named = bool(self.closed) and not self.closed.isdisjoint(self.connections.get(member.incarnation, ()))
                 if named and self.clock - clock > named_s and self.beat_count - count >= SILENT_BEATS * others:
                     reason = "silent after its connection closed"
                 elif self.clock - clock > quiet_s and self.beat_count - count >= beats * others:

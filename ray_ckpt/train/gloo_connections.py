@@ -20,9 +20,8 @@ process would have its accepted connections shut too, and only when a generation
 this process's connections have been closed since: the accepted ones, and every one made since
 ``GlooConnections()`` (gloo's own connections to its peers' listeners among them). A peer
 process that dies closes its sockets, so its survivors' heartbeats see it within a beat. The
-watch also lists this process's endpoints (the local addresses of its gloo listeners and of
-the connections made since), which its heartbeats report: a survivor whose connection to one
-of them closed names this process to the run (``ray_ckpt.core.generations``).
+watch also lists those connections, which the heartbeats report: a survivor that sees one of
+them close at its end names this process to the run (``ray_ckpt.core.generations``).
 """
 
 from __future__ import annotations
@@ -36,12 +35,12 @@ from typing import Any
 
 import psutil
 
-from ray_ckpt.core.generations import Address, address
+from ray_ckpt.core.generations import Connection, address
 
 logger = logging.getLogger(__name__)
 
 
-MAX_ENDPOINTS = 4096  # the most endpoints a process reports: a gloo full mesh has one per peer
+MAX_REPORTED = 4096  # the most connections a process reports: a gloo full mesh has one per peer
 
 
 class GlooConnections:
@@ -53,17 +52,12 @@ class GlooConnections:
         self._before = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
         self._older = {(c.laddr, c.raddr) for c in connections if c.status == psutil.CONN_ESTABLISHED}
 
-    def _listed(self, store_ports: Iterable[int]) -> tuple[list[Any], list[Any], list[Any]]:
-        """This process's gloo listeners, the connections accepted on them and the other
-        connections made since this object was made, none of them a rendezvous store's."""
+    def _listed(self, store_ports: Iterable[int]) -> tuple[list[Any], list[Any]]:
+        """The connections accepted on this process's gloo listeners and the other connections
+        made since this object was made, none of them a rendezvous store's."""
         stores = set(store_ports)
         connections = psutil.Process().net_connections("tcp")
-        listeners = [
-            c
-            for c in connections
-            if c.status == psutil.CONN_LISTEN and c.laddr.port not in self._before and c.laddr.port not in stores
-        ]
-        ports = {c.laddr.port for c in listeners}
+        ports = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN} - self._before - stores
         accepted, made = [], []
         for c in connections:
             if c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
@@ -72,27 +66,25 @@ class GlooConnections:
                 accepted.append(c)
             elif (c.laddr, c.raddr) not in self._older and not {c.laddr.port, c.raddr.port} & stores:
                 made.append(c)
-        return listeners, accepted, made
+        return accepted, made
 
     def accepted(self, store_ports: Iterable[int] = ()) -> list[tuple[int, int, tuple[str, int]]]:
         """(fd, local port, peer address) of each established connection accepted on a gloo
         listener: one opened since this object was made, not one of ``store_ports``."""
-        _, accepted, _ = self._listed(store_ports)
+        accepted, _ = self._listed(store_ports)
         return [(c.fd, c.laddr.port, (c.raddr.ip, c.raddr.port)) for c in accepted]
 
     def watch(self, store_ports: Iterable[int] = ()) -> ConnectionWatch:
         """A watch over the connections accepted on gloo listeners and made since this object
-        was made, as they are now (none if they cannot be listed), with this process's
-        endpoints."""
+        was made, as they are now (none if they cannot be listed)."""
         try:
-            listeners, accepted, made = self._listed(store_ports)
+            accepted, made = self._listed(store_ports)
         except (psutil.Error, OSError) as error:
             logger.debug("listing this process's connections: %s", error)
             return ConnectionWatch({})
-        watched = {c.fd: (address(*c.raddr), True) for c in accepted}
-        watched.update({c.fd: (address(*c.raddr), False) for c in made})
-        endpoints = {address(*c.laddr) for c in listeners} | {address(*c.laddr) for c in made}
-        return ConnectionWatch(watched, tuple(sorted(endpoints))[:MAX_ENDPOINTS])
+        watched = {c.fd: ((address(*c.laddr), address(*c.raddr)), True) for c in accepted}
+        watched.update({c.fd: ((address(*c.laddr), address(*c.raddr)), False) for c in made})
+        return ConnectionWatch(watched)
 
     def shut(self, store_ports: Iterable[int] = ()) -> int:
         """Shut down every accepted gloo connection (``accepted``) for reading and writing, so
@@ -126,22 +118,20 @@ _CLOSED = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 @dataclasses.dataclass(frozen=True)
 class Closures:
     """What a ``ConnectionWatch`` saw: whether a connection accepted on a gloo listener closed,
-    and the remote addresses of every watched connection that closed."""
+    and every watched connection that closed."""
 
     accepted: bool = False
-    remotes: tuple[Address, ...] = ()
+    connections: tuple[Connection, ...] = ()
 
 
 class ConnectionWatch:
-    """Which of a set of sockets (descriptor -> remote address, whether accepted on a gloo
+    """Which of a set of sockets (descriptor -> its connection, whether accepted on a gloo
     listener) were closed since the watch was made: by the peer (end of stream, reset) or here
-    (the descriptor is gone); and this process's ``endpoints`` when it was made. Reads nothing;
-    not thread-safe (one heartbeat thread polls it)."""
+    (the descriptor is gone). Reads nothing; not thread-safe (one heartbeat thread polls it)."""
 
-    def __init__(self, sockets: dict[int, tuple[Address, bool]], endpoints: tuple[Address, ...] = ()) -> None:
+    def __init__(self, sockets: dict[int, tuple[Connection, bool]]) -> None:
         self._poll = select.poll()
         self._sockets = dict(sockets)
-        self.endpoints = endpoints
         for fd in self._sockets:
             self._poll.register(fd, _CLOSED)
 
@@ -149,7 +139,14 @@ class ConnectionWatch:
     def fds(self) -> list[int]:
         return sorted(self._sockets)
 
+    @property
+    def connections(self) -> tuple[Connection, ...]:
+        """The watched connections (at most ``MAX_REPORTED``), as this process reports them."""
+        return tuple(sorted(connection for connection, _ in self._sockets.values()))[:MAX_REPORTED]
+
     def closures(self) -> Closures:
         """The sockets closed now (does not wait)."""
         closed = [self._sockets[fd] for fd, events in self._poll.poll(0) if events & (_CLOSED | select.POLLNVAL)]
-        return Closures(any(accepted for _, accepted in closed), tuple(sorted({remote for remote, _ in closed})))
+        return Closures(
+            any(accepted for _, accepted in closed), tuple(sorted({connection for connection, _ in closed}))
+        )

@@ -365,7 +365,7 @@ class _Worker:
 
         def beat() -> None:
             watched: tuple[int | None, ConnectionWatch | None] = (None, None)  # generation, its watch
-            reported: int | None = None  # the generation whose endpoints the coordinator took
+            reported: int | None = None  # the generation whose connections the coordinator took
             left: int | None = None  # the generation this rank was last told to leave
             while not self._beating.wait(interval):
                 generation = self._generation
@@ -373,18 +373,18 @@ class _Worker:
                     watched = (generation, self._watch_gloo())
                 watch = watched[1] if watched[0] == generation else None
                 closures = watch.closures() if watch is not None else Closures()
-                endpoints = None
+                connections = None
                 if watch is not None and generation is not None and reported != generation:
-                    endpoints = (generation, watch.endpoints)
+                    connections = (generation, watch.connections)
                 orphaned = self._orphaned()  # its node is going: say so before this process goes too
-                signs = Beat(member, closures.accepted, orphaned, closures.remotes, endpoints)
+                signs = Beat(member, closures.accepted, orphaned, closures.connections, connections)
                 try:
                     leave = coordinator.beat(signs, timeout_s=interval)
                 except CoordinatorTimeoutError:
                     continue
                 except Exception:  # the run is ending
                     return
-                reported = generation if endpoints is not None else reported
+                reported = generation if connections is not None else reported
                 if not leave or generation is None or generation != self._generation or generation == left:
                     continue
                 left = generation

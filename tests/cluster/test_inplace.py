@@ -365,11 +365,11 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
 
 def test_two_kills_in_sequence_and_a_kill_during_a_recovery_end_bit_exact(cluster: Any) -> None:
     """Rank 2's node is killed after step 4 (recovered in place: ranks 0 and 1 keep their
-    processes); after step 10, rank 1's node, and 0.3 s later, as Ray starts replacing it, rank
-    2's new node. Ray cannot replace a worker while another survivor dies under it: the
-    controller then restarts the whole group (ray_ckpt's fallback) or replaces both, depending
-    on when it sees the second death. Either way every restore comes from memory and the final
-    weights are bit-identical."""
+    processes); after step 10, with the ranks held between steps, rank 1's node, and 0.3 s
+    later, as Ray starts replacing it, rank 2's new node. Ray cannot replace a worker while
+    another survivor dies under it: the controller then restarts the whole group (ray_ckpt's
+    fallback) or replaces both, depending on when it sees the second death. Either way every
+    restore comes from memory and the final weights are bit-identical."""
     sim, example, _ = cluster
     sim.add_workers(3)
 
@@ -377,9 +377,14 @@ def test_two_kills_in_sequence_and_a_kill_during_a_recovery_end_bit_exact(cluste
         example.wait_committed("sequence", 4)
         example.remove_node(sim, example.rank_node("sequence", 2))
         example.wait_committed("sequence", 10)
-        example.remove_node(sim, example.rank_node("sequence", 1))
-        time.sleep(0.3)
-        example.remove_node(sim, example.rank_node("sequence", 2))
+        pause = pathlib.Path(events) / example.PAUSE_FILE
+        pause.touch()  # the ranks wait between steps: the run cannot end before both kills, however slow they are
+        try:
+            example.remove_node(sim, example.rank_node("sequence", 1))
+            time.sleep(0.3)
+            example.remove_node(sim, example.rank_node("sequence", 2))
+        finally:
+            pause.unlink()
 
     report = run_with(cluster, "sequence", 3, faults, {"timeout_s": pace.bound(90)})
     attempts = by_attempt(report["restores"])

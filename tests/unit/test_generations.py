@@ -203,55 +203,86 @@ def test_silence_after_a_closed_connection_is_a_loss_after_half_a_second_and_wit
     assert now == pytest.approx(0.6)  # past SILENT_MIN_S
 
 
-def endpoints_of(rank: int, generation: int = 1) -> generations.Endpoints:
-    """Rank ``rank``'s gloo listener and one connection it made, as its first beat reports them."""
-    return (generation, (("10.0.0.1", 40000 + rank), ("::ffff:10.0.0.1", 50000 + rank)))
+def gloo_pair(low: int, high: int) -> tuple[generations.Connection, generations.Connection]:
+    """The gloo connection between ranks ``low`` and ``high`` as each end sees it: ``low``
+    dialed ``high``'s listener (one end written IPv6-mapped, as an IPv6 socket shows it)."""
+    dialer, listener = ("10.0.0.1", 50000 + 10 * low + high), ("10.0.0.1", 40000 + high)
+    return (dialer, listener), (("::ffff:10.0.0.1", listener[1]), dialer)
 
 
-def test_a_closed_connection_to_a_peers_endpoint_names_it_and_it_is_lost_after_a_quarter_second() -> None:
-    """Rank 0's connection to rank 2's listener closes (written IPv6-mapped on this side, IPv4 on
-    the other); rank 2 stops beating at 0.0: it is lost past NAMED_SILENT_MIN_S, not SILENT_MIN_S,
-    and rank 1, which beats, never is."""
+def reported(rank: int, world_size: int = 3, generation: int = 1) -> generations.Connections:
+    """Rank ``rank``'s gloo connections, as its first beat of ``generation`` reports them."""
+    ends = [gloo_pair(rank, peer)[0] for peer in range(rank + 1, world_size)]
+    ends += [gloo_pair(peer, rank)[1] for peer in range(rank)]
+    return (generation, tuple(ends))
+
+
+def test_a_closed_connection_names_the_peer_that_reported_its_other_end_lost_after_a_quarter_second() -> None:
+    """Ranks 0 and 1 see their connections with rank 2 close (rank 0 dialed it, rank 1 too,
+    each seen from its own end); rank 2 stops beating at 0.0: it is lost past
+    NAMED_SILENT_MIN_S, not SILENT_MIN_S, and rank 1, which beats, never is. Rank 2 closing the
+    ones it accepted from 0 and 1 would name it just the same from their side."""
+    for closer in (0, 1):
+        gens = started()
+        for rank in range(3):
+            gens.take(generations.Beat(member(rank), connections=reported(rank)), now=0.0)
+        beat_all(gens, [0, 1], 0.1)
+        gens.take(generations.Beat(member(closer), closed=(gloo_pair(closer, 2)[0],)), now=0.15)
+        now, lost = first_loss(gens, 2)
+        assert lost == [2] and gens.lost[2]["reason"] == "silent after its connection closed"
+        assert now == pytest.approx(0.3)  # past NAMED_SILENT_MIN_S = 0.25
+        assert not gens.suspected, "a connection this rank made is no accepted one"
     gens = started()
     for rank in range(3):
-        gens.take(generations.Beat(member(rank), endpoints=endpoints_of(rank)), now=0.0)
-    beat_all(gens, [0, 1], 0.1)
-    gens.take(generations.Beat(member(0), closed=(("::ffff:10.0.0.1", 40002),)), now=0.15)
-    now, lost = first_loss(gens, 2)
-    assert lost == [2] and gens.lost[2]["reason"] == "silent after its connection closed"
-    assert now == pytest.approx(0.3)  # past NAMED_SILENT_MIN_S = 0.25
-    assert not gens.suspected, "a connection this rank made is no accepted one"
+        gens.take(generations.Beat(member(rank), connections=reported(rank)), now=0.0)
+    gens.take(generations.Beat(member(2), closed=(gloo_pair(0, 2)[1],), suspect=True), now=0.0)  # 2 saw 0's close
+    beat_all(gens, [1, 2], 0.1)
+    now, lost = first_loss_of(gens, [1, 2], 2)
+    assert lost == [0] and now == pytest.approx(0.3)
+
+
+def first_loss_of(gens: Generations, beating: list[int], first_tick: int) -> tuple[float, list[int]]:
+    for tick in range(first_tick, 50):
+        now = tick * 0.1
+        beat_all(gens, beating, now)
+        lost = gens.find_lost(now=now, alive_nodes=None)
+        if lost:
+            return now, [m.rank for m in lost]
+    return now, []
 
 
 def test_a_named_peer_that_keeps_beating_is_never_lost_and_other_closures_name_nobody() -> None:
-    """A closure to rank 1's endpoint while rank 1 beats (it closed a group of its own), one to
-    an address nobody reported, and endpoints of another generation: nobody is lost."""
+    """A closure of rank 0's connection with rank 1 while rank 1 beats (it closed a group of
+    its own), one that nobody reported from the other end (the same address pair reversed
+    only), and connections reported for another generation: nobody is lost."""
     gens = started()
-    gens.take(generations.Beat(member(1), endpoints=endpoints_of(1)), now=0.0)
-    gens.take(generations.Beat(member(2), endpoints=endpoints_of(2, generation=7)), now=0.0)  # stale
-    gens.take(generations.Beat(member(0), closed=(("10.0.0.1", 50001), ("10.0.0.9", 1), ("10.0.0.1", 40002))), 0.0)
+    gens.take(generations.Beat(member(1), connections=reported(1)), now=0.0)
+    gens.take(generations.Beat(member(2), connections=reported(2, generation=7)), now=0.0)  # stale
+    unknown = (("10.0.0.1", 40002), ("10.0.0.9", 1))  # 2's listener, but no connection 2 reported
+    closed = (gloo_pair(0, 1)[0], gloo_pair(0, 2)[0], unknown)
+    gens.take(generations.Beat(member(0), closed=closed), now=0.0)
     for tick in range(1, 20):
         beat_all(gens, [0, 1, 2], tick * 0.1)
         assert gens.find_lost(now=tick * 0.1, alive_nodes=None) == []
-    gens.take(generations.Beat(member(2, "old"), endpoints=endpoints_of(2)), now=2.0)  # not a member
-    assert set(gens.endpoints) == {"a1"}
+    gens.take(generations.Beat(member(2, "old"), connections=reported(2)), now=2.0)  # not a member
+    assert set(gens.connections) == {"a1"}
 
 
 def test_a_beat_crosses_the_wire_as_a_plain_tuple() -> None:
-    beat = generations.Beat(member(1), True, False, (("10.0.0.1", 1),), endpoints_of(1))
+    beat = generations.Beat(member(1), True, False, (gloo_pair(0, 1)[1],), reported(1))
     assert generations.Beat.from_wire(beat.to_wire()) == beat
     assert generations.Beat.from_wire(generations.Beat(member(0)).to_wire()) == generations.Beat(member(0))
 
 
-def test_a_new_generation_forgets_the_closures_and_endpoints_of_the_one_before() -> None:
+def test_a_new_generation_forgets_the_closures_and_connections_of_the_one_before() -> None:
     gens = started()
-    gens.take(generations.Beat(member(2), endpoints=endpoints_of(2)), now=0.0)
-    gens.take(generations.Beat(member(0), closed=(("10.0.0.1", 40002),)), now=0.1)
-    assert gens.closed and gens.endpoints
+    gens.take(generations.Beat(member(2), connections=reported(2)), now=0.0)
+    gens.take(generations.Beat(member(0), closed=(gloo_pair(0, 2)[0],)), now=0.1)
+    assert gens.closed and gens.connections
     for rank in range(3):
         gens.join(member(rank), now=0.2)
     gens.form(now=0.2)
-    assert not gens.closed and not gens.endpoints
+    assert not gens.closed and not gens.connections
 
 
 def test_a_coordinator_that_stalls_and_takes_a_backlog_of_beats_finds_nobody_silent() -> None:

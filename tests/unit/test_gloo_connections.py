@@ -138,6 +138,7 @@ def test_a_listener_opened_after_the_baseline_is_taken_for_gloos() -> None:
 def test_a_watch_sees_an_accepted_connection_closed_by_its_peer_without_reading_it() -> None:
     """What a survivor's heartbeat polls: nothing while the peer is connected (even with bytes
     waiting), closed once the peer's end goes away; the waiting byte is still there to read."""
+    from ray_ckpt.core.generations import address
     from ray_ckpt.train.gloo_connections import Closures, GlooConnections
 
     connections = GlooConnections()
@@ -150,12 +151,12 @@ def test_a_watch_sees_an_accepted_connection_closed_by_its_peer_without_reading_
             client.sendall(b"z")
             time.sleep(0.05)
             assert watch.closures() == Closures()
-            remote = client.getsockname()
+            seen_here = (address(*accepted.getsockname()), address(*accepted.getpeername()))
             client.close()  # as a dying process's kernel closes it
             deadline = time.monotonic() + 5
             while not watch.closures().accepted and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert watch.closures().accepted and remote in watch.closures().remotes
+            assert watch.closures().accepted and seen_here in watch.closures().connections
             assert accepted.recv(1) == b"z"
 
 
@@ -166,21 +167,20 @@ def test_a_watch_over_a_descriptor_closed_here_says_closed() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
         accepted, _ = server.accept()
-        watch = ConnectionWatch(
-            {accepted.fileno(): (("127.0.0.1", 1), True), client.fileno(): (("127.0.0.1", 2), False)}
-        )
+        one, two = (("127.0.0.1", 1), ("127.0.0.1", 2)), (("127.0.0.1", 2), ("127.0.0.1", 1))
+        watch = ConnectionWatch({accepted.fileno(): (one, True), client.fileno(): (two, False)})
         assert watch.closures() == Closures()
         accepted.close()  # gone here; its peer, the client, sees the end of stream too
-        assert watch.closures().accepted and ("127.0.0.1", 1) in watch.closures().remotes
+        assert watch.closures().accepted and one in watch.closures().connections
         client.close()
-        assert watch.closures() == Closures(True, (("127.0.0.1", 1), ("127.0.0.1", 2)))
+        assert watch.closures() == Closures(True, (one, two))
     assert ConnectionWatch({}).closures() == Closures()
 
 
-def test_a_connection_made_since_is_watched_and_its_local_address_is_an_endpoint_but_an_older_one_is_not() -> None:
+def test_a_connection_made_since_is_watched_and_reported_but_an_older_one_is_not() -> None:
     """A connection this process dialed after the baseline (as gloo dials its peers' listeners)
-    is watched, named by the address it goes to, and its local address is one of this
-    process's endpoints (a peer that accepted it names this process by it); older ones are not."""
+    is watched and reported as (local, remote): the peer that accepted it names this process by
+    it; older ones are neither."""
     from ray_ckpt.core.generations import address
     from ray_ckpt.train.gloo_connections import GlooConnections
 
@@ -190,22 +190,23 @@ def test_a_connection_made_since_is_watched_and_its_local_address_is_an_endpoint
         dialed = socket.create_connection(server.getsockname())
         ends = [server.accept()[0] for _ in range(2)]
         watch = connections.watch()
+        seen_here = (address(*dialed.getsockname()), address(*dialed.getpeername()))
         assert dialed.fileno() in watch.fds and older.fileno() not in watch.fds
-        assert address(*dialed.getsockname()) in watch.endpoints
-        assert address(*older.getsockname()) not in watch.endpoints
+        assert seen_here in watch.connections
+        assert (address(*older.getsockname()), address(*older.getpeername())) not in watch.connections
         peer = next(end for end in ends if end.getpeername() == dialed.getsockname())
         peer.close()
         deadline = time.monotonic() + 5
-        while not watch.closures().remotes and time.monotonic() < deadline:
+        while seen_here not in watch.closures().connections and time.monotonic() < deadline:
             time.sleep(0.01)
         closures = watch.closures()  # the end closed here (as gloo closes its own) is a connection made since too
-        assert not closures.accepted and address(*server.getsockname()) in closures.remotes
+        assert not closures.accepted and seen_here in closures.connections
         for sock in [older, dialed, *ends]:
             sock.close()
 
 
 def _watching_rank(rank: int, port: int, results: Any) -> None:
-    """A gloo rank that reports its endpoints, then, once a peer is killed, what its watch saw."""
+    """A gloo rank that reports its connections, then, once a peer is killed, what its watch saw."""
     import torch.distributed as dist
 
     from ray_ckpt.train.gloo_connections import GlooConnections
@@ -213,19 +214,19 @@ def _watching_rank(rank: int, port: int, results: Any) -> None:
     connections = GlooConnections()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
     watch = connections.watch(store_ports=[port])
-    results.put((rank, "endpoints", watch.endpoints))
+    results.put((rank, "connections", watch.connections))
     deadline = time.monotonic() + 60
-    while not watch.closures().remotes and time.monotonic() < deadline:
+    while not watch.closures().connections and time.monotonic() < deadline:
         time.sleep(0.01)
     results.put((rank, "closures", watch.closures()))
     _end(results)
 
 
-def test_every_survivor_of_a_killed_gloo_rank_sees_a_closed_connection_to_one_of_its_endpoints() -> None:
+def test_every_survivor_of_a_killed_gloo_rank_sees_a_connection_close_whose_other_end_it_reported() -> None:
     """Three real gloo ranks; rank 1 is killed. Each survivor's pair with it was accepted on
-    one side and dialed on the other (by the order of the listeners' ports), and either way
-    the remote address of the connection the survivor saw close is one of the dead rank's
-    reported endpoints: the run can name the dead rank from any survivor's report."""
+    one side and dialed on the other (by the order of the listeners' ports); either way the
+    connection the survivor saw close is one the dead rank reported, seen from the other end,
+    and none the live peer reported: the run can name the dead rank from any survivor's report."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     with socket.socket() as probe:
@@ -235,10 +236,10 @@ def test_every_survivor_of_a_killed_gloo_rank_sees_a_closed_connection_to_one_of
     for process in ranks:
         process.start()
     try:
-        endpoints = {}
+        reported = {}
         for _ in range(3):
-            rank, _, reported = results.get(timeout=120)
-            endpoints[rank] = set(reported)
+            rank, _, theirs = results.get(timeout=120)
+            reported[rank] = set(theirs)
         ranks[1].kill()
         closures = {}
         for _ in range(2):
@@ -251,5 +252,6 @@ def test_every_survivor_of_a_killed_gloo_rank_sees_a_closed_connection_to_one_of
                 process.kill()
     assert sorted(closures) == [0, 2], closures
     for rank, seen in closures.items():
-        assert set(seen.remotes) & endpoints[1], (rank, seen, endpoints)
-        assert not set(seen.remotes) & endpoints[2 - rank], (rank, seen, endpoints)  # the live peer is not named
+        other_end = {(remote, local) for local, remote in seen.connections}
+        assert other_end & reported[1], (rank, seen, reported)
+        assert not other_end & reported[2 - rank], (rank, seen, reported)  # the live peer is not named

@@ -2,8 +2,8 @@
 interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
 orders, late beats, beats taken in batches of 1-5 (``beat_many``: the stores merge them on the
 way up), coordinator stalls that deliver a backlog at once, closed-connection
-reports (of an accepted connection, naming nobody, or of one to a member's endpoint, naming that
-member, live or dead), process deaths, node deaths, dying members that join, finished functions and rounds,
+reports (of an accepted connection, naming nobody, or of one whose other end a member reported,
+naming that member, live or dead), process deaths, node deaths, dying members that join, finished functions and rounds,
 and checks after every event:
 
 - safety: with nobody dead, a member that is alive and beats is never lost unless it was silent
@@ -46,7 +46,7 @@ class LossDetection(RuleBasedStateMachine):
         ]
         for member in self.members:
             assert self.gens.register(member, number, now=self.now)
-            self.gens.take(Beat(member, endpoints=(number, (self._endpoint(member.rank),))), now=self.now)
+            self.gens.take(Beat(member, connections=(number, (self._connection(member.rank),))), now=self.now)
         self.dead: dict[int, float] = {}  # rank -> when it died
         self.dead_nodes: set[str] = set()
         self.finished: set[int] = set()
@@ -71,8 +71,9 @@ class LossDetection(RuleBasedStateMachine):
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
 
     @staticmethod
-    def _endpoint(rank: int) -> tuple[str, int]:
-        return ("10.0.0.1", 40000 + rank)
+    def _connection(rank: int) -> generations.Connection:
+        """A connection of member ``rank`` (to some peer), as it reports it."""
+        return (("10.0.0.1", 40000 + rank), ("10.0.0.2", 50000 + rank))
 
     def _send(self, beat: Beat, call: str = "beat") -> None:
         """A call reaches the coordinator's queue; taken at once unless it is stalled."""
@@ -160,7 +161,7 @@ class LossDetection(RuleBasedStateMachine):
     @rule(index=st.integers(0, 4), accepted=st.booleans(), named=st.none() | st.integers(0, 4))
     def report_closed(self, index: int, accepted: bool, named: int | None) -> None:
         """A live member saw one of its connections close: one it accepted on a gloo listener
-        (naming nobody), or one to the endpoint of member ``named``; a dead peer's, one a
+        (naming nobody), or one whose other end member ``named`` reported; a dead peer's, one a
         finished peer closed, or (the worst case for safety) a live peer's."""
         rank = self._beating()[index % len(self._beating())]
         if not accepted and named is None:
@@ -168,16 +169,17 @@ class LossDetection(RuleBasedStateMachine):
         self.reported_at = self.now if self.reported_at is None else self.reported_at
         if accepted:
             self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
-        closed: tuple[tuple[str, int], ...] = ()
+        closed: tuple[generations.Connection, ...] = ()
         if named is not None and named < len(self.members):
             self.named_at.setdefault(named, self.now)
-            closed = (self._endpoint(named),)
+            local, remote = self._connection(named)
+            closed = ((remote, local),)  # seen from the other end
         self._send(Beat(self.members[rank], suspect=accepted, closed=closed))
 
     @precondition(lambda self: bool(self.dead) and bool(self._beating()))
     @rule(index=st.integers(0, 4), dead=st.integers(0, 4))
     def report_a_dead_peers_connection_closed(self, index: int, dead: int) -> None:
-        """What a dead process's survivors see most: their connection to its endpoint closed."""
+        """What a dead process's survivors see most: their connection with it closed."""
         ranks = sorted(self.dead)
         self.report_closed(index, accepted=False, named=ranks[dead % len(ranks)])
 
