@@ -314,21 +314,25 @@ class Generations:
 
     def take(self, beat: Beat, now: float) -> None:
         """A heartbeat: ``beat.suspect``, ``closed`` and ``connections`` count only from a
-        member of the current generation (``connections`` only for that generation);
-        ``orphaned`` makes the member lost."""
+        member of the current generation (``connections`` only for that generation; closures
+        only before a member is lost or a round opens, and a closed accepted connection that
+        names a member is no ``suspect``); ``orphaned`` makes the member lost."""
         member = beat.member
         self.beats[member.incarnation] = (now, member)
         self._tick(now)
         self.beat_count += 1
         self.beat_seen[member.incarnation] = (self.beat_count, self.clock)
         if self._in_current(member):
-            self.suspected = self.suspected or beat.suspect
-            self.closed.update((address(*remote), address(*local)) for local, remote in beat.closed)
             reported = beat.connections
             if reported is not None and self.current is not None and reported[0] == self.current.number:
                 self.connections[member.incarnation] = frozenset(
                     (address(*local), address(*remote)) for local, remote in reported[1]
                 )
+            if not self.recovering():  # once it fails, its members close their connections as they leave
+                closed = {(address(*remote), address(*local)) for local, remote in beat.closed}
+                self.closed |= closed
+                named = any(not closed.isdisjoint(theirs) for theirs in self.connections.values())
+                self.suspected = self.suspected or (beat.suspect and not named)
         orphaned = beat.orphaned
         if orphaned:
             self._doom(member)

@@ -5,11 +5,11 @@ runs the function and, when it fails because a peer is gone (``is_peer_failure``
 failed generation down (abandons its checkpointers, shuts its gloo connections, destroys its
 process group), joins the next generation at the run's coordinator with a fresh TCP store, and
 runs the function again in the same process, until the ``RecoveryBudget`` says the error is the
-job's own. A thread beats to the coordinator meanwhile (telling it when a gloo connection of the
-generation closed, or when this process's raylet is gone), and when the coordinator says a peer
-of the generation is lost, it makes this rank's collectives fail and raises ``PeerLost`` into
-the training function (``ray_ckpt.train.interrupts``), so neither a long compute nor a blocked
-collective holds the recovery up.
+job's own. A thread beats to the coordinator meanwhile (reporting this process's connections
+once per generation, those it saw close, and when its raylet is gone), and when the coordinator
+says a peer of the generation is lost, it makes this rank's collectives fail and raises
+``PeerLost`` into the training function (``ray_ckpt.train.interrupts``), so neither a long
+compute nor a blocked collective holds the recovery up.
 
 ``warm_up`` is the setup hook of the run's worker processes, warm spares included (its public
 name is ``ray_ckpt.train.inplace.warm_up``, ``WARM_HOOK``); ``_become`` is what the controller's

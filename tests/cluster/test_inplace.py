@@ -417,6 +417,33 @@ def test_a_survivor_lost_while_it_waits_falls_back_to_new_workers_that_restore_f
     assert report["bit_exact"]
 
 
+def test_a_crashed_worker_is_named_by_the_connection_its_peers_saw_close(cluster: Any) -> None:
+    """3 ranks; step 6 computes for 10 s first (times the machine's pace). Half a second after
+    step 5 committed (every rank is in that compute, in no collective), rank 1's worker process
+    is killed (SIGKILL; its node lives, so no raylet goes and Ray's node table says nothing).
+    Each survivor holds one end of a gloo pair with it, dialed or accepted, and sees it close:
+    the coordinator names rank 1 by that connection ("silent after its connection closed", not
+    the half-second "silent after a closed connection" nor the 3 s "silent"), the survivors are
+    interrupted, keep their processes, and the job ends bit-identical."""
+    example = cluster[1]
+
+    def faults(events: str) -> None:
+        example.wait_committed("crash", 5)
+        time.sleep(0.5)
+        pid = next(r["pid"] for r in example.read_restores(events) if r["rank"] == 1)
+        os.kill(pid, signal.SIGKILL)
+
+    report = run_with(cluster, "crash", 3, faults, {}, compute_step=6, compute_s=pace.bound(COMPUTE_S))
+    first, second = by_attempt(report["restores"])[:2]
+    assert second[0]["pid"] == first[0]["pid"] and second[2]["pid"] == first[2]["pid"]
+    assert second[1]["pid"] != first[1]["pid"]
+    survivors = [e for e in report["rejoins"] if e["role"] == "survivor" and e["generation"] == 2]
+    assert sorted(e["rank"] for e in survivors) == [0, 2], report["rejoins"]
+    lost = [e["lost"] for e in survivors]
+    assert all(found == [[1, "silent after its connection closed"]] for found in lost), lost
+    assert report["bit_exact"]
+
+
 def test_a_hung_peer_is_killed_within_the_bound_and_recovered_in_place(cluster: Any, clusters: InPlaceClusters) -> None:
     """Rank 1's worker is stopped with SIGSTOP after step 4: once silent for hang_timeout_s it
     is killed (within hang_timeout_s plus the watcher's tick and a kill task on its node, which

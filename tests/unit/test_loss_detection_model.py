@@ -75,6 +75,11 @@ class LossDetection(RuleBasedStateMachine):
         """A connection of member ``rank`` (to some peer), as it reports it."""
         return (("10.0.0.1", 40000 + rank), ("10.0.0.2", 50000 + rank))
 
+    @property
+    def named_by(self) -> dict[tuple[str, int], int]:
+        """Member by the peer's end of its connection (what a closure report names it by)."""
+        return {self._connection(rank)[1]: rank for rank in range(len(self.members))}
+
     def _send(self, beat: Beat, call: str = "beat") -> None:
         """A call reaches the coordinator's queue; taken at once unless it is stalled."""
         self.backlog.append((call, beat))
@@ -105,6 +110,12 @@ class LossDetection(RuleBasedStateMachine):
     def _take_beats(self, beats: list[Beat]) -> None:
         if not beats:
             return
+        if not self.gens.recovering():  # closures count until the generation fails (no join splits a batch)
+            for beat in beats:
+                if beat.suspect and not beat.closed:
+                    self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
+                for local, _ in beat.closed:  # seen from the other end: ``local`` is the named member's peer
+                    self.named_at.setdefault(self.named_by[local], self.now)
         leave = self.gens.beat_many(beats, self.now, None)
         for beat in beats:
             if beat.orphaned:
@@ -167,11 +178,8 @@ class LossDetection(RuleBasedStateMachine):
         if not accepted and named is None:
             return
         self.reported_at = self.now if self.reported_at is None else self.reported_at
-        if accepted:
-            self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
         closed: tuple[generations.Connection, ...] = ()
         if named is not None and named < len(self.members):
-            self.named_at.setdefault(named, self.now)
             local, remote = self._connection(named)
             closed = ((remote, local),)  # seen from the other end
         self._send(Beat(self.members[rank], suspect=accepted, closed=closed))
