@@ -228,29 +228,23 @@ def test_every_survivor_of_a_killed_gloo_rank_sees_a_connection_close_whose_othe
     connection the survivor saw close is one the dead rank reported, seen from the other end,
     and none the live peer reported: the run can name the dead rank from any survivor's report."""
     context = multiprocessing.get_context("spawn")
-    results = context.Queue()
+    # a queue per rank: a rank killed inside a put would hold a shared queue's lock for good
+    queues = [context.Queue() for _ in range(3)]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    ranks = [context.Process(target=_watching_rank, args=(rank, port, results)) for rank in range(3)]
+    ranks = [context.Process(target=_watching_rank, args=(rank, port, queues[rank])) for rank in range(3)]
     for process in ranks:
         process.start()
     try:
-        reported = {}
-        for _ in range(3):
-            rank, _, theirs = results.get(timeout=120)
-            reported[rank] = set(theirs)
+        reported = {rank: set(queues[rank].get(timeout=120)[2]) for rank in range(3)}
         ranks[1].kill()
-        closures = {}
-        for _ in range(2):
-            rank, _, seen = results.get(timeout=60)
-            closures[rank] = seen
+        closures = {rank: queues[rank].get(timeout=60)[2] for rank in (0, 2)}
     finally:
         for process in ranks:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-    assert sorted(closures) == [0, 2], closures
     for rank, seen in closures.items():
         other_end = {(remote, local) for local, remote in seen.connections}
         assert other_end & reported[1], (rank, seen, reported)
