@@ -263,12 +263,10 @@ class Generations:
         self.beat_count = 0  # beats taken so far; ``beat_seen`` holds each member's count and clock at its last
         self.beat_seen: dict[str, tuple[int, float]] = {}
         self.suspected = False  # a member saw a gloo connection close in the current generation
-        self.closed: set[Connection] = (
-            set()
-        )  # the current generation's closed connections, as their other end sees them
-        self.connections: dict[
-            str, frozenset[Connection]
-        ] = {}  # incarnation -> its connections in the current generation
+        # the current generation's closed connections as their other end sees them, and each
+        # member's connections (by incarnation) as it reported them
+        self.closed: set[Connection] = set()
+        self.connections: dict[str, frozenset[Connection]] = {}
         self.lost: dict[int, dict[str, Any]] = {}  # the current generation's lost ranks: how, when
         self.finished: set[str] = set()  # incarnations whose training function returned
         self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
