@@ -329,8 +329,8 @@ class Generations:
             if not self.recovering():  # once it fails, its members close their connections as they leave
                 closed = {(address(*remote), address(*local)) for local, remote in beat.closed}
                 self.closed |= closed
-                named = any(not closed.isdisjoint(theirs) for theirs in self.connections.values())
-                self.suspected = self.suspected or (beat.suspect and not named)
+                if beat.suspect and not self.suspected:
+                    self.suspected = all(closed.isdisjoint(theirs) for theirs in self.connections.values())
         orphaned = beat.orphaned
         if orphaned:
             self._doom(member)
