@@ -176,11 +176,11 @@ def test_a_member_on_a_dead_node_is_lost_and_everyone_else_must_leave() -> None:
     assert not gens.must_leave(member(2, "b")), "a replacement is no member of the generation"
 
 
-def first_loss(gens: Generations, first_tick: int) -> tuple[float, list[int]]:
-    """Ranks 0 and 1 beat every 0.1 s from ``first_tick``; when the first loss is found, and whose."""
+def first_loss(gens: Generations, first_tick: int, beating: tuple[int, ...] = (0, 1)) -> tuple[float, list[int]]:
+    """The ``beating`` ranks beat every 0.1 s from ``first_tick``; when the first loss is found, and whose."""
     for tick in range(first_tick, 50):
         now = tick * 0.1
-        beat_all(gens, [0, 1], now)
+        beat_all(gens, list(beating), now)
         lost = gens.find_lost(now=now, alive_nodes=None)
         if lost:
             return now, [m.rank for m in lost]
@@ -237,18 +237,8 @@ def test_a_closed_connection_names_the_peer_that_reported_its_other_end_lost_aft
         gens.take(generations.Beat(member(rank), connections=reported(rank)), now=0.0)
     gens.take(generations.Beat(member(2), closed=(gloo_pair(0, 2)[1],), suspect=True), now=0.0)  # 2 saw 0's close
     beat_all(gens, [1, 2], 0.1)
-    now, lost = first_loss_of(gens, [1, 2], 2)
+    now, lost = first_loss(gens, 2, beating=(1, 2))
     assert lost == [0] and now == pytest.approx(0.3)
-
-
-def first_loss_of(gens: Generations, beating: list[int], first_tick: int) -> tuple[float, list[int]]:
-    for tick in range(first_tick, 50):
-        now = tick * 0.1
-        beat_all(gens, beating, now)
-        lost = gens.find_lost(now=now, alive_nodes=None)
-        if lost:
-            return now, [m.rank for m in lost]
-    return now, []
 
 
 def test_a_named_peer_that_keeps_beating_is_never_lost_and_other_closures_name_nobody() -> None:
