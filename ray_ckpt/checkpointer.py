@@ -371,8 +371,10 @@ class Checkpointer(WithIdentity):
         and there is no ``into``, or the state holds no DTensors (per-rank state cannot be
         resharded; nothing is lost: the step stays restorable at its own size);
         InsufficientShardsError when a committed step can no longer be rebuilt and no backup
-        exists. A failed restore is recorded as a failed recovery (a ``restore`` event with
-        ``error``); a ``step`` that is not an int in [0, 2**63) is a ConfigError, not recorded."""
+        exists; ShardsUnreachableError when stores that are alive did not answer in time (the
+        step is kept: restarting the attempt reads it again). A failed restore is recorded as
+        a failed recovery (a ``restore`` event with ``error``); a ``step`` that is not an int
+        in [0, 2**63) is a ConfigError, not recorded."""
         self._check_open()
         if step is not None:
             check_step(step)

@@ -46,12 +46,25 @@ class InsufficientShardsError(RayCkptError):
     """Fewer than k valid shards survive: the payload cannot be rebuilt from memory."""
 
 
+class ShardsUnreachableError(RayCkptError):
+    """Too few shards answered in time, but enough may still exist: stores that are alive did
+    not answer (paused, swapping, overloaded) or failed a call. Transient: the step is not given
+    up and stays restorable; the next attempt reads it again. Only ``InsufficientShardsError``
+    (fewer than k shards that exist and are intact) gives a step up."""
+
+
 class CorruptShardError(RayCkptError):
     """A shard's bytes do not match its checksum (treated as an erasure by restore)."""
 
 
 class SnapshotFormatError(RayCkptError, ValueError):
     """A snapshot header or payload is malformed, truncated or of an unknown version."""
+
+
+class DcpMetadataError(SnapshotFormatError):
+    """A DCP step's metadata in peer memory is malformed: not ray_ckpt's msgpack encoding of
+    it, of an unknown version, or with an unknown type tag or a field of the wrong type
+    (``ray_ckpt.integrations.dcp_metadata``). Nothing of it was unpickled; load another step."""
 
 
 class UnsupportedLeafError(RayCkptError, TypeError):

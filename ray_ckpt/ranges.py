@@ -23,7 +23,7 @@ import numpy as np
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
-from ray_ckpt.errors import InsufficientShardsError
+from ray_ckpt.errors import InsufficientShardsError, ShardsUnreachableError
 from ray_ckpt.transport.direct_reads import Landing
 
 Ranges = list[tuple[int, int]]
@@ -120,7 +120,7 @@ class RangeReader:
             return None
         address = ShardAddress.local_copy(self.job, self.step, self.rank, writer=self.record.first.writer)
         found = self._fetch({0: (self.node_id, address, ranges, Landing(meta.checksum, targets))}).get(0)
-        if found is None or not self._usable(found, meta):
+        if found is None or found is _UNANSWERED or not self._usable(found, meta):
             return None
         self.fetched_bytes += sum(stop - start for start, stop in ranges)
         return [_put(piece, target) for piece, target in zip(found[2], targets, strict=True)]
@@ -137,28 +137,49 @@ class RangeReader:
         got: dict[int, list[np.ndarray]] = {}
         for index, wanted in pieces.items():
             answer = found.get(index)
-            if answer is not None and self._usable(answer, self.record.metas[index]):
+            if answer is not None and answer is not _UNANSWERED and self._usable(answer, self.record.metas[index]):
                 got[index] = list(answer[2])
                 self.fetched_bytes += sum(stop - start for start, stop in wanted)
             else:
-                got[index] = self._decode(index, wanted, live)
+                got[index] = self._decode(index, wanted, live, unanswered=answer is _UNANSWERED)
             got[index] = [_put(piece, target) for piece, target in zip(got[index], landing[index], strict=True)]
         return got
 
-    def _decode(self, lost: int, wanted: Ranges, live: set[str]) -> list[np.ndarray]:
+    def _decode(self, lost: int, wanted: Ranges, live: set[str], *, unanswered: bool = False) -> list[np.ndarray]:
         """The ``wanted`` ranges of data shard ``lost``, decoded from the same positions of k
-        other shards."""
+        other shards (``unanswered``: ``lost``'s own store is alive but did not answer). Fewer
+        than k: ShardsUnreachableError when stores that did not answer could make up k (the step
+        is not proven lost), else InsufficientShardsError."""
         k = self.record.data_shards
         candidates = [i for i in sorted(self.record.metas) if i != lost and self.record.nodes[i] in live]
         valid: dict[int, np.ndarray] = {}
+        silent = {lost} if unanswered else set()
         while candidates and len(valid) < k:
             batch, candidates = candidates[: k - len(valid)], candidates[k - len(valid) :]
             found = self._fetch({i: (self.record.nodes[i], self._address(i), wanted, None) for i in batch})
             for index in batch:
                 answer = found.get(index)
-                if answer is not None and self._usable(answer, self.record.metas[index]):
+                if answer is _UNANSWERED:
+                    silent.add(index)
+                elif answer is not None and self._usable(answer, self.record.metas[index]):
                     valid[index] = np.concatenate(answer[2]) if answer[2] else np.empty(0, np.uint8)
                     self.fetched_bytes += sum(stop - start for start, stop in wanted)
+        if len(valid) < k and silent:
+            still = self.source.live({self.record.nodes[i] for i in silent})
+            silent = {i for i in silent if self.record.nodes[i] in still}
+        if len(valid) < k and len(valid) + len(silent) >= k:
+            raise ShardsUnreachableError(
+                f"job {self.job!r} rank {self.rank} step {self.step}: data shard {lost} could not be read and "
+                f"only {len(valid)} of the {k} shards needed to decode its bytes answered; the stores of "
+                f"shards {sorted(silent)} are alive but did not answer in time. The step is kept: the next "
+                "attempt reads it again (raise RAY_CKPT_PEER_TIMEOUT_S for stores that pause longer)",
+                job=self.job,
+                rank=self.rank,
+                step=self.step,
+                unanswered=sorted(silent),
+                needed=k,
+                available=len(valid),
+            )
         if len(valid) < k:
             raise InsufficientShardsError(
                 f"job {self.job!r} rank {self.rank} step {self.step}: data shard {lost} is lost and only "
@@ -183,7 +204,9 @@ class RangeReader:
         return ShardAddress(self.job, self.step, self.rank, index, writer=self.record.first.writer)
 
     def _fetch(self, asks: dict[int, Ask]) -> dict[int, Any]:
-        """Answers by key (None for a failed or unanswered call), all asked at once."""
+        """Answers by key, all asked at once: None where the store has no live handle or
+        answered that it holds nothing, ``_UNANSWERED`` where its call failed or did not end in
+        time (a store that is slow, not proven dead)."""
         futures: dict[int, Future[Any]] = {}
         for key, (node_id, address, ranges, into) in asks.items():
             try:
@@ -195,8 +218,8 @@ class RangeReader:
         for key, future in futures.items():
             try:
                 answers[key] = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception:  # a dead or slow store is an erasure
-                answers[key] = None
+            except Exception:  # a dead or slow store is an erasure for this read
+                answers[key] = _UNANSWERED
         return answers
 
     @staticmethod
@@ -206,6 +229,9 @@ class RangeReader:
             return bool(intact) and ShardMeta.from_dict(meta) == expected
         except Exception:
             return False
+
+
+_UNANSWERED: Any = object()  # ``RangeReader._fetch``'s answer for a call that failed or did not end in time
 
 
 def _put(piece: np.ndarray, target: np.ndarray | None) -> np.ndarray:

@@ -36,7 +36,16 @@ from ray_ckpt.core.events import RestoreSource
 from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta, check_step
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
-from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, RayCkptError
+from ray_ckpt.errors import (
+    ConfigError,
+    CorruptShardError,
+    InsufficientShardsError,
+    LayoutChangedError,
+    RayCkptError,
+    ShardMismatchError,
+    ShardsUnreachableError,
+    SnapshotFormatError,
+)
 from ray_ckpt.ranges import RangeReader, RangeSource
 
 logger = logging.getLogger(__name__)
@@ -132,8 +141,11 @@ def fetch_shards(
     candidate is fetched instead. Data shards land in their place in the output buffer
     (``buffer``'s result): a direct read receives them there and they are checked in place (one
     that fails its check is rebuilt there by the decode), others are copied in as they arrive.
-    Returns (shards by index, lost index -> reason); InsufficientShardsError, naming rank,
-    step and lost shards, if fewer than k are valid."""
+    Returns (shards by index, lost index -> reason). Fewer than k valid: InsufficientShardsError
+    (naming rank, step and lost shards) only when that is proven, that is when more than m shards
+    are gone for good (their node has no live store, the store answered that it no longer holds
+    them, or their bytes fail their checks); when shards whose live store did not answer in time
+    or failed a call could still make up k, ShardsUnreachableError: a slow store is no dead one."""
     k, shard_size = record.data_shards, record.shard_size
     live = source.live(set(record.nodes.values()))
     lost: dict[int, str] = {}
@@ -154,20 +166,24 @@ def fetch_shards(
             into = functools.partial(_slot, buffer, index, shard_size) if index < k else None
             pending[source.get(record.nodes[index], address, into)] = index
 
+    unanswered: set[int] = set()  # lost for this read only: their store is alive but did not serve them
+
     launch()
     while pending and len(valid) < k:
         done, _ = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
         if not done:
             for index in pending.values():
                 lost[index] = "store did not answer in time"
+                unanswered.add(index)
             pending.clear()
             break
         for future in done:
             index = pending.pop(future)
             try:
                 found = future.result()
-            except Exception as error:  # a failed store call is an erasure
+            except Exception as error:  # a failed store call is an erasure for this read
                 lost[index] = f"store failed: {type(error).__name__}"
+                unanswered.add(index)
                 continue
             reason = check_shard(found, record.metas[index])
             if reason is not None:
@@ -181,6 +197,24 @@ def fetch_shards(
                 valid[index] = found[1]  # type: ignore[index]
         launch()
     if len(valid) < k:
+        unanswered &= set(lost)
+        if unanswered:  # the stores that did not serve are gone for good only if Ray no longer lists them
+            still = source.live({record.nodes[index] for index in unanswered})
+            unanswered = {index for index in unanswered if record.nodes[index] in still}
+        untried = len(candidates)  # never asked: as good as the unanswered ones
+        if len(valid) + len(unanswered) + untried >= k:
+            raise ShardsUnreachableError(
+                f"job {job!r} rank {rank} step {step}: only {len(valid)} of the {k} shards needed were read, "
+                f"but the stores of shards {sorted(unanswered)} are alive and did not answer within "
+                f"{timeout_s:g}s or failed a call (lost shards {dict(sorted(lost.items()))}). The step is kept: "
+                "the next attempt reads it again (raise RAY_CKPT_PEER_TIMEOUT_S for stores that pause longer)",
+                job=job,
+                rank=rank,
+                step=step,
+                unanswered=sorted(unanswered),
+                needed=k,
+                available=len(valid),
+            )
         raise InsufficientShardsError(
             f"job {job!r} rank {rank} step {step}: only {len(valid)} of the {k} shards needed survive; "
             f"lost shards {dict(sorted(lost.items()))}. More than parity_shards={len(record.metas) - k} "
@@ -193,6 +227,19 @@ def fetch_shards(
             available=len(valid),
         )
     return valid, lost
+
+
+PROOF_OF_LOSS: tuple[type[BaseException], ...] = (
+    InsufficientShardsError,
+    CorruptShardError,
+    ShardMismatchError,
+    SnapshotFormatError,
+)
+"""The errors that prove a committed step cannot be rebuilt by this rank (too few intact shards
+exist, or intact shards whose bytes do not decode or load), the only ones for which a restore
+gives the step up (``Registry.mark_unrestorable``). Every other error fails the attempt and
+leaves the step restorable: ``ShardsUnreachableError`` (slow or paused stores), MemoryError,
+timeouts and the like."""
 
 
 def _slot(buffer: Future[np.ndarray], index: int, shard_size: int) -> np.ndarray:
@@ -256,11 +303,24 @@ class Restorer(WithIdentity):
                     restored = self._from_memory(plan.step, self._record(located, plan.step), t0, read)
             except ConfigError:
                 raise  # the caller's state or world size, not the step: it stays restorable
-            except Exception:
-                # this rank cannot rebuild the step every rank agreed on (too few shards, bytes
-                # that do not decode or load): make sure no later plan picks it, then fail this
-                # attempt so all ranks restart and agree anew
+            except PROOF_OF_LOSS:
+                # proven: this rank cannot rebuild the step every rank agreed on (fewer than k
+                # shards exist intact, or intact bytes that do not decode or load): make sure no
+                # later plan picks it, then fail this attempt so all ranks restart and agree anew
                 self.registry.mark_unrestorable(self.job, plan.step)
+                raise
+            except Exception as error:
+                # anything else (a store that did not answer, memory short while old workers
+                # exit, a timeout on a loaded node) proves nothing about the step: fail this
+                # attempt and leave the step as it is, for the next attempt to read again
+                logger.warning(
+                    "job %r rank %d: restoring step %d failed (%s: %s); the step is kept for the next attempt",
+                    self.job,
+                    self.rank,
+                    plan.step,
+                    type(error).__name__,
+                    error,
+                )
                 raise
             if plan.newest_committed is not None and plan.step < plan.newest_committed:
                 # an older kept step: forget the newer, unrebuildable ones so training can save

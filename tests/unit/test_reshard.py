@@ -28,7 +28,7 @@ from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
-from ray_ckpt.errors import ConfigError, LayoutChangedError
+from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, ShardsUnreachableError
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer, load
 
@@ -86,6 +86,7 @@ class FileStores:
         self.records: dict[int, RankRecord] = {}
         self.held: dict[tuple[str, int], tuple[ShardMeta, np.ndarray]] = {}
         self.dead = set(dead)
+        self.silent: set[str] = set()  # alive, but their calls never end
         code = ReedSolomon(K, M)
         for rank in range(OLD):
             body = np.frombuffer((folder / f"old-{rank}.bin").read_bytes(), dtype=np.uint8)
@@ -111,6 +112,8 @@ class FileStores:
     def get_ranges(self, node_id: str, address: ShardAddress, ranges: Any, into: Any = None) -> Future[Any]:
         """Like a direct read: pieces land ``into`` its arrays when the shard is intact."""
         future: Future[Any] = Future()
+        if node_id in self.silent:
+            return future
         meta, shard = self.held[(node_id, address.rank)]
         intact = checksum(shard) == meta.checksum
         pieces = [shard[a:b] for a, b in ranges]
@@ -122,9 +125,9 @@ class FileStores:
         future.set_result((meta.to_dict(), intact, pieces))
         return future
 
-    def readers(self) -> list[RangeReader]:
+    def readers(self, timeout_s: float = 5.0) -> list[RangeReader]:
         return [
-            RangeReader(self, self.records[r], job="j", step=3, rank=r, node_id="here", timeout_s=lambda: 5.0)
+            RangeReader(self, self.records[r], job="j", step=3, rank=r, node_id="here", timeout_s=lambda: timeout_s)
             for r in range(OLD)
         ]
 
@@ -243,3 +246,19 @@ def test_a_range_spanning_data_shards_and_a_lost_shard_decode_only_the_positions
     assert reader.fetched_bytes == 2 * (10 + 20) + 120 + 1
     with pytest.raises(ValueError, match="outside"):
         reader.read([(0, 1001)])
+
+
+def test_a_ranged_read_from_stores_that_do_not_answer_is_transient_not_a_loss(tmp_path: pathlib.Path) -> None:
+    """Two of rank 0's three stores paused (alive, silent): a ranged read cannot be served, but
+    the error is ShardsUnreachableError (the step is not proven lost); the same stores dead is
+    InsufficientShardsError."""
+    body = np.random.default_rng(2).integers(0, 256, 1000, dtype=np.uint8)
+    for rank in range(OLD):
+        (tmp_path / f"old-{rank}.bin").write_bytes(body.tobytes())
+    stores = FileStores(tmp_path)
+    stores.silent |= {"r0n0", "r0n2"}
+    with pytest.raises(ShardsUnreachableError):
+        stores.readers(timeout_s=0.2)[0].read([(10, 20)])
+    stores.dead |= {"r0n0", "r0n2"}
+    with pytest.raises(InsufficientShardsError):
+        stores.readers(timeout_s=0.2)[0].read([(10, 20)])

@@ -19,7 +19,7 @@ from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
-from ray_ckpt.errors import ConfigError, InsufficientShardsError
+from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError, ShardsUnreachableError
 from ray_ckpt.restore import Restorer
 from ray_ckpt.save import local_copy_meta
 from ray_ckpt.testing import digest
@@ -59,6 +59,7 @@ class FakeStores:
         }
         self.dead: set[str] = set()
         self.failing: set[str] = set()
+        self.silent: set[str] = set()  # alive, but their calls never end (a paused process)
         self.gets: list[tuple[str, int]] = []
         self.landed = 0  # shards received into the caller's buffer
         self.registry: FakeRegistry | None = None  # answers the plans a node's store relays
@@ -81,6 +82,8 @@ class FakeStores:
         """As a direct read: the bytes land in ``into()`` when it fits, unchecked (corrupt ones too)."""
         self.gets.append((node_id, address.index))
         future: Future[Any] = Future()
+        if node_id in self.silent:
+            return future  # never answered
         if node_id in self.failing:
             future.set_exception(RuntimeError("the store's process died"))
         else:
@@ -210,6 +213,79 @@ def test_more_than_m_erasures_mark_the_step_unrestorable_and_raise(pool: ThreadP
     with pytest.raises(InsufficientShardsError) as raised:
         restorer(registry, stores, pool).restore()
     assert (raised.value.rank, raised.value.step, raised.value.lost) == (1, 2, [0, 1, 4])
+    assert registry.unrestorable == [2]
+
+
+def test_stores_that_do_not_answer_in_time_keep_the_step_restorable(pool: ThreadPoolExecutor) -> None:
+    """Three of five stores alive but paused (their calls never end within the timeout): too
+    few shards are read, but that proves nothing about the step. ShardsUnreachableError names
+    the silent shards, the step is not marked unrestorable and no rollback happens; once the
+    stores answer again, the next attempt restores step 2 bit-exact."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.silent |= {"n0", "n1", "n4"}
+    with pytest.raises(ShardsUnreachableError) as raised:
+        restorer(registry, stores, pool, timeout_s=lambda: 0.2).restore()
+    assert (raised.value.rank, raised.value.step) == (1, 2)
+    assert set(raised.value.unanswered) <= {0, 1, 4} and raised.value.unanswered
+    assert registry.unrestorable == [] and registry.rollbacks == []
+    stores.silent.clear()
+    restored, _ = restorer(registry, stores, pool, attempt="b").restore()
+    assert restored is not None and restored.step == 2 and digest(restored.state) == digest(state_of(1, 2))
+
+
+def test_failing_calls_to_live_stores_keep_the_step_restorable(pool: ThreadPoolExecutor) -> None:
+    """Calls that fail while their store is still listed alive are no proof of loss either:
+    ShardsUnreachableError, nothing marked. The same stores listed dead are proof:
+    InsufficientShardsError, and the step is given up."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.failing |= {"n0", "n1", "n4"}
+    with pytest.raises(ShardsUnreachableError):
+        restorer(registry, stores, pool).restore()
+    assert registry.unrestorable == []
+    stores.dead |= {"n0", "n1", "n4"}
+    with pytest.raises(InsufficientShardsError):
+        restorer(registry, stores, pool).restore()
+    assert registry.unrestorable == [2]
+
+
+@pytest.mark.parametrize("error", [MemoryError("cannot allocate"), TimeoutError("loaded node"), OSError(12, "ENOMEM")])
+def test_a_transient_error_during_a_restore_never_gives_the_step_up(
+    pool: ThreadPoolExecutor, error: BaseException
+) -> None:
+    """An error that says nothing about the step's shards (memory short while the old workers
+    exit, a timeout on a loaded node) fails the attempt and leaves the step as it was: the
+    registry is not told it is unrestorable, and the next attempt restores it."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+
+    def allocate(size: int) -> np.ndarray:
+        raise error
+
+    with pytest.raises(type(error)):
+        restorer(registry, stores, pool, allocate=allocate).restore()
+    assert registry.unrestorable == [] and registry.rollbacks == []
+    restored, _ = restorer(registry, stores, pool, attempt="b").restore()
+    assert restored is not None and digest(restored.state) == digest(state_of(1, 2))
+
+
+def test_intact_shards_whose_bytes_do_not_load_give_the_step_up(pool: ThreadPoolExecutor) -> None:
+    """Proof of loss from the bytes themselves: every shard passes its checksum but the decoded
+    blob is not a snapshot (its header was garbage when saved). The step is marked unrestorable."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    record = registry.records[2][1]
+    for index, node in record.nodes.items():
+        meta, shard = stores.held[node][(JOB, 2, 1, index, False)]
+        if index == 0:
+            shard = shard.copy()
+            shard[:64] = 0xFF  # the blob's prefix and header
+            meta = {**meta, "checksum": checksum(shard)}
+            record.metas[index] = ShardMeta.from_dict(meta)
+            stores.held[node][(JOB, 2, 1, index, False)] = (meta, shard)
+    with pytest.raises(RayCkptError):
+        restorer(registry, stores, pool).restore()
     assert registry.unrestorable == [2]
 
 
