@@ -161,6 +161,8 @@ def train_loop(config: dict[str, Any]) -> None:
             time.sleep(0.1)
     ckpt.wait()
     ckpt.close()
+    if rank == 0 and config.get("rank0_after_s"):  # a final evaluation or upload on rank 0 alone
+        time.sleep(config["rank0_after_s"])
     final = {"rank": rank, "params_digest": params_digest(model), "time": time.time()}
     (events / f"final-{rank}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(final))
 
@@ -181,6 +183,7 @@ def run(
     compute_step: int | None = None,
     compute_s: float = 0.0,
     steps_after_grow: int | None = None,
+    rank0_after_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
@@ -191,6 +194,8 @@ def run(
     on a tensor of its own, and records when it began (``read_computes``).
     ``steps_after_grow``: a group that restored a step saved by fewer ranks ends that many steps
     after it (an elastic run that grew back has shown its reshard).
+    ``rank0_after_s``: rank 0 works that much longer after training (a final evaluation) while
+    the other ranks' functions have returned.
     While ``events_dir/PAUSE_FILE`` exists, every rank waits after its step."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
@@ -206,6 +211,7 @@ def run(
             "compute_step": compute_step,
             "compute_s": compute_s,
             "steps_after_grow": steps_after_grow,
+            "rank0_after_s": rank0_after_s,
         },
         # a (min, max) pair: elastic, the group restarts at another size as nodes come and go
         scaling_config=ScalingConfig(num_workers=workers, elastic_resize_monitor_interval_s=2.0),

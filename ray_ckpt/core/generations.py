@@ -509,7 +509,10 @@ class Generations:
         return self.current
 
     def hung(self, now: float, hang_timeout_s: float) -> list[Member]:
-        """Members of the current generation whose last heartbeat is older than the bound."""
+        """Members of the current generation whose last heartbeat is older than the bound. A
+        member whose training function returned (``finish``) beats no more on purpose and is
+        never hung, however long its peers go on (a rank 0 that evaluates or uploads after the
+        others returned); nor is one waiting in the round."""
         if self.current is None:
             return []
         waiting = {m.incarnation for m in self.pending.values()}
@@ -517,5 +520,6 @@ class Generations:
             member
             for member in self.current.members.values()
             if member.incarnation not in waiting
+            and member.incarnation not in self.finished
             and now - self.beats.get(member.incarnation, (now, member))[0] > hang_timeout_s
         ]

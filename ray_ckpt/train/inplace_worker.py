@@ -337,11 +337,20 @@ class _Worker:
             self._beating.set()
 
     def _finish(self) -> None:
-        """Tell the coordinator the training function returned (its beats stop on purpose)."""
-        try:
-            self.role.coordinator.finish(self.member)
-        except Exception as error:  # the run is ending either way
-            logger.debug("rank %d: telling the coordinator it finished: %s", self.rank, error)
+        """Tell the coordinator the training function returned: its beats stop on purpose, and
+        a rank that returned before its peers (rank 0 still evaluating) must not be taken for
+        hung. Tried twice; the heartbeat goes on until it is told."""
+        for attempt in range(2):
+            try:
+                self.role.coordinator.finish(self.member)
+                return
+            except Exception as error:
+                logger.log(
+                    logging.DEBUG if attempt == 0 else logging.WARNING,
+                    "rank %d: telling the coordinator this rank finished: %s",
+                    self.rank,
+                    error,
+                )
 
     def _orphaned(self) -> bool:
         """Whether this process's raylet is gone: its node is going, and this process with it

@@ -444,6 +444,25 @@ def test_a_crashed_worker_is_named_by_the_connection_its_peers_saw_close(cluster
     assert report["bit_exact"]
 
 
+def test_a_rank_that_finishes_while_rank_0_still_evaluates_is_not_killed_as_hung(cluster: Any) -> None:
+    """Rank 0 works 25 s longer than rank 1 after training (a final evaluation), far past the
+    hang bound: rank 1's function returned and its beats stopped on purpose, so it is not killed
+    as hung; the fit succeeds with each rank's training function started exactly once, and no
+    recovery happened."""
+    report = run_with(
+        cluster,
+        "finishes_first",
+        2,
+        lambda events: None,
+        {"timeout_s": pace.bound(60), "hang_timeout_s": HANG_TIMEOUT_S},
+        rank0_after_s=25.0,
+    )
+    restores = report["restores"]
+    assert sorted(r["rank"] for r in restores) == [0, 1], restores  # each function started once
+    assert report["recoveries"] == [] and report["rejoins"] == []
+    assert report["bit_exact"]
+
+
 def test_a_hung_peer_is_killed_within_the_bound_and_recovered_in_place(cluster: Any, clusters: InPlaceClusters) -> None:
     """Rank 1's worker is stopped with SIGSTOP after step 4: once silent for hang_timeout_s it
     is killed (within hang_timeout_s plus the watcher's tick and a kill task on its node, which

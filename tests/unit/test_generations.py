@@ -295,6 +295,19 @@ def test_a_member_whose_function_returned_is_never_lost_by_silence() -> None:
     assert not gens.must_leave(member(0))
 
 
+def test_a_member_whose_function_returned_is_never_hung_while_its_peers_go_on() -> None:
+    """Rank 2 returned first (rank 0 still evaluates): its beats stop on purpose, and however
+    long the others go on past the hang bound it is neither hung (killed) nor lost; a rank that
+    did not finish and stopped beating still is."""
+    gens = started()
+    gens.finish(member(2))
+    for tick in range(1, 400):
+        beat_all(gens, [0], tick * 0.1)
+        gens.find_lost(now=tick * 0.1, alive_nodes=None)
+    assert [m.rank for m in gens.hung(now=40.0, hang_timeout_s=10)] == [1]
+    assert 2 not in gens.lost
+
+
 def test_a_suspicion_from_outside_the_generation_is_ignored_and_a_new_generation_starts_clean() -> None:
     gens = started()
     gens.beat(member(1, "old"), now=0.1, suspect=True)  # a process of an older generation
