@@ -111,6 +111,8 @@ class World:
         self.torn: set[tuple[int, str | None]] = set()  # (step, attempt) wait_settled called torn
         self.skipped: set[tuple[int, int, str | None]] = set()  # (step, rank, attempt) a rank trained unsaved
         self.notes: dict[tuple[str | None, int], int] = {}  # (attempt, rank) -> the step it went past, since a restart
+        self.paused: set[str] = set()  # live nodes whose store answers no call (a frozen process, swapping)
+        self.short_of_memory = False  # the next restore's output buffer cannot be mapped (MemoryError)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -193,15 +195,37 @@ class World:
             backup=None,
             background=self.pool,
             timeout_s=lambda: 5.0,
-            allocate=lambda n: np.empty(n, dtype=np.uint8),
+            allocate=self._allocate,
         )
+
+    def _allocate(self, size: int) -> np.ndarray:
+        if self.short_of_memory:
+            self.short_of_memory = False
+            raise MemoryError(f"cannot map {size} bytes while the old workers exit")
+        return np.empty(size, dtype=np.uint8)
+
+    def pause_store(self, node: str) -> None:
+        """The node's store stops answering (SIGSTOP, swap, a long GC): alive, but silent."""
+        if node in self.alive:
+            self.paused.add(node)
+            self.log.append(f"pause store {node}")
+
+    def resume_store(self, node: str) -> None:
+        if node in self.paused:
+            self.paused.discard(node)
+            self.log.append(f"resume store {node}")
+
+    def run_short_of_memory(self) -> None:
+        """The next restore fails to map its output buffer: an error that says nothing of the step."""
+        self.short_of_memory = True
+        self.log.append("the next restore is short of memory")
 
     def restore(self, process: Process) -> None:
         assert process.restorer is not None
         process.asked = True
         try:
             restored, _ = process.restorer.restore()
-        except RayCkptError as error:
+        except (RayCkptError, MemoryError) as error:
             self.log.append(f"rank {process.rank}@{process.incarnation} restore: {type(error).__name__}")
             process.alive = False  # the rank fails; its group is restarted later
             return
@@ -377,6 +401,7 @@ class World:
         if node not in self.alive or len(self.alive) == 1:
             return
         self.alive.discard(node)
+        self.paused.discard(node)
         self.epochs[node] += 1
         self.stores[node] = self._new_store(node)  # its memory is gone
         for process in self.processes:
@@ -390,6 +415,7 @@ class World:
 
     def restart_store(self, node: str) -> None:
         if node in self.alive:
+            self.paused.discard(node)
             self.epochs[node] += 1
             self.stores[node] = self._new_store(node)
             self.log.append(f"restart store {node}")
@@ -471,15 +497,18 @@ class World:
         )
 
     def _physically_restorable(self, step: int, writers: dict[int, str]) -> bool:
-        for rank, writer in writers.items():
-            held = 0
-            for node in self.alive:
-                for meta in self.stores[node].inventory(JOB):
-                    if meta.step == step and meta.rank == rank and meta.writer == writer:
-                        held += 1
-            if held < self.k:
-                return False
-        return True
+        return all(self._rank_restorable(step, rank, writers) for rank in writers)
+
+    def _rank_restorable(self, step: int, rank: int, writers: dict[int, str]) -> bool:
+        """Whether live stores (paused ones too: slow is not gone) hold k shards of ``rank``'s
+        committed save of ``step``."""
+        writer = writers.get(rank)
+        held = 0
+        for node in self.alive:
+            for meta in self.stores[node].inventory(JOB):
+                if meta.step == step and meta.rank == rank and meta.writer == writer:
+                    held += 1
+        return held >= self.k
 
 
 class _RegistryView:
@@ -505,6 +534,15 @@ class _RegistryView:
         return self.world.registry.settle_backup_step(job, attempt, step)
 
     def mark_unrestorable(self, job: str, step: int) -> None:
+        world = self.world
+        writers = world.commits.get(step)
+        rank = self.process.rank
+        if writers is not None and step not in world.dropped and world._rank_restorable(step, rank, writers):
+            # 8: a step is given up only on proof (fewer than k intact shards in live stores)
+            raise Violation(
+                f"rank {self.process.rank} gave up step {step} although k intact shards of it sit in live "
+                f"stores (paused: {sorted(world.paused)}): {world.log[-6:]}"
+            )
         self.world.unrestorable.add(step)
         self.world.registry.mark_unrestorable(job, step)
 
@@ -539,6 +577,9 @@ class _Stores:
         future: Future[Any] = Future()
         if node_id not in self.world.alive:
             future.set_exception(RuntimeError("dead store"))
+            return future
+        if node_id in self.world.paused:
+            future.set_exception(TimeoutError("the store did not answer in time"))
             return future
         found = self.world.stores[node_id].get(address)
         future.set_result(None if found is None else (found[0].to_dict(), found[1]))

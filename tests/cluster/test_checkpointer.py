@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import time
 
@@ -167,3 +168,51 @@ def test_a_node_dying_during_a_restore_is_routed_around(sim_cluster: SimCluster)
     results = ray.get(pending)
     assert [r["step"] for r in results] == [0, 0]
     assert [r["digest"] for r in results] == [digest(make_state(r, 0, size)) for r in range(2)]
+
+
+def _store_pid(store: object) -> int:
+    return int(ray.get(store.__ray_call__.remote(lambda self: os.getpid()), timeout=30))  # type: ignore[attr-defined]
+
+
+@pytest.mark.nodes(6)
+def test_stores_frozen_during_a_restore_cost_no_committed_step(sim_cluster: SimCluster) -> None:
+    """Two ranks committed steps 1 and 2 (RS(2,1)); every store holding the job is frozen
+    (SIGSTOP) while a new group restores with a 5 s peer timeout. That restore fails, but a slow
+    store is not a dead one: the error says the stores did not answer (ShardsUnreachableError)
+    and step 2 is not given up. The stores are continued, and the next group restores step 2
+    bit-exact."""
+    code = {"data_shards": 2, "parity_shards": 1, "local_copy": False}
+    ray.get(
+        [
+            save_steps.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(
+                sim_cluster.namespace, JOB, r, 2, [1, 2], code, 50_000
+            )
+            for r in range(2)
+        ]
+    )
+    registry = naming.registry_handle(sim_cluster.namespace)
+    assert ray.get(registry.latest_committed.remote(JOB)) == 2
+    holders = {node for rank in shard_nodes(sim_cluster.namespace, JOB, 2).values() for node in rank.values()}
+    pids = [_store_pid(store) for store in naming.store_handles(sim_cluster.namespace, sorted(holders)).values()]
+    assert len(pids) == len(holders)
+    fast = {"env_vars": {"RAY_CKPT_PEER_TIMEOUT_S": "5"}}
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        frozen = [
+            restore_rank.options(runtime_env=fast).remote(sim_cluster.namespace, JOB, r, 2, code) for r in range(2)
+        ]
+        errors = []
+        for pending in frozen:
+            with pytest.raises(ray.exceptions.RayTaskError) as raised:
+                ray.get(pending, timeout=pace.bound(120))
+            errors.append(str(raised.value))
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert any("ShardsUnreachableError" in error for error in errors), errors
+    assert not any("InsufficientShardsError" in error for error in errors), errors
+    assert ray.get(registry.latest_committed.remote(JOB)) == 2
+    results = ray.get([restore_rank.remote(sim_cluster.namespace, JOB, r, 2, code) for r in range(2)])
+    assert [(r["step"], r["source"]) for r in results] == [(2, "peers"), (2, "peers")]
+    assert [r["digest"] for r in results] == [digest(make_state(r, 2)) for r in range(2)]

@@ -1,8 +1,9 @@
 """The commit protocol under generated interleavings (docs/commit-protocol.md): hypothesis drives
 ``protocol_sim.World`` (the real registry, stores and restore path, no Ray) through saves, torn
 and abandoned saves, ranks that skip steps others save and wait for their last one, restores,
-node losses beyond m, store and registry restarts, incarnations with and without an attempt or
-a restore, and checks every invariant after each event.
+node losses beyond m, store and registry restarts, stores that stop answering while alive and
+restores short of memory (transient errors: a step is given up only on proof), incarnations with
+and without an attempt or a restore, and checks every invariant after each event.
 ``scripts/protocol_campaign.py`` runs the same machine longer."""
 
 from __future__ import annotations
@@ -95,6 +96,20 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule(node=st.integers(0, NODES - 1))
     def restart_store(self, node: int) -> None:
         self.world.restart_store(f"n{node}")
+
+    @rule(node=st.integers(0, NODES - 1))
+    def pause_store(self, node: int) -> None:
+        """A store stops answering while alive (a frozen process): slow, not dead."""
+        self.world.pause_store(f"n{node}")
+
+    @rule(node=st.integers(0, NODES - 1))
+    def resume_store(self, node: int) -> None:
+        self.world.resume_store(f"n{node}")
+
+    @rule()
+    def run_short_of_memory(self) -> None:
+        """The next restore fails with MemoryError (the old workers still exiting)."""
+        self.world.run_short_of_memory()
 
     @rule()
     def restart_registry(self) -> None:
