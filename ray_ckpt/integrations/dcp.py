@@ -10,7 +10,8 @@ mesh, DCP's planner deciding who reads which chunk. ``ckpt`` is this rank's ray_
   increase from save to save. Loading without one loads the newest committed step.
 - **What a rank saves** (one ray_ckpt state per step): ``{"format": FORMAT, "coordinator":
   the ray_ckpt rank of DCP's coordinator, "items": {item key: tensor}}``, and on the
-  coordinator also ``"metadata"``: DCP's global ``Metadata``, pickled, as a uint8 tensor.
+  coordinator also ``"metadata"``: DCP's global ``Metadata`` as a uint8 tensor of its msgpack
+  encoding (``ray_ckpt.integrations.dcp_metadata``: explicit, versioned, no pickle).
   Each ``WriteItem`` is one entry of ``items`` under ``item_key(index)``: a tensor chunk as
   itself, a ``BytesIO`` item as a uint8 tensor of its bytes. Its ``WriteResult.storage_data``
   is a ``PeerSpan``: the step, the old rank, the key and the chunk's byte span in that rank's
@@ -23,6 +24,10 @@ mesh, DCP's planner deciding who reads which chunk. ``ckpt`` is this rank's ray_
   never loaded (NoCheckpointError names the committed steps).
 - **Reads** go through ``RangeReader``, as the resharded restore's: a lost data shard's
   bytes are decoded from parity.
+- **Nothing read from peer memory is unpickled.** The Metadata is decoded and validated
+  field by field (DcpMetadataError); a bytes item (a non-tensor value, which DCP's planners
+  ``torch.save``) is loaded with ``torch.load(weights_only=True)`` and saved again before the
+  planner's ``load_bytes`` sees it, since DCP's default planner unpickles what it is given.
 
 The backend reaches ray_ckpt only through ``ray_ckpt.integrations.peers.PeerSteps``; pass one
 (a fake in tests) instead of a Checkpointer. ``async_save`` must use its default thread
@@ -34,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -58,12 +62,14 @@ from torch.futures import Future
 from ray_ckpt.core.shard import check_step
 from ray_ckpt.core.snapshot import TensorRef, build_layout, read_layout
 from ray_ckpt.errors import ConfigError, NoCheckpointError, RayCkptError, SnapshotFormatError
+from ray_ckpt.integrations.dcp_metadata import PeerSpan, decode_metadata, dtype_name, encode_metadata
 from ray_ckpt.integrations.peers import CheckpointerPeers, PeerSteps, SavedStep
 from ray_ckpt.reshard import as_tensor, row_major_strides
 
 __all__ = ["FORMAT", "PeerMemoryReader", "PeerMemoryWriter", "PeerSpan", "item_key", "step_of"]
 
-FORMAT = "ray_ckpt.dcp/1"  # the "format" entry of every rank's state
+FORMAT = "ray_ckpt.dcp/2"  # the "format" entry of every rank's state
+_PICKLED_FORMAT = "ray_ckpt.dcp/1"  # an older ray_ckpt's, whose metadata is pickled: never read
 
 
 def step_of(checkpoint_id: Any) -> int:
@@ -92,29 +98,6 @@ def item_key(index: MetadataIndex) -> str:
     The offsets field holds no ``|``, so distinct indices give distinct keys."""
     offsets = "-" if index.offset is None else ",".join(str(int(o)) for o in index.offset)
     return f"{offsets}|{index.fqn}"
-
-
-@dataclasses.dataclass(frozen=True)
-class PeerSpan:
-    """Where one DCP item lies (``WriteResult.storage_data``): bytes ``[offset, offset +
-    nbytes)`` of old rank ``rank``'s payload of ``step``, under ``key`` in its ``items``,
-    holding ``shape`` of ``dtype`` (a torch dtype's name) in row-major order."""
-
-    step: int
-    rank: int
-    key: str
-    offset: int
-    nbytes: int
-    dtype: str
-    shape: tuple[int, ...]
-
-    def matches(self, ref: Any) -> bool:
-        """Whether the old rank's header entry ``ref`` describes these bytes."""
-        return (
-            isinstance(ref, TensorRef)
-            and (ref.offset, ref.nbytes, tuple(ref.shape)) == (self.offset, self.nbytes, self.shape)
-            and _dtype_name(ref.dtype) == self.dtype
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +212,7 @@ class PeerMemoryWriter(StorageWriter):
         for item in plan.items:
             key = item_key(item.index)
             ref: TensorRef = saved[key]
-            dtype = _dtype_name(ref.dtype)
+            dtype = dtype_name(ref.dtype)
             span = PeerSpan(chosen.step, self.peers.rank, key, ref.offset, ref.nbytes, dtype, tuple(ref.shape))
             results.append(WriteResult(index=item.index, size_in_bytes=ref.nbytes, storage_data=span))
         if self._is_coordinator:
@@ -257,7 +240,7 @@ class PeerMemoryWriter(StorageWriter):
         metadata.storage_data = spans
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta(checkpoint_id=str(step))
-        state["metadata"] = _bytes_tensor(pickle.dumps(metadata))
+        state["metadata"] = _bytes_tensor(encode_metadata(metadata))
         self.peers.save(step, state, last=True)
 
     @classmethod
@@ -303,9 +286,10 @@ class PeerMemoryReader(StorageReader):
         self._opened = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The Metadata saved with the step (from the coordinator's state). NoCheckpointError
-        when the step is not committed (its ``finish`` never ran) or nothing is;
-        SnapshotFormatError when the step was not saved through PeerMemoryWriter."""
+        """The Metadata saved with the step (from the coordinator's state), decoded without
+        pickle. NoCheckpointError when the step is not committed (its ``finish`` never ran) or
+        nothing is; SnapshotFormatError when the step was not saved through PeerMemoryWriter,
+        DcpMetadataError (a SnapshotFormatError) when its metadata is malformed."""
         step = self.step if self.step is not None else self.peers.latest_step()
         if step is None:
             raise NoCheckpointError("nothing is committed in peer memory for this job: no DCP checkpoint to load")
@@ -320,9 +304,7 @@ class PeerMemoryReader(StorageReader):
         if not isinstance(ref, TensorRef) or ref.dtype != torch.uint8:
             raise SnapshotFormatError(f"step {step}: coordinator rank {coordinator}'s state holds no DCP metadata")
         raw = saved.read(coordinator, [(ref.offset, ref.offset + ref.nbytes)])[0]
-        metadata = pickle.loads(raw.tobytes())  # DCP's own Metadata, as its FileSystemReader unpickles it
-        if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-            raise SnapshotFormatError(f"step {step}: the saved metadata is not DCP Metadata with storage data")
+        metadata = decode_metadata(raw.tobytes(), step)  # validated msgpack, never unpickled
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta(checkpoint_id=str(step))
         self._opened = (step, saved)
@@ -400,6 +382,13 @@ class PeerMemoryReader(StorageReader):
 
     @staticmethod
     def _checked(tree: Any, step: int, rank: int) -> dict[str, Any]:
+        if isinstance(tree, dict) and tree.get("format") == _PICKLED_FORMAT:
+            raise SnapshotFormatError(
+                f"step {step} was saved by an older ray_ckpt, which pickled DCP's metadata; peer data is never "
+                "unpickled: save the step again with this ray_ckpt",
+                step=step,
+                rank=rank,
+            )
         if not isinstance(tree, dict) or tree.get("format") != FORMAT or not isinstance(tree.get("items"), dict):
             raise SnapshotFormatError(
                 f"step {step} rank {rank} was not saved through PeerMemoryWriter (format {FORMAT!r}); load it "
@@ -419,7 +408,7 @@ def _plan_item(
     if item.type == LoadItemType.BYTE_IO:
 
         def load_bytes(data: np.ndarray) -> None:
-            planner.load_bytes(item, io.BytesIO(data.tobytes()))
+            planner.load_bytes(item, _safe_value(data, item, span.step))
 
         return (span.offset, span.offset + span.nbytes), None, load_bytes
     target = planner.resolve_tensor(item).detach()
@@ -456,6 +445,35 @@ def _plan_item(
     return (start, stop), None, copy
 
 
+_TORCH_LOAD_NOISE = ("Weights only load failed", "(1) ", "(2) ", "Check the documentation")  # torch's advice
+
+
+def _safe_value(data: np.ndarray, item: ReadItem, step: int) -> io.BytesIO:
+    """A bytes item's value for the planner's ``load_bytes``. DCP's planners ``torch.save``
+    each non-tensor value, and DCP's default planner loads it with ``torch.load(weights_only=
+    False)``: a pickle from peer memory. So the value is loaded here with torch's weights-only
+    unpickler (torch's allow-list, plus what ``torch.serialization.add_safe_globals`` added)
+    and saved again: the planner unpickles bytes made in this process, never the peer's.
+    SnapshotFormatError names the item and what torch refused."""
+    try:
+        value = torch.load(io.BytesIO(data.tobytes()), weights_only=True)
+    except Exception as error:  # whatever torch's loader refuses, the item is refused
+        lines = (line.strip().rpartition("use case: ")[2] for line in str(error).splitlines())
+        why = " ".join(line for line in lines if line and not line.startswith(_TORCH_LOAD_NOISE))
+        raise SnapshotFormatError(
+            f"step {step}: DCP's value {item.storage_index.fqn!r} is not one torch.load(weights_only=True) loads: "
+            f"{(why or type(error).__name__).rstrip('.'):.500}. Nothing of it ran. Allow a type of your own with "
+            "torch.serialization.add_safe_globals on every rank only if you trust every process that can write "
+            "this job's peer memory",
+            step=step,
+            fqn=item.storage_index.fqn,
+        ) from None
+    out = io.BytesIO()
+    torch.save(value, out)
+    out.seek(0)
+    return out
+
+
 def _bytes_tensor(data: bytes) -> torch.Tensor:
     """``data`` as a uint8 tensor of its own memory."""
     return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
@@ -463,7 +481,3 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
 
 def _fetched(saved: SavedStep) -> int:
     return int(getattr(saved, "fetched_bytes", 0))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -3,7 +3,8 @@ against a folder standing in for peer memory (tests/dcp_peers.py: real snapshot 
 RS(2, 1), read through the real ReaderStep and RangeReader). Round trips are bit-exact and equal
 DCP's own FileSystemReader's; a 2-rank save driven through DCP's planner by hand shows the
 two-phase commit (nothing loads before ``finish``); FSDP2 + Adam saved by 2 gloo ranks loads
-into 1 (plain tensors) and into 3 ranks with a dead node; the errors name what to change."""
+into 1 (plain tensors) and into 3 ranks with a dead node; the errors name what to change; a
+crafted step (metadata or a value that would run code when unpickled) is refused and runs nothing."""
 
 from __future__ import annotations
 
@@ -25,13 +26,14 @@ from gloo_ranks import run_rank
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from ray_ckpt.errors import ConfigError
-from ray_ckpt.integrations.dcp import PeerMemoryReader, PeerMemoryWriter, PeerSpan, item_key, step_of
+from ray_ckpt.errors import ConfigError, DcpMetadataError, SnapshotFormatError
+from ray_ckpt.integrations.dcp import FORMAT, PeerMemoryReader, PeerMemoryWriter, PeerSpan, item_key, step_of
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,8 @@ def _no_single_process_warning() -> Iterator[None]:
 
 def rich_state(seed: int) -> dict[str, Any]:
     """Tensors of several dtypes (a 0-d, an empty and a non-contiguous one), nested dicts, a
-    list, plain values and a BytesIO: DCP saves the non-tensors as bytes items."""
+    list, plain values and a BytesIO: DCP saves the non-tensors as bytes items. A BytesIO is no
+    type torch.load(weights_only=True) allows by default: its loads run under ``BYTES_IO_ALLOWED``."""
     generator = torch.Generator().manual_seed(seed)
     return {
         "model": {
@@ -59,6 +62,11 @@ def rich_state(seed: int) -> dict[str, Any]:
         "name": f"run-{seed}",
         "blob": io.BytesIO(bytes(range(seed, seed + 20))),
     }
+
+
+def bytes_io_allowed() -> Any:
+    """What a user with a BytesIO in the state does: allow the type for torch's weights-only loader."""
+    return torch.serialization.safe_globals([io.BytesIO])
 
 
 def zeros_like(state: Any) -> Any:
@@ -97,7 +105,8 @@ def test_a_state_round_trips_bit_exact_and_equals_what_dcp_loads_from_disk(tmp_p
     dcp.save(state, storage_writer=PeerMemoryWriter(peers), checkpoint_id=12)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "disk")))
     from_peers, from_disk = zeros_like(state), zeros_like(state)
-    dcp.load(from_peers, storage_reader=PeerMemoryReader(peers))
+    with bytes_io_allowed():
+        dcp.load(from_peers, storage_reader=PeerMemoryReader(peers))
     dcp.load(from_disk, storage_reader=dcp.FileSystemReader(str(tmp_path / "disk")))
     assert_same(from_peers, state)
     assert_same(from_peers, from_disk)
@@ -111,9 +120,10 @@ def test_async_save_writes_on_its_thread_and_a_later_save_is_the_one_loaded(tmp_
     second = dcp.async_save(rich_state(2), storage_writer=writer, checkpoint_id="2")
     second.result(timeout=120)  # type: ignore[union-attr]
     latest, older = zeros_like(rich_state(0)), zeros_like(rich_state(0))
-    dcp.load(latest, storage_reader=PeerMemoryReader(peers))
     reader = PeerMemoryReader(peers)
-    dcp.load(older, storage_reader=reader, checkpoint_id=1)
+    with bytes_io_allowed():
+        dcp.load(latest, storage_reader=PeerMemoryReader(peers))
+        dcp.load(older, storage_reader=reader, checkpoint_id=1)
     assert reader.loaded_step == 1
     assert_same(latest, rich_state(2))
     assert_same(older, rich_state(1))
@@ -226,6 +236,83 @@ def test_load_errors_name_what_to_change(tmp_path: pathlib.Path) -> None:
     peers.save(5, {"w": torch.randn(3)}, last=True)  # a plain Checkpointer.save of the same job
     with pytest.raises(CheckpointException, match="not saved through PeerMemoryWriter"):
         dcp.load({"w": torch.zeros(3)}, storage_reader=PeerMemoryReader(peers))
+
+
+class RunsCode:
+    """An object whose unpickling runs code: it creates the file ``marker``."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"import pathlib; pathlib.Path({str(self.marker)!r}).touch()",))
+
+
+def refused(caught: pytest.ExceptionInfo[CheckpointException]) -> BaseException:
+    """The error the one rank of a failed dcp.load raised in its read."""
+    (error, _), *_ = caught.value.failures.values()
+    return error
+
+
+def test_a_pickle_in_place_of_the_metadata_is_refused_and_runs_nothing(tmp_path: pathlib.Path) -> None:
+    proof, marker = tmp_path / "proof", tmp_path / "ran"
+    pickle.loads(pickle.dumps(RunsCode(proof)))
+    assert proof.exists()  # the payload runs code wherever it is unpickled
+    payload = torch.frombuffer(bytearray(pickle.dumps(RunsCode(marker))), dtype=torch.uint8)
+    peers = FolderPeers(tmp_path / "peers", 0, 1)
+    peers.save(5, {"format": FORMAT, "coordinator": 0, "items": {}, "metadata": payload}, last=True)
+    with pytest.raises(DcpMetadataError, match="step 5's DCP metadata is malformed: the payload is not msgpack"):
+        PeerMemoryReader(peers).read_metadata()
+    with pytest.raises(CheckpointException, match="step 5's DCP metadata is malformed"):
+        dcp.load({"w": torch.zeros(3)}, storage_reader=PeerMemoryReader(peers))
+    peers.save(6, {"format": "ray_ckpt.dcp/1", "coordinator": 0, "items": {}, "metadata": payload}, last=True)
+    with pytest.raises(CheckpointException, match="step 6 was saved by an older ray_ckpt, which pickled"):
+        dcp.load({"w": torch.zeros(3)}, storage_reader=PeerMemoryReader(peers))  # an older writer's step
+    assert not marker.exists()
+
+
+class ValuesThatRunCode(DefaultSavePlanner):
+    """A save planner whose every non-tensor value is a torch.save that runs code when loaded."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def transform_object(self, write_item: WriteItem, object: Any) -> Any:
+        if write_item.type != WriteItemType.BYTE_IO:
+            return super().transform_object(write_item, object)
+        out = io.BytesIO()
+        torch.save(RunsCode(self.marker), out)
+        return out
+
+
+def test_a_value_that_runs_code_when_unpickled_is_refused_and_runs_nothing(tmp_path: pathlib.Path) -> None:
+    state = {"w": torch.randn(3), "note": "hello"}
+    from_disk = tmp_path / "ran-from-disk"
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "disk")), planner=ValuesThatRunCode(from_disk))
+    dcp.load({"w": torch.zeros(3), "note": None}, storage_reader=dcp.FileSystemReader(str(tmp_path / "disk")))
+    assert from_disk.exists()  # DCP's load planner unpickles the bytes its storage reader hands it
+
+    from_peers = tmp_path / "ran-from-peers"
+    peers = FolderPeers(tmp_path / "peers", 0, 1)
+    dcp.save(state, storage_writer=PeerMemoryWriter(peers), planner=ValuesThatRunCode(from_peers), checkpoint_id=3)
+    target = {"w": torch.zeros(3), "note": None}
+    refusal = r"step 3: DCP's value 'note' is not one torch\.load\(weights_only=True\) loads"
+    with pytest.raises(CheckpointException, match=refusal) as caught:
+        dcp.load(target, storage_reader=PeerMemoryReader(peers))
+    assert type(refused(caught)) is SnapshotFormatError and "GLOBAL exec was not an allowed global" in str(caught.value)
+    assert not from_peers.exists() and target["note"] is None
+
+
+def test_a_value_of_a_type_torch_does_not_allow_loads_once_the_type_is_allowed(tmp_path: pathlib.Path) -> None:
+    peers = FolderPeers(tmp_path, 0, 1)
+    dcp.save(rich_state(4), storage_writer=PeerMemoryWriter(peers), checkpoint_id=4)
+    target = zeros_like(rich_state(4))
+    with pytest.raises(CheckpointException, match=r"'blob' .* GLOBAL _io\.BytesIO was not an allowed global"):
+        dcp.load(target, storage_reader=PeerMemoryReader(peers))
+    with bytes_io_allowed():
+        dcp.load(target, storage_reader=PeerMemoryReader(peers))
+    assert_same(target, rich_state(4))
 
 
 def test_write_results_name_the_rank_key_and_span_of_each_item(tmp_path: pathlib.Path) -> None:
