@@ -324,9 +324,9 @@ class ShardStoreActor:
         unless it is in (0, 1]."""
         self._store.memory_ceiling = fraction
 
-    def set_job_fraction(self, fraction: float) -> None:
-        """Change the share of this running store's budget one job may hold (see ShardStore);
-        ConfigError unless it is in (0, 1]."""
+    def set_job_fraction(self, fraction: float | None) -> None:
+        """Change the share of this running store's budget one job may hold (see ShardStore):
+        None for the fair share, else a fraction; ConfigError unless it is in (0, 1]."""
         self._store.job_fraction = fraction
 
     def set_budget(self, budget_bytes: int) -> None:

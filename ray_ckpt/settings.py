@@ -72,14 +72,21 @@ def node_memory_ceiling() -> float:
     return ceiling
 
 
-def store_job_fraction() -> float:
+def store_job_fraction() -> float | None:
     """RAY_CKPT_STORE_JOB_FRACTION: share of a store's budget one job may hold there (its
-    shards, local copies and their metadata); a put past it is refused with StoreFullError.
-    1 (the default): no per-job limit, one job may fill a store. Read by each store at start."""
-    fraction = _read("RAY_CKPT_STORE_JOB_FRACTION", 1.0, float)
-    if not 0 < fraction <= 1:
-        raise ValueError(f"RAY_CKPT_STORE_JOB_FRACTION must be in (0, 1], got {fraction}")
+    shards, local copies and their metadata). ``fair`` (the default, returned as None): the
+    budget divided by the jobs holding shards there, all of it for a job alone; a job's
+    superseded steps give way first and its newest committed step is never evicted for another
+    job (``ray_ckpt.core.job_share``). A number in (0, 1]: that fixed share (1: no per-job
+    limit, one job may fill a store). Read by each store at start."""
+    fraction = _read("RAY_CKPT_STORE_JOB_FRACTION", None, _fair_or_float)
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ValueError(f"RAY_CKPT_STORE_JOB_FRACTION must be fair or in (0, 1], got {fraction}")
     return fraction
+
+
+def _fair_or_float(raw: str) -> float | None:
+    return None if raw.strip().lower() == "fair" else float(raw)
 
 
 def save_event_every() -> int:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ray_ckpt.core import hostmem
 from ray_ckpt.core.checksum import verify
+from ray_ckpt.core.job_share import FAIR, JobHoldings, make_room
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import StoreStats
 from ray_ckpt.errors import ConfigError, StoreFullError
@@ -36,17 +37,24 @@ class ShardStore:
     Contracts:
       * ``put`` copies the bytes (never keeps a reference to a caller-owned buffer) and
         reserves budget before copying, so concurrent puts can never overshoot the budget.
-      * A put that would exceed the budget raises StoreFullError and changes nothing; so does
-        one that would take its job past ``job_fraction`` of the budget (1: no per-job limit,
-        one job may fill the store and the next job's puts are refused).
+      * The budget is shared among the jobs holding shards here (``ray_ckpt.core.job_share``):
+        by default (``job_fraction`` None) each job may hold ``budget // jobs present``, a job
+        alone all of it. A put past its job's share first evicts that job's superseded steps
+        (older than its newest committed step); a put within its share that does not fit the
+        budget evicts superseded steps of jobs over their share, then its own job's. A job's
+        newest committed step and its saves in flight are never evicted for another job.
+      * A put that does not fit even so raises StoreFullError (naming the budget, or the job
+        and its share) and changes nothing.
       * A put that needs new memory (no spare array of its size to reuse) while the node's
         memory in use would pass ``memory_ceiling`` of its total raises StoreFullError too,
         so a store never pushes its node into Ray's memory monitor (which kills workers at
         95% by default). Reused arrays need no new memory, so steady-state saves go on.
+        (Superseded steps it evicted to fit the budget stay evicted.)
       * Putting an existing key replaces it (a retried save). A save by another writer (another
         Checkpointer, e.g. a zombie of a replaced worker group) has another key: it can never
         replace this one's shards, and a read names the writer it wants.
-      * Only ``mark_committed``/``drop`` evict, and only the named job's superseded steps.
+      * ``mark_committed``/``drop`` evict only the named job's steps; a put evicts only
+        superseded steps, as above.
       * All methods are safe to call from many threads at once; copies run outside the lock,
         so a large put does not block gets.
     """
@@ -58,20 +66,22 @@ class ShardStore:
         budget_bytes: int,
         memory_ceiling: float = 1.0,
         node_memory: Callable[[], tuple[int, int]] | None = None,
-        job_fraction: float = 1.0,
+        job_fraction: float | None = None,
     ) -> None:
         """``node_memory()`` returns the node's (bytes in use, total bytes); None: no guard.
-        ``memory_ceiling`` and ``job_fraction`` are in (0, 1]; ConfigError otherwise."""
+        ``memory_ceiling`` is in (0, 1]; ``job_fraction`` too, or None for the fair share
+        (the default); ConfigError otherwise."""
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
         self.node_id = node_id
         self.budget_bytes = int(budget_bytes)
         self._memory_ceiling = _fraction("memory_ceiling", memory_ceiling, "RAY_CKPT_NODE_MEMORY_CEILING")
-        self._job_fraction = _fraction("job_fraction", job_fraction, "RAY_CKPT_STORE_JOB_FRACTION")
+        self._job_fraction = _share_fraction(job_fraction)
         self._node_memory = node_memory
         self._lock = threading.Lock()
         self._allocating = threading.Lock()
         self._entries: dict[ShardAddress, _Entry] = {}
+        self._step_bytes: dict[str, dict[int, int]] = {}  # job -> step -> bytes its entries hold
         self._reserved = 0  # bytes of puts in progress
         self._reserved_by_job: dict[str, int] = {}  # the same, per job
         self._committed: dict[str, int] = {}  # job -> newest committed step this store heard of
@@ -91,13 +101,14 @@ class ShardStore:
         self._memory_ceiling = _fraction("memory_ceiling", fraction, "RAY_CKPT_NODE_MEMORY_CEILING")
 
     @property
-    def job_fraction(self) -> float:
-        """The share of ``budget_bytes`` one job may hold here (1: no per-job limit)."""
+    def job_fraction(self) -> float | None:
+        """The share of ``budget_bytes`` one job may hold here (1: no per-job limit); None: the
+        fair share, ``budget // jobs present``."""
         return self._job_fraction
 
     @job_fraction.setter
-    def job_fraction(self, fraction: float) -> None:
-        self._job_fraction = _fraction("job_fraction", fraction, "RAY_CKPT_STORE_JOB_FRACTION")
+    def job_fraction(self, fraction: float | None) -> None:
+        self._job_fraction = _share_fraction(fraction)
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -123,8 +134,17 @@ class ShardStore:
         with self._lock:
             replaced = self._entries.get(key)
             freed = replaced.data.size + replaced.metadata_bytes if replaced else 0
-            used = self._used_locked()
-            if used + self._reserved + need - freed > self.budget_bytes:
+            room = make_room(
+                self._holdings_locked(),
+                job=meta.job,
+                step=meta.step,
+                need_bytes=need,
+                replaced_bytes=freed,
+                budget_bytes=self.budget_bytes,
+                fraction=self._job_fraction,
+            )
+            if room.refused == "budget":
+                used = self._used_locked()
                 raise StoreFullError(
                     f"store on node {self.node_id} cannot take shard {meta.index} of rank {meta.rank}, "
                     f"step {meta.step} of job {meta.job!r} ({need} bytes): {used} of "
@@ -136,8 +156,11 @@ class ShardStore:
                     budget_bytes=self.budget_bytes,
                     requested_bytes=need,
                 )
-            self._check_job_budget_locked(meta, need, freed)
+            if room.refused == "share":
+                raise self._over_share_error(meta, need, room.share_bytes, room.jobs_present)
+            self._evict_steps_locked(room.evict)
             self._reserve_locked(meta.job, need)
+            self._trim_spare_locked()  # the evicted steps' arrays, now that the put holds its bytes
         owned: np.ndarray | None = None
         try:
             owned = self._take_spare(size)
@@ -157,7 +180,9 @@ class ShardStore:
             self._reserve_locked(meta.job, -need)
             replaced = self._entries.get(key)
             self._entries[key] = _Entry(meta, owned, metadata_bytes)
+            self._count_locked(key, need)
             if replaced is not None:
+                self._count_locked(key, -(replaced.data.size + replaced.metadata_bytes))
                 self._spare.setdefault(replaced.data.size, []).append(replaced.data)
             self._trim_spare_locked()
 
@@ -283,7 +308,16 @@ class ShardStore:
     # ---- internals ----------------------------------------------------------------------
 
     def _used_locked(self) -> int:
-        return sum(e.data.size + e.metadata_bytes for e in self._entries.values())
+        return sum(sum(steps.values()) for steps in self._step_bytes.values())
+
+    def _count_locked(self, key: ShardAddress, nbytes: int) -> None:
+        """Count ``nbytes`` more (or fewer, when negative) held for ``key``'s job and step."""
+        steps = self._step_bytes.setdefault(key.job, {})
+        steps[key.step] = steps.get(key.step, 0) + nbytes
+        if not steps[key.step]:
+            del steps[key.step]
+            if not steps:
+                del self._step_bytes[key.job]
 
     def _reserve_locked(self, job: str, nbytes: int) -> None:
         """Count ``nbytes`` more (or fewer, when negative) in puts in flight, of ``job``."""
@@ -294,25 +328,47 @@ class ShardStore:
         else:
             self._reserved_by_job.pop(job, None)
 
-    def _check_job_budget_locked(self, meta: ShardMeta, need: int, freed: int) -> None:
-        """StoreFullError when the put would take its job past ``job_fraction`` of the budget."""
-        if self._job_fraction >= 1:
-            return
-        budget = int(self._job_fraction * self.budget_bytes)
+    def _holdings_locked(self) -> dict[str, JobHoldings]:
+        """Every job's bytes per step, bytes in puts in flight and newest committed step here."""
+        jobs = self._step_bytes.keys() | self._reserved_by_job.keys()
+        return {
+            job: JobHoldings(
+                step_bytes=dict(self._step_bytes.get(job, {})),
+                in_flight_bytes=self._reserved_by_job.get(job, 0),
+                committed=self._committed.get(job),
+            )
+            for job in jobs
+        }
+
+    def _evict_steps_locked(self, steps: tuple[tuple[str, int], ...]) -> None:
+        """Drop every shard and local copy of these (job, step) pairs (superseded steps a put
+        makes room with)."""
+        if steps:
+            doomed = set(steps)
+            self._drop_locked([k for k in self._entries if (k.job, k.step) in doomed])
+
+    def _over_share_error(self, meta: ShardMeta, need: int, share: int, jobs_present: int) -> StoreFullError:
+        """StoreFullError for a put that would take its job past its share of the budget."""
         used = sum(e.data.size + e.metadata_bytes for k, e in self._entries.items() if k.job == meta.job)
         reserved = self._reserved_by_job.get(meta.job, 0)
-        if used + reserved + need - freed <= budget:
-            return
-        raise StoreFullError(
+        if self._job_fraction is None:
+            rule = (
+                f"its fair share: the store's {self.budget_bytes} bytes shared among the {jobs_present} jobs "
+                f"holding shards here, RAY_CKPT_STORE_JOB_FRACTION={FAIR}"
+            )
+        else:
+            rule = f"{self._job_fraction:.0%} of the store's {self.budget_bytes} bytes, RAY_CKPT_STORE_JOB_FRACTION"
+        return StoreFullError(
             f"store on node {self.node_id} cannot take shard {meta.index} of rank {meta.rank}, step {meta.step} "
             f"of job {meta.job!r} ({need} bytes): the job holds {used} bytes here ({reserved} more in puts in "
-            f"flight) and may hold {budget} ({self._job_fraction:.0%} of the store's {self.budget_bytes} bytes, "
-            "RAY_CKPT_STORE_JOB_FRACTION). Lower the job's keep_committed or turn its local_copy off, drop its "
-            "old checkpoints (ray-ckpt drop), add nodes, or raise RAY_CKPT_STORE_JOB_FRACTION on the stores",
+            f"flight) and may hold {share} ({rule}), even after giving up its steps older than its newest "
+            "committed one. Turn the job's local_copy off, drop checkpoints no longer needed (ray-ckpt drop), "
+            "add nodes, raise the store budget, or set RAY_CKPT_STORE_JOB_FRACTION on the stores to a fixed "
+            "share (1: no per-job limit)",
             node_id=self.node_id,
             job=meta.job,
             used_bytes=used,
-            budget_bytes=budget,
+            budget_bytes=share,
             requested_bytes=need,
         )
 
@@ -327,6 +383,7 @@ class ShardStore:
         for key in keys:
             entry = self._entries.pop(key)
             freed += entry.data.size + entry.metadata_bytes
+            self._count_locked(key, -(entry.data.size + entry.metadata_bytes))
             self._spare.setdefault(entry.data.size, []).append(entry.data)
         self._trim_spare_locked()
         return freed
@@ -368,6 +425,11 @@ class ShardStore:
                 self._spare[size].pop()
                 spare -= size
         self._spare = {size: arrays for size, arrays in self._spare.items() if arrays}
+
+
+def _share_fraction(value: object) -> float | None:
+    """``job_fraction``: None (the fair share) or a fraction in (0, 1]."""
+    return None if value is None else _fraction("job_fraction", value, "RAY_CKPT_STORE_JOB_FRACTION")
 
 
 def _fraction(name: str, value: object, knob: str) -> float:

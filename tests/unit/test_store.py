@@ -90,7 +90,7 @@ def test_negative_budget_is_rejected() -> None:
 def test_put_over_budget_raises_explains_and_changes_nothing() -> None:
     """StoreFullError names used/budget bytes, the jobs, how to raise the budget; state is unchanged."""
     a, b = meta(job="alpha", index=0, size=100), meta(job="beta", index=1, size=100)
-    big, small = meta(job="alpha", step=2, size=1000), meta(job="alpha", step=3, size=10)
+    big, small = meta(job="alpha", step=2, size=1000), meta(job="gamma", step=3, size=10)
     budget = cost(a) + cost(b) + cost(small)
     store = ShardStore(node_id="n1", budget_bytes=budget)
     store.put(a, data(100, 1))
@@ -110,7 +110,8 @@ def test_put_over_budget_raises_explains_and_changes_nothing() -> None:
     assert store.stats() == before
     assert store.inventory() == inventory
     assert store.get(ShardAddress("alpha", 2, 0, 0)) is None
-    # still serving: reads work and a put that fits succeeds, filling the budget exactly
+    # still serving: reads work and a put that fits succeeds (a third job's, within its fair
+    # share of a third), filling the budget exactly
     held = store.get(ShardAddress("beta", 1, 0, 1))
     assert held is not None and held[1].tobytes() == bytes([2]) * 100
     store.put(small, data(10))
@@ -379,6 +380,88 @@ def test_a_job_past_its_share_of_the_store_is_refused_and_other_jobs_go_on() -> 
     assert store.stats().jobs == {"greedy": 2 * cost(shard), "modest": 2 * cost(shard)}
 
 
+def test_a_job_that_filled_the_store_leaves_room_for_another_and_keeps_its_newest_committed_step() -> None:
+    """The default fair share: job A fills the store (two committed steps, one in flight); job B
+    saves and commits anyway, by evicting A's superseded step only; A's newest committed step
+    and its save in flight survive intact. A's next save past its half then gives up A's own
+    superseded step, and a put still past it is refused naming A, its share and the knob."""
+    per_step = 2 * cost(meta(job="a", size=32))  # two shards a step
+    store = ShardStore(node_id="n1", budget_bytes=3 * per_step)
+    fill(store, "a", range(1, 3))
+    store.mark_committed("a", 2, [1, 2])  # keep_committed=2
+    fill(store, "a", range(3, 4))  # a save in flight
+    assert store.stats().used_bytes == store.budget_bytes  # A alone filled it, as before
+    fill(store, "b", range(1, 2))
+    store.mark_committed("b", 1, [1])
+    assert (held_steps(store, "a"), held_steps(store, "b")) == ({2, 3}, {1})
+    for step in (2, 3):
+        found = store.get(ShardAddress("a", step, 0, 1))
+        assert found is not None and bool((found[1] == step).all())
+    store.mark_committed("a", 3, [2, 3])
+    store.put(meta(job="a", step=4, index=0, size=32), data(32, 4))  # past A's half: step 2 goes
+    assert (held_steps(store, "a"), held_steps(store, "b")) == ({3, 4}, {1})
+    before = store.stats()
+    with pytest.raises(StoreFullError) as caught:
+        store.put(meta(job="a", step=4, index=1, size=32), data(32, 4))
+    error = caught.value
+    share = store.budget_bytes // 2
+    assert (error.job, error.used_bytes, error.budget_bytes) == ("a", per_step + per_step // 2, share)
+    assert f"may hold {share}" in str(error) and "2 jobs" in str(error)
+    assert "RAY_CKPT_STORE_JOB_FRACTION=fair" in str(error)
+    assert store.stats() == before  # refused: nothing evicted
+    store.job_fraction = 1.0  # the old rule, no per-job limit: the store has room, so A's put fits
+    store.put(meta(job="a", step=4, index=1, size=32), data(32, 4))
+    store.job_fraction = None
+    assert store.job_fraction is None
+
+
+def test_puts_racing_for_a_shared_store_never_pass_the_budget_or_evict_a_newest_committed_step() -> None:
+    """Two jobs, each at its half with a committed step and three superseded ones, racing puts
+    worth twice the budget from many threads: used never passes the budget, each job takes
+    exactly the six shards its superseded steps made room for, and each job's newest committed
+    step is still whole at the end (then, both dropped, the whole budget is free again)."""
+    size = 4096
+    shard = cost(meta(job="a", size=size))
+    store = ShardStore(node_id="n1", budget_bytes=16 * shard)
+    for job in ("a", "b"):
+        fill(store, job, range(1, 5), size=size)
+        store.mark_committed(job, 4, [1, 2, 3, 4])
+    start = threading.Barrier(16)
+    lock = threading.Lock()
+    taken = {"a": 0, "b": 0}
+    peak = [0]
+
+    def save(job: str, step: int) -> None:
+        start.wait()
+        for index in range(2):
+            try:
+                store.put(meta(job=job, step=step, index=index, size=size), data(size, step))
+                with lock:
+                    taken[job] += 1
+            except StoreFullError:
+                pass
+            used = store.stats().used_bytes
+            with lock:
+                peak[0] = max(peak[0], used)
+
+    threads = [threading.Thread(target=save, args=(job, step)) for job in ("a", "b") for step in range(5, 13)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak[0] <= store.budget_bytes and taken == {"a": 6, "b": 6}
+    assert store.stats().jobs == {"a": 8 * shard, "b": 8 * shard}
+    for job in ("a", "b"):
+        for index in range(2):
+            found = store.get(ShardAddress(job, 4, 0, index))
+            assert found is not None and bool((found[1] == 4).all())
+    for job in ("a", "b"):  # the store's count of held bytes followed every put, replacement and eviction
+        store.drop(job)
+    whole = meta(job="c", size=16 * size)
+    store.budget_bytes = cost(whole)
+    store.put(whole, data(16 * size))
+
+
 def test_puts_in_flight_count_against_their_jobs_budget() -> None:
     """Concurrent puts of one job never take it past its share, whatever their interleaving."""
     shard = meta(job="j", size=1000)
@@ -412,18 +495,26 @@ def test_a_memory_ceiling_or_job_fraction_outside_0_to_1_is_refused(fraction: ob
         store.memory_ceiling = fraction  # type: ignore[assignment]
     with pytest.raises(ConfigError, match="RAY_CKPT_STORE_JOB_FRACTION"):
         store.job_fraction = fraction  # type: ignore[assignment]
-    assert (store.memory_ceiling, store.job_fraction) == (0.9, 1.0)
+    assert (store.memory_ceiling, store.job_fraction) == (0.9, None)  # None: the fair share
     store.memory_ceiling = 1
     assert store.memory_ceiling == 1.0
 
 
-def test_the_job_fraction_knob_defaults_to_no_limit_and_refuses_nan() -> None:
-    assert settings.store_job_fraction() == 1.0
+def test_the_job_fraction_knob_defaults_to_the_fair_share_and_refuses_nan() -> None:
+    """RAY_CKPT_STORE_JOB_FRACTION: unset or "fair" is the fair share (None), a number in (0, 1]
+    a fixed share; NaN, 0 and values past 1 are refused naming the knob."""
+    assert settings.store_job_fraction() is None
+    assert ShardStore(node_id="n1", budget_bytes=1 << 20).job_fraction is None
+    for fair in ("fair", "FAIR", " fair "):
+        with settings.override(RAY_CKPT_STORE_JOB_FRACTION=fair):
+            assert settings.store_job_fraction() is None
     with settings.override(RAY_CKPT_STORE_JOB_FRACTION="0.25"):
         assert settings.store_job_fraction() == 0.25
     for bad in ("nan", "0", "1.5", "-1"):
         with settings.override(RAY_CKPT_STORE_JOB_FRACTION=bad), pytest.raises(ValueError, match=r"in \(0, 1\]"):
             settings.store_job_fraction()
+    with settings.override(RAY_CKPT_STORE_JOB_FRACTION="half"), pytest.raises(ValueError, match="JOB_FRACTION"):
+        settings.store_job_fraction()
 
 
 def test_a_local_copy_is_kept_apart_from_shard_0_by_its_address_alone() -> None:
