@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import queue
 import threading
 import time
 from typing import Any
@@ -12,7 +14,7 @@ import ray
 
 from actors import store_actor
 from ray_ckpt import settings
-from ray_ckpt.core import events, interval
+from ray_ckpt.core import events, interval, relay
 from ray_ckpt.core.registry import Registry
 from ray_ckpt.core.wire import (
     GroupResult,
@@ -39,6 +41,20 @@ _HANDLES_TTL_S = 1.0  # how stale the commit fan-out's list of stores may be
 _STAGE_THREADS = 4
 PLAN_MARK_WAIT_S = 2.0  # how long a plan call waits for the stores to keep its plan
 REBUILD_ROUNDS = 3  # times a store that does not answer the rebuild in time is asked
+
+
+@dataclasses.dataclass(frozen=True)
+class _Announcement:
+    """A commit sent to the root of the relay tree (``tree[0]``): ``sent``, its call, at
+    ``sent_at`` (monotonic); ``number`` orders the registry's announcements."""
+
+    number: int
+    job: str
+    keep: tuple[int, ...]
+    attempt: str | None
+    tree: list[str]
+    sent: Any
+    sent_at: float
 
 
 @ray.remote(  # type: ignore[call-overload]
@@ -70,10 +86,14 @@ class RegistryActor:
         self._handles_lock = threading.Lock()
         self._handles: dict[str, Any] = {}
         self._handles_at = float("-inf")
+        self._announcements: queue.SimpleQueue[_Announcement] = queue.SimpleQueue()
+        self._announced: dict[str, int] = {}  # job -> the number of its latest announcement
+        self._numbers = itertools.count()
         self._stage_calls = 0
         self._intervals_lock = threading.Lock()
         self._intervals: dict[str, dict[int, tuple[int, str]]] = {}  # job -> rank -> its newest "auto" interval
         self._rebuild(rebuild_timeout_s)
+        threading.Thread(target=self._confirm_announcements, name="ray_ckpt-announce", daemon=True).start()
         if settings.store_watch_interval_s() > 0:
             threading.Thread(target=self._watch_stores, name="ray_ckpt-store-watch", daemon=True).start()
 
@@ -213,15 +233,64 @@ class RegistryActor:
         return [outcome.result() for outcome in outcomes]
 
     def _announce_commit(self, job: str, keep: tuple[int, ...]) -> None:
-        """Send a commit to the root of the relay tree, with the tree: every live store, sorted,
-        and the fan-in (RAY_CKPT_RELAY_FANIN)."""
+        """Send a commit to the root of the relay tree, with the tree: every live store, sorted
+        (as looked up at most ``_HANDLES_TTL_S`` ago), and the fan-in (RAY_CKPT_RELAY_FANIN).
+        Sent at once, not waited for: ``_confirm_announcements`` checks that the root took it."""
         handles = self._store_handles()
-        members = sorted(handles)
-        if members:
-            attempt = self._registry.committed_by(job, keep[-1])
-            handles[members[0]].mark_committed.remote(
-                job, keep[-1], list(keep), members, None, settings.relay_fanin(), attempt
-            )
+        tree = sorted(handles)
+        if not tree:
+            return
+        attempt = self._registry.committed_by(job, keep[-1])
+        with self._handles_lock:
+            number = self._announced[job] = next(self._numbers)
+        sent = self._send_commit(handles[tree[0]], job, keep, attempt, tree)
+        self._announcements.put(_Announcement(number, job, keep, attempt, tree, sent, time.monotonic()))
+
+    @staticmethod
+    def _send_commit(handle: Any, job: str, keep: tuple[int, ...], attempt: str | None, tree: list[str]) -> Any:
+        return handle.mark_committed.remote(job, keep[-1], list(keep), tree, None, settings.relay_fanin(), attempt)
+
+    def _confirm_announcements(self) -> None:
+        """Check, in turn, that the root of each announced commit took it within
+        RAY_CKPT_RELAY_TIMEOUT_S of its sending. A commit a root did not take (dead, stuck) goes
+        to the next store of the live stores looked up again (``relay.announce``), until one
+        takes it; unless another commit of its job was announced since (a newer one evicts all
+        it would; after a rollback, it is the job's newest). So one dead store never keeps a
+        commit's evictions from the stores below it (those of nodes without ranks learn them
+        from commits alone)."""
+        while True:
+            announcement = self._announcements.get()
+            try:
+                self._confirm(announcement)
+            except Exception as error:  # the thread must outlive GCS hiccups; the next commit carries these evictions
+                logger.warning("could not announce a commit of job %s: %s", announcement.job, error)
+
+    def _confirm(self, announcement: _Announcement) -> None:
+        job, keep = announcement.job, announcement.keep
+        sent = {announcement.tree[0]: (announcement.sent, announcement.sent_at)}  # the call made at the commit
+
+        def deliver(tree: list[str]) -> bool:
+            ref, sent_at = sent.pop(tree[0], (None, time.monotonic()))
+            if ref is None:
+                handle = self._store_handles().get(tree[0])
+                if handle is None:
+                    return False
+                ref = self._send_commit(handle, job, keep, announcement.attempt, tree)
+            try:
+                ray.get(ref, timeout=max(0.0, sent_at + settings.relay_timeout_s() - time.monotonic()))
+                return True
+            except Exception as error:  # dead, or slower than RAY_CKPT_RELAY_TIMEOUT_S
+                logger.info("the store on node %s did not take commit %d of %s (%s)", tree[0], keep[-1], job, error)
+                return False
+
+        def superseded() -> bool:
+            return self._announced.get(job) != announcement.number
+
+        def still_to_try() -> list[str]:
+            return [] if superseded() else sorted(self._store_handles(refresh=True))
+
+        if relay.announce(announcement.tree, deliver, still_to_try) is None and not superseded():
+            logger.warning("no store took commit %d of job %s: its evictions wait for the next commit", keep[-1], job)
 
     def _record_status(self, job: str) -> None:
         """Record a ``status`` event of ``job``'s newest committed step (``events.status_event``):
@@ -269,12 +338,13 @@ class RegistryActor:
         )
         metrics.observe_event(recorded)
 
-    def _store_handles(self) -> dict[str, Any]:
-        """The live stores' handles for fire-and-forget fan-outs, looked up at most once every
-        ``_HANDLES_TTL_S`` (a lookup is one GCS call per store; a commit must not pay it)."""
+    def _store_handles(self, refresh: bool = False) -> dict[str, Any]:
+        """The live stores' handles for commit announcements, looked up at most once every
+        ``_HANDLES_TTL_S`` (a lookup is one GCS call per store; a commit must not pay it), or now
+        with ``refresh`` (a store of the list failed)."""
         with self._handles_lock:
             now = time.monotonic()
-            if now - self._handles_at > _HANDLES_TTL_S:
+            if refresh or now - self._handles_at > _HANDLES_TTL_S:
                 self._handles = naming.store_handles(self._namespace)
                 self._handles_at = now
             return self._handles
@@ -373,5 +443,7 @@ class RegistryActor:
         self._registry.forget(job)
         with self._intervals_lock:
             self._intervals.pop(job, None)
+        with self._handles_lock:
+            self._announced.pop(job, None)
         refs = [handle.drop.remote(job, None) for handle in naming.store_handles(self._namespace).values()]
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)

@@ -10,7 +10,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ray_ckpt import settings
+from ray_ckpt import _ray_compat, settings
 from ray_ckpt.core.coordinator_relay import OPS, WAITING_OPS, CoordinatorRelay
 from ray_ckpt.core.generations import POLL_S
 from ray_ckpt.core.relay import Relay, reachable_part, subtrees
@@ -65,7 +65,7 @@ class ShardStoreActor:
         metrics.observe_store(self._store.stats())
         self._relay = Relay(self._send_up, StageGroup.merged)
         self._plans = Relay(self._send_plans_up, PlanQuery.merged)
-        self._coordinator_calls = CoordinatorRelay(self._coordinate_up)
+        self._coordinator_calls = CoordinatorRelay(self._coordinate_up, identify=_ray_compat.actor_id)
         self._registry: RegistryClient | None = None
         self._parent: str | None = None  # the store stages go up to; None: the registry
         self._members: list[str] = [node_id]  # this store's part of the relay tree, itself first
@@ -154,8 +154,8 @@ class ShardStoreActor:
     @ray.method(concurrency_group="rendezvous")
     def coordinate(self, run: str, coordinator: Any, op: str, key: list[Any], entries: list[Any]) -> list[Any]:
         """A call to the generation coordinator ``coordinator`` of in-place run ``run`` (from a
-        rank of this node, or relayed by a store below): merged with the same run's concurrent
-        calls of the same op and key, and passed up the relay tree
+        rank of this node, or relayed by a store below): merged with the concurrent calls of the
+        same run, coordinator (by actor id), op and key, and passed up the relay tree
         (``ray_ckpt.core.coordinator_relay``). One result per entry."""
         self._coordinated += 1
         return self._coordinator_calls.submit(run, coordinator, op, tuple(key), entries)

@@ -443,6 +443,12 @@ def is_head_node(node: RayNode) -> bool:
     return HEAD_NODE_RESOURCE in node.resources
 
 
+def actor_id(handle: Any) -> str:
+    """The id (hex) of the actor behind ``handle``: equal for every copy of a handle to one
+    actor, so it names the actor without holding a reference to it (Ray's ``_actor_id``)."""
+    return str(handle._actor_id.hex())
+
+
 def driver_printer() -> Callable[..., Any] | None:
     """The function this driver prints the messages the cluster publishes to drivers with
     (``ray._private.worker.print_to_stdstream``, which Ray's listener thread looks up for every

@@ -20,9 +20,12 @@ relay failed is safe: the registry acknowledges stages it holds already (``Regis
 
 **Down**: the commit (job, step, kept steps) goes from the registry to the root and from each
 store to its children, fire and forget; a child with no store now (killed, its successor not
-registered yet) is passed over, the next store of its run taking its place. A store also
-learns the kept steps of its job from every stage result (``GroupResult.keep_steps``), so a
-commit lost with a failed relay is made up by the next stage round.
+registered yet) is passed over, the next store of its run taking its place. The registry's one
+hop is checked (``announce``): a root that does not take the commit in time (dead, stuck) is
+passed over too, the commit going to the first store of the live stores looked up again, so
+the stores that hold no rank (which learn evictions from commits alone) still evict. A store
+also learns the kept steps of its job from every stage result (``GroupResult.keep_steps``), so
+a commit lost with a failed relay is made up by the next stage round.
 
 **Restore plans** climb the same tree after a restart: every rank asks its node's store for
 its attempt's plan and its record (``PlanQuery``); the queries of one job and attempt merge on
@@ -60,6 +63,25 @@ def reachable_part(run: Sequence[str], reachable: Callable[[str], bool]) -> list
     for first, node_id in enumerate(run):
         if reachable(node_id):
             return list(run[first:])
+    return None
+
+
+def announce(
+    members: Sequence[str], deliver: Callable[[list[str]], bool], refresh: Callable[[], Iterable[str]]
+) -> list[str] | None:
+    """Hand a commit to the root of a tree over ``members`` (the live stores as last looked up,
+    sorted): ``deliver(tree)`` sends it to ``tree[0]`` with ``tree`` and says whether that store
+    took it within its bound. A store that did not (dead, stuck) is passed over: ``refresh()``
+    names the stores to try now (the live stores looked up again; none to give up), and the
+    commit goes to the first of them that has not failed this commit, with the rest of them as
+    its tree. Returns the tree the commit went down, or None when no store took it."""
+    failed: set[str] = set()
+    tree = list(members)
+    while tree:
+        if deliver(tree):
+            return tree
+        failed.add(tree[0])
+        tree = [node for node in sorted(refresh()) if node not in failed]
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pace
@@ -312,3 +313,114 @@ def test_checkpointer_rejects_bad_input_at_the_call_and_loses_nothing(sim_cluste
     assert ray.get(naming.registry_handle(sim_cluster.namespace).committed_steps.remote(JOB)) == [3]
     result = ray.get(restore_rank.remote(sim_cluster.namespace, JOB, 0, 1, CODE))
     assert result["step"] == 3 and result["digest"] == digest(make_state(0, 3))
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def _save_step(namespace: str, rank: int, world_size: int, step: int, config: dict) -> None:
+    """Save make_state(rank, step) as one rank of the worker group "group-1"."""
+    with Checkpointer(
+        job=JOB,
+        rank=rank,
+        world_size=world_size,
+        config=ray_ckpt.CheckpointConfig(**config),
+        namespace=namespace,
+        attempt="group-1",
+    ) as checkpointer:
+        checkpointer.save(step, make_state(rank, step)).wait(timeout_s=60)
+
+
+def _steps_held(namespace: str) -> dict[str, set[int]]:
+    """node id -> the steps of JOB its store holds shards of."""
+    handles = naming.store_handles(namespace)
+    holdings = ray.get([h.holdings.remote() for h in handles.values()], timeout=pace.bound(30))
+    return {node: {m["step"] for m in held["metas"] if m["job"] == JOB} for node, held in zip(handles, holdings)}
+
+
+@pytest.mark.nodes(6)
+def test_a_commit_announced_to_a_dead_store_still_evicts_at_the_stores_of_nodes_without_ranks(
+    sim_cluster: SimCluster,
+) -> None:
+    """The first store of the registry's list killed between a commit and its announcement (the
+    registry's list of stores, cached for up to a second, still names it; here it is held so):
+    the announcement passes the dead store over, and the stores of nodes without a rank, which
+    learn evictions from commits alone, drop the superseded step's shards and hear the commit."""
+    namespace = sim_cluster.namespace
+    config = {**CODE, "keep_committed": 1}
+    stores = sorted(naming.store_node_ids(namespace))
+    first = stores[0]
+    rank_nodes = [node for node in (sim_cluster.node_id(i) for i in range(len(sim_cluster.workers))) if node != first]
+    rank_nodes = rank_nodes[:2]
+
+    def save(step: int) -> None:
+        ray.get(
+            [
+                _save_step.options(scheduling_strategy=on_node(node)).remote(namespace, rank, 2, step, config)
+                for rank, node in enumerate(rank_nodes)
+            ]
+        )
+
+    def hold_store_list(registry: Any) -> list[str]:  # runs in the registry: its list, looked up now and kept
+        registry._handles_at = float("-inf")
+        listed = sorted(registry._store_handles())
+        registry._handles_at = float("inf")
+        return listed
+
+    save(0)
+    without_ranks = {node for node, steps in _steps_held(namespace).items() if 0 in steps} - {first, *rank_nodes}
+    assert without_ranks  # step 0's shards sit on stores of nodes that run no rank
+    registry = naming.registry_handle(namespace)
+    assert ray.get(registry.__ray_call__.remote(hold_store_list)) == stores
+    doomed = naming.store_handles(namespace, [first])[first]
+    ray.kill(doomed, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(doomed.ready.remote(), timeout=pace.bound(30))
+    save(1)  # commits step 1, announced to the dead store first
+    deadline = time.monotonic() + pace.bound(20)
+    while any(0 in _steps_held(namespace).get(node, set()) for node in without_ranks):
+        if time.monotonic() > deadline:
+            pytest.fail(f"stores of nodes without ranks still hold step 0: {_steps_held(namespace)}")
+        time.sleep(0.2)
+    handles = naming.store_handles(namespace, sorted(without_ranks))
+    marks = [held["committed"].get(JOB) for held in ray.get([h.holdings.remote() for h in handles.values()])]
+    assert marks == [1] * len(without_ranks)
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class _NamedCoordinator:
+    """A coordinator that answers each beat entry with its own name and records its calls; its
+    first call takes ``first_call_s``, so the calls after it queue in the store."""
+
+    def __init__(self, name: str, first_call_s: float) -> None:
+        self.name, self.first_call_s, self.calls = name, first_call_s, []
+
+    def beat_many(self, entries: list[Any]) -> list[str]:
+        self.calls.append(list(entries))
+        if len(self.calls) == 1:
+            time.sleep(self.first_call_s)
+        return [f"{self.name}:{entry}" for entry in entries]
+
+    def recorded(self) -> list[list[Any]]:
+        return self.calls
+
+
+@pytest.mark.nodes(6)
+def test_a_store_never_sends_one_coordinators_calls_to_another(sim_cluster: SimCluster) -> None:
+    """Calls of one run id through one store, naming two coordinators (a probe's beside the
+    run's), while a call of the first is in flight: each entry reaches the coordinator its
+    caller named, each caller gets that coordinator's answers, and the calls of one
+    coordinator still merge (copies of its handle name one actor)."""
+    store = next(iter(naming.store_handles(sim_cluster.namespace).values()))
+    run_s, probe = _NamedCoordinator.remote("run", 1.0), _NamedCoordinator.remote("probe", 0.0)
+    first = store.coordinate.remote("r", run_s, "beat", [], ["e0"])
+    time.sleep(0.3)  # the first call is at the run's coordinator
+    queued = {
+        entry: store.coordinate.remote("r", coordinator, "beat", [], [entry])
+        for entry, coordinator in [("e1", run_s), ("p1", probe), ("e2", run_s), ("p2", probe)]
+    }
+    assert ray.get(first, timeout=pace.bound(30)) == ["run:e0"]
+    answers = {entry: ray.get(ref, timeout=pace.bound(30)) for entry, ref in queued.items()}
+    assert answers == {e: [f"{'run' if e[0] == 'e' else 'probe'}:{e}"] for e in queued}
+    run_calls = ray.get(run_s.recorded.remote())
+    assert run_calls[0] == ["e0"] and sorted(e for call in run_calls[1:] for e in call) == ["e1", "e2"]
+    assert len(run_calls) == 2, run_calls  # e1 and e2 queued behind e0 and went up as one
+    assert sorted(e for call in ray.get(probe.recorded.remote()) for e in call) == ["p1", "p2"]

@@ -15,7 +15,7 @@ from shard_metas import shard_metas
 
 from ray_ckpt.core.batcher import Batcher
 from ray_ckpt.core.registry import Registry
-from ray_ckpt.core.relay import Relay, reachable_part, subtrees
+from ray_ckpt.core.relay import Relay, announce, reachable_part, subtrees
 from ray_ckpt.core.wire import GroupResult, PlanAnswer, PlanQuery, RestorePlan, StageGroup, StagePart, StageRequest
 from ray_ckpt.errors import ConfigError, SnapshotFormatError, StaleAttemptError
 
@@ -110,6 +110,54 @@ def test_stores_below_gone_ones_are_still_placed_once_with_parents_before_childr
     assert all(parent is None or parent < child for child, parent in parents.items())
     children = [parent for parent in parents.values() if parent is not None]
     assert all(children.count(parent) <= fanin for parent in set(children))
+
+
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 40), fanin=st.integers(1, 5), data=st.data())
+def test_a_commit_announced_past_any_gone_stores_reaches_every_live_store_once(
+    count: int, fanin: int, data: st.DataObject
+) -> None:
+    """Any stores gone, the root too (the registry's list, cached, still names them; its fresh
+    lookups may still name some): the commit reaches every live store exactly once, with parents
+    before children; each store is offered the commit at most once; none live: None."""
+    members = sorted(f"{i:04x}" for i in range(count))
+    gone = data.draw(st.sets(st.sampled_from(members)))
+    still_listed = data.draw(st.sets(st.sampled_from(sorted(gone)))) if gone else set()
+    offered: list[str] = []
+
+    def deliver(tree: list[str]) -> bool:
+        offered.append(tree[0])
+        return tree[0] not in gone
+
+    went = announce(members, deliver, lambda: (set(members) - gone) | still_listed)
+    assert len(offered) == len(set(offered))
+    if went is None:
+        assert gone == set(members)
+        return
+    parents = tree_past_gone(went, fanin, gone)
+    assert sorted(parents) == sorted(set(members) - gone)
+    assert all(parent is None or parent < child for child, parent in parents.items())
+
+
+def test_a_live_root_takes_the_commit_with_no_lookup_and_a_dead_one_is_passed_over_after_one() -> None:
+    """The root of the cached list takes the commit: one call, no lookup. A dead root: the live
+    stores are looked up again and the first of them takes the commit with the rest as its tree."""
+    lookups: list[int] = []
+
+    def live() -> list[str]:
+        lookups.append(1)
+        return ["c", "b", "d"]  # any order: the tree is drawn over them sorted
+
+    assert announce(["a", "b", "c"], lambda tree: True, live) == ["a", "b", "c"] and not lookups
+    assert announce(["a", "b", "c"], lambda tree: tree[0] != "a", live) == ["b", "c", "d"]
+    assert len(lookups) == 1
+
+
+def test_an_announcement_gives_up_when_no_store_is_left_to_try() -> None:
+    offered: list[list[str]] = []
+    assert announce(["a", "b"], lambda tree: offered.append(tree) is not None, lambda: []) is None
+    assert offered == [["a", "b"]]
+    assert announce([], lambda tree: True, lambda: ["a"]) is None
 
 
 def test_subtrees_splits_the_rest_into_contiguous_runs_of_near_equal_length() -> None:
