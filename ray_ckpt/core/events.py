@@ -275,7 +275,10 @@ class EventLog:
 
     Bounds: in memory at most ``capacity`` events and ``memory_max_bytes`` of their JSON (the
     newest event always stays); the file is rotated before a line would take it past
-    ``file_max_bytes``, keeping ``file_keep`` older files (``<path>.1`` the newest). Each bound
+    ``file_max_bytes``, keeping ``file_keep`` older files (``<path>.1`` the newest). The
+    previous snapshot of a job (what ``append_status`` records its next delta against) is held
+    only while that job's newest whole status event is in memory, in the current file and less
+    than ``STATUS_FULL_EVERY_S`` old, and dropped oldest first after that. Each bound
     not given is the setting's value when used (RAY_CKPT_EVENTS_MEMORY_MAX_BYTES,
     RAY_CKPT_EVENTS_FILE_MAX_BYTES, RAY_CKPT_EVENTS_FILE_KEEP)."""
 
@@ -306,7 +309,8 @@ class EventLog:
         self._count = 0
         self.rotations = 0  # how often the file was rotated
         # job -> (its previous status snapshot, whole; the rotation and sequence number of its
-        # newest whole status event, and that event's time)
+        # newest whole status event, and that event's time), in the order of those sequence
+        # numbers: held only while a delta against it could be recorded (``_forget_snapshots``)
         self._status: dict[str, tuple[dict[str, Any], int, int, float]] = {}
 
     def append(self, record: dict[str, Any], *, max_bytes: int | None = None, kinds: Collection[str] = KINDS) -> None:
@@ -351,11 +355,12 @@ class EventLog:
                 delta = status_delta(previous[0], snapshot)
                 line = "" if delta is None else _line(delta)
                 if delta is not None and not self._rotates(len(line) + 1):  # a new file would lack its base
+                    self._status[job] = (snapshot, previous[1], previous[2], previous[3])  # keeps its place
                     self._add(delta, line)
-                    self._status[job] = (snapshot, previous[1], previous[2], previous[3])
                     return delta
+            self._status.pop(job, None)
             self._add(snapshot, _line(snapshot))
-            self._status[job] = (snapshot, self.rotations, self._count - 1, float(snapshot["time"]))
+            self._status[job] = (snapshot, self.rotations, self._count - 1, float(snapshot["time"]))  # the newest
             return snapshot
 
     def since(self, sequence: int = 0) -> tuple[int, list[dict[str, Any]]]:
@@ -378,6 +383,19 @@ class EventLog:
         limit = settings.events_memory_max_bytes() if self._memory_max_bytes is None else self._memory_max_bytes
         while len(self._events) > 1 and (self._held_bytes > limit or len(self._events) > self._capacity):
             self._held_bytes -= self._events.popleft()[1]
+        self._forget_snapshots(float(record["time"]))
+
+    def _forget_snapshots(self, now: float) -> None:
+        """Drop the jobs' previous snapshots that no delta could be recorded against any more,
+        oldest first: their whole event left memory or the file, or is ``STATUS_FULL_EVERY_S``
+        old at ``now`` (an event's time). What stays is bounded by the events held, not by every
+        job ever seen."""
+        first = self._count - len(self._events)
+        while self._status:
+            job, (_, rotation, sequence, at) = next(iter(self._status.items()))
+            if rotation == self.rotations and sequence >= first and now - at < STATUS_FULL_EVERY_S:
+                return
+            del self._status[job]
 
     def _rotates(self, size: int) -> bool:
         """Whether writing ``size`` more bytes rotates the file first."""
@@ -408,15 +426,22 @@ class EventLog:
 def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The events of a JSON-lines file, in file order; lines that do not parse or do not hold a
     well-formed event (``check``) are skipped."""
-    records = []
     with open(path, encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if valid(record):
-                records.append(record)
+        return parse(lines)
+
+
+def parse(lines: Iterable[str], *, checked: bool = True) -> list[Any]:
+    """The events of JSON lines, in order; lines that do not parse are skipped, and so are those
+    that do not hold a well-formed event (``check``) unless ``checked`` is False (for a reader
+    that checks each event itself: the dashboard's window)."""
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not checked or valid(record):
+            records.append(record)
     return records
 
 
@@ -530,22 +555,30 @@ def resolve(records: Iterable[Any]) -> list[dict[str, Any]]:
     A delta whose ``base`` is not the time of its job's previous status event (that event was
     rotated out of the file, dropped from memory, or skipped) is left out, and so is every later
     delta of the job until its next whole event."""
-    previous: dict[str, dict[str, Any] | None] = {}  # job -> its newest snapshot (None: chain broken)
-    resolved = []
-    for record in records:
-        if not valid(record):
-            continue
+    resolver = Resolver()
+    return [r for r in (resolver.add(record) for record in records if valid(record)) if r is not None]
+
+
+class Resolver:
+    """``resolve`` one event at a time, for a reader that takes events as they arrive (the live
+    dashboard). It holds each job's newest snapshot: one per job it was given a status event of."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, dict[str, Any] | None] = {}  # job -> its newest snapshot (None: chain broken)
+
+    def add(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """``record``, a well-formed event (``check``: the caller checked), as ``resolve`` gives
+        it: a status delta made whole; None for a delta ``resolve`` leaves out."""
         if record["kind"] != "status":
-            resolved.append(record)
-            continue
+            return record
         job = str(record["job"])
         if record.get("base") is None:
             snapshot = dict(record)
         else:
-            base = previous.get(job)
+            base = self._previous.get(job)
             if base is None or base.get("time") != record["base"]:
-                previous[job] = None
-                continue
+                self._previous[job] = None
+                return None
             snapshot = {name: value for name, value in record.items() if name != "base"}
             for name in _PATCHED:
                 patch = record.get(name)
@@ -559,9 +592,16 @@ def resolve(records: Iterable[Any]) -> list[dict[str, Any]]:
                     else:
                         patched[key] = value
                 snapshot[name] = patched
-        previous[job] = snapshot
-        resolved.append(snapshot)
-    return resolved
+        self._previous[job] = snapshot
+        return snapshot
+
+    def adopt(self, other: Resolver, *, since: float) -> None:
+        """Take ``other``'s newest snapshot of each job this one has none of, if it is from
+        ``since`` on: the deltas that follow it still resolve (a reader that forgot the events
+        before them). A job's next delta is at most ``STATUS_FULL_EVERY_S`` after its base."""
+        for job, snapshot in other._previous.items():
+            if job not in self._previous and snapshot is not None and float(snapshot["time"]) >= since:
+                self._previous[job] = snapshot
 
 
 class Coalescer:
@@ -605,6 +645,8 @@ class Coalescer:
                 for key in ready:
                     del self._due[key]
                     self._last[key] = now
+                for key in [k for k, last in self._last.items() if now - last >= self._interval_s]:
+                    del self._last[key]  # a request for it may run at once: as if never run
                 self._running += 1
             try:
                 for key in ready:

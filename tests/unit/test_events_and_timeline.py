@@ -627,6 +627,19 @@ def test_coalescer_runs_each_key_at_most_once_per_interval_and_always_the_last_r
     assert len([k for k, _ in calls if k == "a"]) == 3
 
 
+def test_coalescer_forgets_keys_it_may_run_at_once_again() -> None:
+    """It keeps when each key last ran only while that still delays a request: not every key
+    (job) it ever ran."""
+    coalescer = events.Coalescer(lambda key: None, interval_s=0.05)
+    for i in range(100):
+        coalescer.request(f"job-{i}")
+    assert coalescer.wait_idle(5.0)
+    time.sleep(0.1)
+    coalescer.request("z")
+    assert coalescer.wait_idle(5.0)
+    assert list(coalescer._last) == ["z"]
+
+
 def test_coalescer_survives_a_failing_call() -> None:
     """An exception in the work is logged; later requests still run."""
     seen: list[str] = []
@@ -968,6 +981,27 @@ def test_a_status_event_is_whole_when_a_reader_could_not_find_its_base(tmp_path)
     assert "base" not in log.append_status(snapshot_at(6, 4, step=2, t=T0 + events.STATUS_FULL_EVERY_S))
     with pytest.raises(ConfigError, match="whole"):
         log.append_status({**snapshot_at(6, 4, step=3, t=T0 + 1e4), "base": T0})
+
+
+def test_the_log_holds_a_jobs_previous_snapshot_only_while_a_delta_could_use_it() -> None:
+    """Not one snapshot per job ever seen: a job's is dropped, oldest first, once its whole event
+    left memory or is STATUS_FULL_EVERY_S old (its next event is whole then anyway), so what the
+    log holds is bounded by the events it holds; recent jobs still get deltas."""
+    first = snapshot_at(6, 4, step=0, t=T0)
+    log = EventLog(memory_max_bytes=20 * json_size(first))
+    for i in range(300):
+        log.append_status({**snapshot_at(6, 4, step=0, t=T0 + i * 0.1), "job": f"j{i}"})
+        assert len(log._status) <= len(log.since(0)[1]) <= 20
+    assert list(log._status) == [f"j{i}" for i in range(300 - len(log._status), 300)]  # the newest jobs
+    assert "base" in log.append_status({**snapshot_at(6, 4, step=1, t=T0 + 30), "job": "j299"})
+    assert "base" not in log.append_status({**snapshot_at(6, 4, step=1, t=T0 + 30), "job": "j0"})
+
+    log = EventLog()
+    log.append_status({**first, "job": "old"})
+    log.append_status({**snapshot_at(6, 4, step=0, t=T0 + 1), "job": "recent"})
+    log.append(kill(events.STATUS_FULL_EVERY_S, "n"))  # any event ages the snapshots out
+    assert list(log._status) == ["recent"]
+    assert "base" not in log.append_status({**snapshot_at(6, 4, step=1, t=T0 + 700), "job": "old"})
 
 
 def test_resolve_skips_deltas_whose_base_is_missing_until_the_next_whole_event() -> None:
