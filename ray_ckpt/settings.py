@@ -120,6 +120,19 @@ def events_memory_max_bytes() -> int:
     return max(1, _read("RAY_CKPT_EVENTS_MEMORY_MAX_BYTES", 16 << 20, int))
 
 
+def dashboard_events_max_bytes() -> int:
+    """RAY_CKPT_DASHBOARD_EVENTS_MAX_BYTES: a running ``ray-ckpt dashboard`` holds its events up
+    to this many bytes of their JSON (as Python objects a few times that); past it, it drops the
+    oldest down to three quarters of it (``ray_ckpt.dashboard.data.EventWindow``)."""
+    return max(1, _read("RAY_CKPT_DASHBOARD_EVENTS_MAX_BYTES", 32 << 20, int))
+
+
+def dashboard_events_max_age_s() -> float:
+    """RAY_CKPT_DASHBOARD_EVENTS_MAX_AGE_S: a running ``ray-ckpt dashboard`` drops events older
+    than this against its newest one (or the clock, if earlier), down to three quarters of it."""
+    return _positive_seconds("RAY_CKPT_DASHBOARD_EVENTS_MAX_AGE_S", 86400.0)
+
+
 def store_watch_interval_s() -> float:
     """RAY_CKPT_STORE_WATCH_INTERVAL_S: how often the registry looks for alive nodes without a
     store and starts one there (a node that joins or rejoins gets its store by itself); 0 turns

@@ -1,30 +1,39 @@
 """``ray-ckpt dashboard``: a small web server (standard library only) for the dashboard page.
 
 Routes: ``/`` the page, ``/static/<file>`` its CSS and JS, ``/api/data`` everything the page
-draws (``ray_ckpt.dashboard.data.build``). Data comes from recorded events files (re-read when
-they change) and/or, live, from a running cluster: the registry's events, ``ray_ckpt.status()``
-and the placement of each job's newest committed step (queried at most once a second; the page
-polls every 2 s). ``--export report.html`` writes one self-contained HTML file instead.
+draws (``ray_ckpt.dashboard.data``). Data comes from recorded events files (read as they grow)
+and/or, live, from a running cluster: the registry's new events, ``ray_ckpt.status()`` and the
+placement of each job's newest committed step (queried at most once a second; the page polls
+every 2 s). The events go into one ``EventWindow``, bounded by RAY_CKPT_DASHBOARD_EVENTS_MAX_BYTES
+and RAY_CKPT_DASHBOARD_EVENTS_MAX_AGE_S, and each poll folds in only the new ones.
+``--export report.html`` writes one self-contained HTML file instead.
+
+A request whose ``Host`` header names neither this machine's loopback (``localhost``, an IP
+address), the host the server was bound to (for all interfaces: this host's name), nor one passed
+with ``--allow-host`` is refused with 403: a web page on another site cannot read the dashboard
+by pointing its own name at this machine (DNS rebinding).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import logging
+import os
 import pathlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ray_ckpt import settings
 from ray_ckpt.core import events as events_module
-from ray_ckpt.dashboard.data import build
+from ray_ckpt.dashboard.data import EventWindow
 from ray_ckpt.errors import DashboardError
 
 logger = logging.getLogger(__name__)
@@ -35,31 +44,39 @@ DEFAULT_PORT = 8266
 LIVE_MIN_INTERVAL_S = 1.0
 _CSS_TAG = '<link rel="stylesheet" href="static/style.css">'
 _JS_TAG = '<script src="static/app.js"></script>'
+_ALL_INTERFACES = ("", "0.0.0.0", "::")
 
 
 class EventFiles:
-    """Recorded events files, re-read only when their size or modification time changes."""
+    """Recorded events files, read as they grow: ``read`` returns the lines appended since the
+    call before (a file replaced or cut shorter, as a rotation does, is read from its start)."""
 
     def __init__(self, paths: list[str]) -> None:
         self.paths = [pathlib.Path(p) for p in paths]
         for path in self.paths:
             if not path.is_file():
                 raise DashboardError(f"no events file at {path}")
-        self._cache: dict[pathlib.Path, tuple[tuple[float, int], list[dict[str, Any]]]] = {}
+        self._read: dict[pathlib.Path, tuple[int, int]] = {}  # path -> (its inode, bytes read: whole lines)
 
-    def read(self) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
+    def read(self) -> list[Any]:
+        """The events of the lines new since the last call, parsed, not checked (the window
+        checks them); a last line without its newline is given each time until it has one."""
+        records: list[Any] = []
         for path in self.paths:
             try:
-                stat = path.stat()
+                with path.open("rb") as file:
+                    stat = os.fstat(file.fileno())
+                    inode, offset = self._read.get(path, (stat.st_ino, 0))
+                    if inode != stat.st_ino or stat.st_size < offset:
+                        offset = 0
+                    file.seek(offset)
+                    chunk = file.read()
             except OSError:
                 continue
-            key = (stat.st_mtime, stat.st_size)
-            cached = self._cache.get(path)
-            if cached is None or cached[0] != key:
-                cached = (key, events_module.read(path))
-                self._cache[path] = cached
-            records.extend(cached[1])
+            whole = chunk.rfind(b"\n") + 1
+            self._read[path] = (stat.st_ino, offset + whole)
+            lines = chunk.decode("utf-8", errors="replace").splitlines()
+            records.extend(events_module.parse(lines, checked=False))
         return records
 
     def names(self) -> list[str]:
@@ -73,11 +90,10 @@ class LiveCluster:
         self.namespace = namespace
         self.timeout_s = timeout_s
         self._since = 0
-        self._events: list[dict[str, Any]] = []
 
-    def snapshot(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """(every event the registry logged so far, the live part for ``data.build``, with Ray's
-        node records for hosts)."""
+    def snapshot(self, new_events: Callable[[list[dict[str, Any]]], object]) -> dict[str, Any]:
+        """The live part for ``data.build``, with Ray's node records for hosts; first hands the
+        events the registry logged since the last call to ``new_events``."""
         from ray_ckpt import service
         from ray_ckpt.core.wire import ranks_to_wire
         from ray_ckpt.errors import StoreUnavailableError
@@ -91,7 +107,7 @@ class LiveCluster:
             following, new = registry.events(self._since)
             if following < self._since:  # the registry restarted: its numbering starts again
                 following, new = registry.events(0)
-            self._events.extend(new)
+            new_events(new)
             self._since = following
         status = service.status(namespace=self.namespace, timeout_s=self.timeout_s)
         ray_nodes = naming.nodes()
@@ -102,50 +118,45 @@ class LiveCluster:
                 step = info.get("latest_committed")
                 if step is not None:
                     placements[job] = {"step": step, "ranks": ranks_to_wire(registry.locate(job, step))}
-        return list(self._events), {"status": status, "alive": alive, "placements": placements, "ray_nodes": ray_nodes}
+        return {"status": status, "alive": alive, "placements": placements, "ray_nodes": ray_nodes}
 
 
 class Dashboard:
-    """Assembles ``/api/data`` from events files and/or a live cluster (thread-safe)."""
+    """Assembles ``/api/data`` from events files and/or a live cluster (thread-safe). The events
+    go into ``window`` (by default bounded by RAY_CKPT_DASHBOARD_EVENTS_MAX_BYTES and
+    RAY_CKPT_DASHBOARD_EVENTS_MAX_AGE_S), the new ones at each call."""
 
-    def __init__(self, files: EventFiles | None = None, live: LiveCluster | None = None) -> None:
+    def __init__(
+        self, files: EventFiles | None = None, live: LiveCluster | None = None, *, window: EventWindow | None = None
+    ) -> None:
         self.files = files
         self.live = live
+        if window is None:
+            window = EventWindow(
+                max_bytes=settings.dashboard_events_max_bytes(), max_age_s=settings.dashboard_events_max_age_s()
+            )
+        self.window = window
         self._lock = threading.Lock()
-        self._live_cache: tuple[float, list[dict[str, Any]], dict[str, Any] | None, str | None] | None = None
+        self._live_cache: tuple[float, dict[str, Any] | None, str | None] | None = None
 
     def data(self) -> dict[str, Any]:
         with self._lock:
-            records = self.files.read() if self.files is not None else []
+            if self.files is not None:
+                self.window.add(self.files.read())
             live_part = None
             error = None
             if self.live is not None:
                 now = time.monotonic()
                 if self._live_cache is None or now - self._live_cache[0] >= LIVE_MIN_INTERVAL_S:
                     try:
-                        live_events, live_part = self.live.snapshot()
-                        self._live_cache = (now, live_events, live_part, None)
+                        self._live_cache = (now, self.live.snapshot(self.window.add), None)
                     except Exception as failure:  # shown on the page; the last good data stays
                         logger.warning("dashboard: reading the cluster failed: %s", failure)
-                        old = self._live_cache
                         message = f"{type(failure).__name__}: {failure}".splitlines()[0]
-                        self._live_cache = (now, old[1] if old else [], old[2] if old else None, message)
-                _, live_events, live_part, error = self._live_cache
-                records = records + live_events
+                        self._live_cache = (now, self._live_cache[1] if self._live_cache else None, message)
+                _, live_part, error = self._live_cache
             sources = self.files.names() if self.files is not None else []
-            return build(_unique(records), live_part if self.live is not None else None, sources=sources, error=error)
-
-
-def _unique(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Events without duplicates (the same event from a file and from the live registry)."""
-    seen = set()
-    result = []
-    for record in records:
-        key = json.dumps(record, sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            result.append(record)
-    return result
+            return self.window.data(live_part, sources=sources, error=error)
 
 
 # ---- HTML -----------------------------------------------------------------------------------
@@ -186,13 +197,63 @@ def _clean(value: Any) -> Any:
 # ---- HTTP -----------------------------------------------------------------------------------
 
 
-def make_server(dashboard: Dashboard, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> ThreadingHTTPServer:
-    """A threaded HTTP server for ``dashboard`` (port 0: any free port; see ``server_address``)."""
+def host_names(host: str, allowed_hosts: Iterable[str] = ()) -> frozenset[str]:
+    """The names a request's ``Host`` may give for a server bound to ``host`` (IP addresses and
+    ``localhost`` are always fine: ``host_allowed``): ``host`` itself, for all interfaces this
+    host's name, and ``allowed_hosts`` ("*": any name)."""
+    names = {_host_of(name) for name in allowed_hosts}
+    if host in _ALL_INTERFACES:
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    else:
+        names.add(_host_of(host))
+    return frozenset(names)
+
+
+def host_allowed(header: str | None, names: frozenset[str]) -> bool:
+    """Whether a request with this ``Host`` header is answered: one naming an IP address,
+    ``localhost`` or one of ``names`` (``host_names``), or none (not a browser: a browser always
+    sends one). A DNS name pointed at this machine by someone else is refused."""
+    if header is None or "*" in names:
+        return True
+    name = _host_of(header)
+    if name in names or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)  # an address names the machine itself: nothing to rebind
+    except ValueError:
+        return False
+    return True
+
+
+def _host_of(header: str) -> str:
+    """The name of a ``Host`` header: lower case, without its port, brackets or final dot."""
+    name = header.strip().lower()
+    if name.startswith("["):  # [IPv6 address]:port
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    return name.rstrip(".")
+
+
+def make_server(
+    dashboard: Dashboard, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, allowed_hosts: Iterable[str] = ()
+) -> ThreadingHTTPServer:
+    """A threaded HTTP server for ``dashboard`` (port 0: any free port; see ``server_address``)
+    that answers only requests whose ``Host`` ``host_allowed`` takes (``host_names``)."""
+    names = host_names(host, allowed_hosts)
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "ray_ckpt-dashboard"
 
         def do_GET(self) -> None:
+            if not host_allowed(self.headers.get("Host"), names):
+                refused = (
+                    f"refused: this ray_ckpt dashboard does not answer to Host {self.headers.get('Host')!r} "
+                    "(a name another site could point at this machine: DNS rebinding). Open it by its IP "
+                    "address or localhost, or restart it with --allow-host NAME (repeatable; '*': any name).\n"
+                )
+                self._send(HTTPStatus.FORBIDDEN, refused.encode(), "text/plain")
+                return
             path = self.path.split("?", 1)[0]
             if path in ("/", "/index.html"):
                 self._send(HTTPStatus.OK, _static("index.html").encode(), "text/html")
@@ -245,6 +306,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0: all)")
     parser.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        default=[],
+        help="a host name the page may be opened by (the Host header), besides IP addresses, localhost and the "
+        "--host name (for all interfaces: this host's name); repeatable; '*': any. Other names get 403, so a site "
+        "cannot read the dashboard through DNS rebinding",
+    )
+    parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0: any free port)"
     )
     parser.add_argument(
@@ -275,7 +345,7 @@ def run(args: argparse.Namespace, connect: Callable[[], bool]) -> int:
                 f"{summary['events']} events"
             )
             return 0
-        server = make_server(dashboard, args.host, args.port)
+        server = make_server(dashboard, args.host, args.port, allowed_hosts=args.allow_host)
         print(f"ray_ckpt dashboard: {_where(args.host, server.server_port)}  (Ctrl-C to stop)", flush=True)
         try:
             server.serve_forever()
@@ -314,9 +384,11 @@ def host_address() -> str | None:
     return next((a for a in found if not a.startswith("127.") and a != "0.0.0.0"), None)
 
 
-def serve_in_thread(dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def serve_in_thread(
+    dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0, *, allowed_hosts: Iterable[str] = ()
+) -> ThreadingHTTPServer:
     """Start a server on a background thread (for tests and notebooks); ``shutdown()`` stops it."""
-    server = make_server(dashboard, host, port)
+    server = make_server(dashboard, host, port, allowed_hosts=allowed_hosts)
     threading.Thread(target=server.serve_forever, name="ray_ckpt-dashboard", daemon=True).start()
     return server
 
@@ -328,6 +400,8 @@ __all__ = [
     "LiveCluster",
     "add_arguments",
     "export_html",
+    "host_allowed",
+    "host_names",
     "make_server",
     "run",
     "serve_in_thread",

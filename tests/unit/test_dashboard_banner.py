@@ -26,8 +26,10 @@ def banner(
 ) -> str:
     events = tmp_path / "events.jsonl"
     events.write_text("")
-    monkeypatch.setattr(server, "make_server", lambda dashboard, host, port: FakeServer())
-    args = argparse.Namespace(events=[str(events)], address=None, namespace=None, export=None, host=host, port=0)
+    monkeypatch.setattr(server, "make_server", lambda dashboard, host, port, allowed_hosts: FakeServer())
+    args = argparse.Namespace(
+        events=[str(events)], address=None, namespace=None, export=None, host=host, port=0, allow_host=[]
+    )
     assert server.run(args, connect=lambda: False) == 0
     return capsys.readouterr().out
 

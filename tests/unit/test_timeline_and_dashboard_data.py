@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import socket
+import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 import recorded_events
@@ -301,3 +304,165 @@ def test_a_file_the_registry_recorded_with_status_deltas_shows_what_whole_snapsh
     want = dashboard_data.build(records, now=0.0)
     assert dashboard_data.build(written, now=0.0) == want
     assert server.Dashboard(server.EventFiles([str(f) for f in files])).data()["placement"] == want["placement"]
+
+
+def logged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` as the registry logs them, in order: status snapshots mostly as deltas."""
+    log = events.EventLog()
+    for record in records:
+        if record["kind"] == "status":
+            log.append_status(record)
+        else:
+            log.append(record)
+    return log.since(0)[1]
+
+
+def saves(count: int, start: float, every_s: float, job: str = "other") -> list[dict[str, Any]]:
+    return [
+        events.event(
+            "save", time=start + i * every_s, job=job, rank=0, attempt="x", step=i, phases_s={"blocking": 0.01}
+        )
+        for i in range(count)
+    ]
+
+
+def test_a_window_fed_as_events_arrive_shows_what_build_shows_from_all_of_them() -> None:
+    """Fed the registry's log a few events at a time, some of them twice (a file and the live
+    registry both had them), the window's data is build's from every event at once."""
+    written = logged(recorded_events.all_records())
+    assert any("base" in e for e in written)
+    window = dashboard_data.EventWindow(max_bytes=None, max_age_s=None)
+    start, size = 0, 1
+    while start < len(written):
+        assert window.add(written[max(0, start - 2) : start + size]) == len(written[start : start + size])
+        start, size = start + size, size % 7 + 1
+    assert window.data(now=0.0) == dashboard_data.build(written, now=0.0)
+    assert len(window) == len(written) and window.data(now=0.0)["window"]["dropped_events"] == 0
+
+
+def test_the_window_is_bounded_by_bytes_oldest_dropped_first_and_keeps_each_jobs_snapshot() -> None:
+    """Past its bytes the window drops its oldest events down to KEEP_FRACTION of the bound and
+    shows what build shows from the events it kept, however many came; a status delta it kept
+    whose base it dropped is held whole: the job's memory, placement and protection stay."""
+    records = recorded_events.records()
+    last = [e for e in records if e["kind"] == "status"][-1]
+    newest = {**last, "time": recorded_events.T0 + 550.0, "step": last["step"] + 1}  # nothing moved since
+    written = logged([*records, *saves(2000, recorded_events.T0 + 100.0, 0.2), newest])
+    assert "base" in written[-1]  # a delta against a snapshot 2,000 saves earlier
+    window = dashboard_data.EventWindow(max_bytes=100_000, max_age_s=None)
+    for start in range(0, len(written), 25):
+        window.add(written[start : start + 25])
+        assert window.held_bytes <= 100_000
+    data = window.data(now=0.0)
+    kept = [e for e in written if e["time"] >= data["window"]["oldest_time"]]
+    assert 0 < len(window) == len(kept) < 2000 and kept[0]["kind"] == "save"  # only the newest saves, oldest gone
+    assert data["window"]["dropped_events"] == len(written) - len(kept)
+    assert window.held_bytes >= dashboard_data.KEEP_FRACTION * 100_000 - 1_000  # dropped down to about 3/4
+    want = dashboard_data.build([*kept[:-1], newest], now=0.0)  # the delta held whole
+    assert {k: v for k, v in data.items() if k != "window"} == {k: v for k, v in want.items() if k != "window"}
+    assert data["placement"][recorded_events.JOB]["step"] == newest["step"]
+    assert data["summary"]["jobs"] == ["gpt-small", "other"] and data["summary"]["status_snapshots"] == 1
+
+
+def test_the_window_is_bounded_by_age_against_its_newest_event() -> None:
+    """Events older than max_age_s against the newest are dropped (down to KEEP_FRACTION of the
+    age), oldest first; an old recorded file alone is not aged out by the clock."""
+    hour = 3600.0
+    window = dashboard_data.EventWindow(max_bytes=None, max_age_s=hour)
+    records = saves(600, recorded_events.T0, 60.0)  # 10 hours, one a minute
+    for start in range(0, len(records), 50):
+        window.add(records[start : start + 50])
+    newest = records[-1]["time"]
+    data = window.data(now=0.0)
+    assert newest - hour <= data["window"]["oldest_time"] <= newest - dashboard_data.KEEP_FRACTION * hour + 60
+    assert data["summary"]["saves"] == len(window) < 61
+    assert data["save_stall"][-1]["time"] == newest
+    assert window.add(records[:10]) == 0  # already too old: not taken (no trim for a late event)
+    assert window.data(now=0.0)["window"] == {**data["window"], "dropped_events": data["window"]["dropped_events"] + 10}
+
+
+def test_a_poll_checks_and_folds_only_the_new_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live dashboard's second poll costs its new events, not the 4,000 it already holds."""
+    held = saves(4000, recorded_events.T0, 0.5)
+    queue = [held, saves(5, recorded_events.T0 + 5000, 1.0, job="late")]
+
+    class Live:
+        def snapshot(self, new_events: Any) -> dict[str, Any]:
+            new_events(queue.pop(0) if queue else [])
+            return {"status": {}, "alive": [], "placements": {}, "ray_nodes": []}
+
+    checked = []
+    real = events.valid
+    monkeypatch.setattr(events, "valid", lambda record: checked.append(record) or real(record))
+    monkeypatch.setattr(server, "LIVE_MIN_INTERVAL_S", 0.0)
+    dashboard = server.Dashboard(live=Live())  # type: ignore[arg-type]
+    assert dashboard.data()["summary"]["saves"] == 4000 and len(checked) == 4000
+    second = dashboard.data()
+    assert second["summary"]["saves"] == 4005 and second["summary"]["jobs"] == ["late", "other"]
+    assert len(checked) == 4005 and len(second["save_stall"]) == 4005
+
+
+def test_event_files_are_read_as_they_grow(tmp_path: pathlib.Path) -> None:
+    """Only the lines added since the last read are read; a line still being written waits for
+    its newline; a rotated file (a new one at the path) is read from its start."""
+    path = tmp_path / "events.jsonl"
+    records = saves(6, recorded_events.T0, 1.0)
+    events.write(path, records[:3])
+    files = server.EventFiles([str(path)])
+    assert files.read() == records[:3] and files.read() == []
+    line = json.dumps(records[3]) + "\n"
+    with path.open("a") as out:
+        out.write(line[:20])
+        out.flush()
+        assert files.read() == []
+        out.write(line[20:])
+    assert files.read() == [records[3]]
+    path.rename(tmp_path / "events.jsonl.1")
+    events.write(path, records[4:])
+    assert files.read() == records[4:]
+    dashboard = server.Dashboard(server.EventFiles([str(tmp_path / "events.jsonl.1"), str(path)]))
+    assert dashboard.data()["summary"]["saves"] == 6
+    events.write(tmp_path / "events.jsonl.1", records[:4])  # rewritten in place, nothing new: no duplicates
+    assert dashboard.data()["summary"]["saves"] == 6
+
+
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [
+        ("127.0.0.1:{port}", True),
+        ("localhost:{port}", True),
+        ("[::1]:{port}", True),
+        ("10.2.3.4:{port}", True),  # an address: nothing another site could point at us
+        ("dash.example:{port}", True),  # passed with --allow-host
+        ("evil.example:{port}", False),
+        ("127.0.0.1.evil.example", False),
+    ],
+)
+def test_a_request_for_another_host_name_is_refused(events_file: pathlib.Path, host: str, answered: bool) -> None:
+    """DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 gets 403 with a
+    body saying why and what to do; IP addresses, localhost and allowed names are answered."""
+    dashboard = server.Dashboard(server.EventFiles([str(events_file)]))
+    httpd = server.serve_in_thread(dashboard, allowed_hosts=["Dash.Example"])
+    port = httpd.server_address[1]
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/data", headers={"Host": host.format(port=port)})
+        if answered:
+            assert json.loads(urllib.request.urlopen(request, timeout=10).read())["summary"]["saves"] > 0
+        else:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == 403
+            body = refused.value.read().decode()
+            assert "DNS rebinding" in body and "--allow-host" in body and "evil.example" in body
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_names_a_server_answers_to() -> None:
+    assert server.host_names("127.0.0.1") == frozenset({"127.0.0.1"})
+    assert server.host_names("dash.lan", ["Other.Lan."]) == frozenset({"dash.lan", "other.lan"})
+    assert socket.gethostname().lower() in server.host_names("0.0.0.0")  # the name the banner may print
+    assert server.host_allowed("anything.example", server.host_names("127.0.0.1", ["*"]))
+    assert server.host_allowed(None, server.host_names("127.0.0.1"))  # not a browser
+    assert not server.host_allowed("localhost.evil.example:80", server.host_names("127.0.0.1"))

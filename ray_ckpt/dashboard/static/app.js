@@ -657,7 +657,10 @@
     document.getElementById("updated").textContent = "data of " + fmtDateTime(data.generated_at);
     document.getElementById("footer").textContent = data.summary.events + " events (" + data.summary.saves +
       " saves, " + data.summary.restores + " restores, " + data.summary.kills + " kills, " + data.summary.node_deaths +
-      " node deaths, " + (data.summary.status_snapshots || 0) + " status snapshots) · jobs: " + (data.summary.jobs.join(", ") || "–") + (data.error ? " · live error: " + data.error : "");
+      " node deaths, " + (data.summary.status_snapshots || 0) + " status snapshots) · jobs: " + (data.summary.jobs.join(", ") || "–") +
+      (data.window && data.window.dropped_events ? " · " + data.window.dropped_events + " older events dropped (since " +
+        fmtDateTime(data.window.oldest_time) + " shown; RAY_CKPT_DASHBOARD_EVENTS_MAX_BYTES, _MAX_AGE_S)" : "") +
+      (data.error ? " · live error: " + data.error : "");
   }
 
   function render() {
