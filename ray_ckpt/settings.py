@@ -195,6 +195,26 @@ def _positive_seconds(name: str, default: float) -> float:
     return value
 
 
+def prefetch_max_bytes() -> int:
+    """RAY_CKPT_PREFETCH_MAX_BYTES: the most bytes of state a replacement worker holds read
+    ahead of its restores (``ray_ckpt.prefetch``) before they claim it; past it the oldest read
+    is dropped (its restore reads for itself). Default: a quarter of this node's memory."""
+    return max(0, _read("RAY_CKPT_PREFETCH_MAX_BYTES", _node_memory_bytes() // 4, int))
+
+
+def prefetch_max_age_s() -> float:
+    """RAY_CKPT_PREFETCH_MAX_AGE_S: how long a replacement worker holds a state it read ahead of
+    its restores (``ray_ckpt.prefetch``) for a restore to claim; then it is dropped."""
+    return _positive_seconds("RAY_CKPT_PREFETCH_MAX_AGE_S", 600.0)
+
+
+def _node_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says
+        return 16 << 30
+
+
 def auto_mtbf_s() -> float:
     """RAY_CKPT_AUTO_MTBF_S: the mean time between failures ``every="auto"`` assumes for a job
     until it has seen one (or for as long as the job has run without one, if that is longer)."""
