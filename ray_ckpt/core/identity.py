@@ -13,12 +13,15 @@ import dataclasses
 from ray_ckpt.core.shard import SAVE_ID_MAX
 from ray_ckpt.errors import ConfigError
 
+JOB_MAX_BYTES = 1024  # the longest job name, in bytes of UTF-8 (a store's data port takes no longer one)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RankIdentity:
     """One rank of one job, as its saves, restores and events name it.
 
-    job: the job's name, a non-empty str without '/' (it names the job's shards and backups).
+    job: the job's name, a non-empty str without '/' of at most ``JOB_MAX_BYTES`` bytes of UTF-8
+    (it names the job's shards and backups).
     rank: this rank, an int in [0, world_size).
     world_size: how many ranks save each step, an int >= 1.
     attempt: the incarnation of the job (one worker group): a non-empty str of at most
@@ -47,6 +50,15 @@ class RankIdentity:
         it knows its node (``Checkpointer``: before Ray is needed); ConfigError naming the field."""
         if not isinstance(job, str) or not job or "/" in job:
             raise ConfigError(f"job must be a non-empty str without '/', got {job!r}")
+        size = len(job.encode("utf-8", "surrogatepass"))
+        if size > JOB_MAX_BYTES:
+            raise ConfigError(
+                f"job {job[:64]!r}... is {size} bytes of UTF-8, more than the {JOB_MAX_BYTES} a job name may have "
+                "(ray_ckpt.core.identity.JOB_MAX_BYTES: the stores' data port takes no longer one); use a shorter "
+                "job name",
+                job_bytes=size,
+                max_bytes=JOB_MAX_BYTES,
+            )
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size must be an int >= 1, got {world_size!r}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:

@@ -20,7 +20,8 @@ an HMAC of the job with the store's secret, which never leaves the store. A conn
 with a fixed-size hello that the store checks before it allocates anything else:
 
   hello     b"RCK2", the job's token (32 bytes), the job's length (2 bytes, big-endian), the job
-            (at most ``MAX_JOB_BYTES``, UTF-8); answered {"ok": True} or {"error": str} (closed)
+            (at most ``JOB_MAX_BYTES``, UTF-8: the limit a ``Checkpointer`` checks at construction);
+            answered {"ok": True} or {"error": str} (closed)
 
 then one request per round trip, each framed as a 4-byte big-endian length (at most
 ``MAX_REQUEST_BYTES``) and a msgpack map, parsed with limits sized to a request:
@@ -76,6 +77,7 @@ import msgpack
 import numpy as np
 
 from ray_ckpt.core import hostmem
+from ray_ckpt.core.identity import JOB_MAX_BYTES
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.errors import ConfigError, RayCkptError, StoreFullError
@@ -85,7 +87,6 @@ logger = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">I")
 _HELLO = struct.Struct(">4s32sH")  # magic, the job's token, the job's length
 MAGIC = b"RCK2"
-MAX_JOB_BYTES = 1024
 MAX_REQUEST_BYTES = 64 << 10  # a request: a few fields and its ranges
 MAX_RANGES = 4096  # byte ranges in one request
 MAX_ANSWER_BYTES = 16 << 20  # an answer's header (its sizes list), for the reader
@@ -205,7 +206,7 @@ class DirectReadServer:
         if not _recv_into(sock, memoryview(head), eof_ok=True, deadline=deadline):
             return None
         magic, token, length = _HELLO.unpack(head)
-        if magic != MAGIC or length > MAX_JOB_BYTES:
+        if magic != MAGIC or length > JOB_MAX_BYTES:
             _send_frame(sock, {"error": "not a ray_ckpt direct-read hello (or a job name over the limit)"})
             return None
         raw = bytearray(length)

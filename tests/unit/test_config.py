@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ray_ckpt import CheckpointConfig, ConfigError
 from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.core.identity import JOB_MAX_BYTES
 from ray_ckpt.errors import StoreUnavailableError
 
 FIELDS = [f.name for f in dataclasses.fields(CheckpointConfig)]
@@ -142,6 +143,16 @@ def test_drawn_checkpointer_arguments_are_checked_before_anything_else(job: Any,
     else:
         with pytest.raises(ConfigError, match=r"job|rank|world_size"):
             Checkpointer(job=job, rank=rank, world_size=world_size)
+
+
+def test_a_job_name_over_the_one_limit_is_refused_when_the_checkpointer_is_made() -> None:
+    """JOB_MAX_BYTES bytes of UTF-8 get as far as the missing Ray connection; one more is a
+    ConfigError naming the limit at construction, not a refusal by a store's port at a save."""
+    assert not ray.is_initialized()
+    with pytest.raises(StoreUnavailableError, match=r"ray\.init"):
+        Checkpointer(job="j" * JOB_MAX_BYTES, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match=f"more than the {JOB_MAX_BYTES} a job name may have.*JOB_MAX_BYTES"):
+        Checkpointer(job="j" * (JOB_MAX_BYTES - 1) + "é", rank=0, world_size=1)
 
 
 def test_a_config_of_the_wrong_type_is_refused() -> None:

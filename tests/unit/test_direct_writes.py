@@ -5,6 +5,7 @@ breaks off midway each store nothing, give their memory back, and leave the serv
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 from direct_port import authenticated, shard_meta
 
+from ray_ckpt.core.identity import JOB_MAX_BYTES, RankIdentity
 from ray_ckpt.core.shard import ShardAddress
 from ray_ckpt.core.store import ShardStore
-from ray_ckpt.errors import StoreFullError
+from ray_ckpt.errors import ConfigError, StoreFullError
 from ray_ckpt.transport import direct_reads
 from ray_ckpt.transport.direct_reads import DirectReadServer, Endpoint
 
@@ -121,3 +123,23 @@ def test_a_write_that_breaks_off_midway_stores_nothing_and_frees_its_reservation
     direct_reads.write(server.endpoint("j"), meta, data, local=False, timeout_s=5.0)  # the server serves on
     stored = store.get(ShardAddress.of(meta))
     assert stored is not None and stored[1].tobytes() == data.tobytes()
+
+
+def test_the_longest_job_name_a_checkpointer_takes_is_written_and_read_over_the_port(
+    server: DirectReadServer, store: ShardStore, data: np.ndarray
+) -> None:
+    """One limit: a job of JOB_MAX_BYTES bytes of UTF-8 passes the identity check and the port
+    serves it; one byte more is a ConfigError naming the limit where the job is named, so no
+    save reaches the port with a name it would refuse (a ValueError that skipped the fallback)."""
+    job = "é" * (JOB_MAX_BYTES // 2)
+    assert len(job.encode()) == JOB_MAX_BYTES
+    RankIdentity.check(job=job, rank=1, world_size=2, attempt=None)
+    meta = dataclasses.replace(shard_meta(data), job=job)
+    direct_reads.write(server.endpoint(job), meta, data, local=False, timeout_s=5.0)
+    _, _, (whole,) = direct_reads.read(  # type: ignore[misc]
+        server.endpoint(job), ShardAddress.of(meta), ranges=None, timeout_s=5.0
+    )
+    assert whole.tobytes() == data.tobytes()
+    with pytest.raises(ConfigError, match=f"more than the {JOB_MAX_BYTES} a job name may have") as refused:
+        RankIdentity.check(job=job + "x", rank=1, world_size=2, attempt=None)
+    assert (refused.value.job_bytes, refused.value.max_bytes) == (JOB_MAX_BYTES + 1, JOB_MAX_BYTES)

@@ -12,7 +12,7 @@ import pytest
 
 from ray_ckpt import checkpointer as checkpointer_module
 from ray_ckpt.checkpointer import Checkpointer
-from ray_ckpt.core.identity import RankIdentity
+from ray_ckpt.core.identity import JOB_MAX_BYTES, RankIdentity
 from ray_ckpt.core.shard import SAVE_ID_MAX
 from ray_ckpt.errors import ConfigError
 
@@ -39,6 +39,8 @@ def test_a_valid_identity_is_frozen_and_a_new_attempt_is_a_new_record() -> None:
         ("job", "", "job must be a non-empty str without '/'"),
         ("job", "a/b", "job must be"),
         ("job", 7, "job must be"),
+        ("job", "x" * (JOB_MAX_BYTES + 1), f"{JOB_MAX_BYTES + 1} bytes of UTF-8, more than the {JOB_MAX_BYTES}"),
+        ("job", "é" * (JOB_MAX_BYTES // 2 + 1), f"more than the {JOB_MAX_BYTES} a job name may have"),
         ("world_size", 0, r"world_size must be an int >= 1"),
         ("world_size", True, "world_size"),
         ("rank", 4, r"rank must be an int in \[0, world_size=4\)"),
