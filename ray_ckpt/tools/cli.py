@@ -432,7 +432,14 @@ def _add_kill_node(commands: Any, common: argparse.ArgumentParser) -> None:
     kill.add_argument(
         "--allow-head",
         action="store_true",
-        help="with --node: allow killing the head node's raylet (the GCS keeps running; see docs)",
+        help="with --node: allow killing the head node's raylet (the GCS keeps running; see docs). This also "
+        "kills the ray_ckpt registry, which is pinned to the head node and cannot restart elsewhere: saves and "
+        "restores fail until the cluster is restarted. Asks for confirmation first unless --yes",
+    )
+    kill.add_argument(
+        "--yes",
+        action="store_true",
+        help="with --allow-head: kill the head node without asking (needed when stdin is not a terminal)",
     )
     kill.add_argument(
         "--wait-dead",
@@ -454,6 +461,7 @@ def _check_kill_args(args: argparse.Namespace) -> None:
         (args.holding is not None and not (args.random or args.mtbf is not None), "--holding", "--random or --mtbf"),
         (args.min_step is not None and args.during_save is None, "--min-step", "--during-save"),
         (args.allow_head and not args.node, "--allow-head", "--node"),
+        (args.yes and not args.allow_head, "--yes", "--allow-head"),
     ]
     for wrong, option, allowed in misplaced:
         if wrong:
@@ -497,6 +505,27 @@ def _kill_progress(kind: str, result: KillResult) -> None:
         print(f"  node {node}: {what} at {_clock(result.dead_time)}, {took:.2f}s after the kill", flush=True)
 
 
+def confirm_head_kill(head: str, *, yes: bool) -> None:
+    """Go on only if the operator confirms killing the head node (or passed ``--yes``): it takes
+    the ray_ckpt registry with it for good. CliError when not confirmed, or when stdin is not a
+    terminal to ask on."""
+    if yes:
+        return
+    warning = (
+        f"node {_short(head)} is the head node: killing its raylet also kills the ray_ckpt registry, which is "
+        "pinned to the head node and cannot restart elsewhere, so saves and restores fail until the cluster is "
+        "restarted"
+    )
+    if not sys.stdin.isatty():
+        raise CliError(f"{warning}; refusing without --yes (stdin is not a terminal to confirm on)")
+    try:
+        answer = input(f"{warning}. Kill it? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise CliError("the head node was not killed (not confirmed)")
+
+
 def _cmd_kill_node(args: argparse.Namespace) -> int:
     _check_kill_args(args)
     namespace = _namespace(args)
@@ -520,6 +549,10 @@ def _cmd_kill_node(args: argparse.Namespace) -> int:
     else:
         if args.node:
             victims = [resolve_node(text) for text in args.node]
+            head = naming.head_node_id()
+            if args.allow_head and fault.mode == "node" and head in victims:
+                fault.check(victims, namespace=namespace, allow_head=True)  # what is refused anyway is not asked
+                confirm_head_kill(head, yes=args.yes)
         else:
             victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
         results = chaos.inject(fault, victims, allow_head=args.allow_head, **common)
