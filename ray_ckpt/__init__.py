@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ray_ckpt.checkpointer import Checkpointer, Restored, SaveHandle
     from ray_ckpt.core.codec import ReedSolomon
     from ray_ckpt.core.rng import rng_state, set_rng_state
+    from ray_ckpt.reader import Reader, read
     from ray_ckpt.service import drop, shutdown, start, status
 
 # name -> the module that defines it (loaded on first access)
@@ -47,7 +48,9 @@ _LAZY = {
     "Restored": "ray_ckpt.checkpointer",
     "SaveHandle": "ray_ckpt.checkpointer",
     "ReedSolomon": "ray_ckpt.core.codec",
+    "Reader": "ray_ckpt.reader",
     "drop": "ray_ckpt.service",
+    "read": "ray_ckpt.reader",
     "rng_state": "ray_ckpt.core.rng",
     "set_rng_state": "ray_ckpt.core.rng",
     "shutdown": "ray_ckpt.service",
@@ -84,6 +87,7 @@ __all__ = [
     "PeerLost",
     "PlacementError",
     "RayCkptError",
+    "Reader",
     "ReedSolomon",
     "Restored",
     "SaveHandle",
@@ -94,6 +98,7 @@ __all__ = [
     "TornStepError",
     "UnsupportedLeafError",
     "drop",
+    "read",
     "rng_state",
     "set_rng_state",
     "shutdown",

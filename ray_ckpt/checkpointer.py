@@ -52,7 +52,10 @@ class Checkpointer(WithIdentity):
     (``ray_ckpt.train.Checkpointer`` does this). Steps staged but not committed by an earlier
     incarnation are then discarded instead of being completed by the new one. Without one,
     ``restore`` gets the registry's (``attempt`` is then set): every rank must restore before
-    it trains (docs/commit-protocol.md). ``writer``: this object's id, in its shards' keys.
+    it trains (docs/commit-protocol.md). A ``save`` before that is refused when the job has more
+    than one rank (ConfigError); a one-rank Checkpointer's first save joins the registry's
+    attempt itself, as ``restore`` would, loading nothing. ``writer``: this object's id, in its
+    shards' keys.
     ``identity``: job, rank, world size, attempt and this rank's Ray node, one checked
     ``RankIdentity``; its fields read as attributes (``ckpt.rank``, ``ckpt.attempt``).
 
@@ -149,7 +152,9 @@ class Checkpointer(WithIdentity):
         copied; see SaveHandle for completion. Raises the previous save's background error, and
         on this Checkpointer's first save PlacementError when no node runs a store (nothing is
         saved then). Fewer stores than ``data_shards + parity_shards`` is no error: shards then
-        share nodes and ``last_protection`` says what the step survives.
+        share nodes and ``last_protection`` says what the step survives. Without an attempt and
+        before ``restore()``: ConfigError with more than one rank; one rank joins the registry's
+        attempt at its first save (see the class).
 
         A GPU tensor's copy to the host is queued on its device's current stream, and the
         background waits for an event on each such stream: work queued on those streams after
@@ -159,6 +164,7 @@ class Checkpointer(WithIdentity):
         ``side.wait_stream(torch.cuda.current_stream())``."""
         self._check_open()
         check_step(step)
+        self._join_or_refuse()
         if self._last_step is not None and step <= self._last_step:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
@@ -182,6 +188,29 @@ class Checkpointer(WithIdentity):
         self._in_flight = self._background.submit(self._complete, step, buffer, size, copied, phases, returned)
         self._previous_call = (step, time.perf_counter(), True)
         return self._handle(step, self._in_flight)
+
+    def _join_or_refuse(self) -> None:
+        """Make sure this rank saves under an attempt, so that no step commits with records of
+        two worker groups. Without one (never restored, or only ``restore(step=...)``, which
+        joins nothing): one rank joins the registry's attempt as ``restore`` would (no peer can
+        stage before it joins); more ranks are refused, since the registry tells their group from
+        a replaced one only by restores made before any rank of it saves."""
+        if self.attempt is not None:
+            return
+        if self.world_size > 1:
+            raise ConfigError(
+                f"job {self.job!r} rank {self.rank}: save() before restore() on a Checkpointer without an attempt; "
+                "call restore() first or pass attempt=... (the same str on every rank of this worker group, a new "
+                "one for each start of it). Without an attempt the registry tells one worker group of "
+                f"{self.world_size} ranks from the next only by their restores, so a save before any restore could "
+                "commit one step with ranks of two groups. restore() returns None while the job has no committed "
+                "step; restore(step=...) plans nothing and joins no attempt",
+                job=self.job,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        self._restorer.join()
+        self.identity = self._saves.identity = self._restorer.identity
 
     def _complete(self, *args: Any) -> bool:
         """The background work of one save (``SavePipeline.complete``), its end time noted."""

@@ -242,6 +242,41 @@ leaves the step restorable: ``ShardsUnreachableError`` (slow or paused stores), 
 timeouts and the like."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PeersRead:
+    """One rank's blob rebuilt from peers (``rebuild_from_peers``): the blob (a view of the
+    output buffer), the bytes fetched, and the moments (perf_counter) the fetch and the decode
+    ended."""
+
+    blob: np.ndarray
+    fetched_bytes: int
+    fetched_at: float
+    decoded_at: float
+
+
+def rebuild_from_peers(
+    source: ShardSource,
+    record: RankRecord,
+    *,
+    job: str,
+    step: int,
+    rank: int,
+    buffer: Future[np.ndarray],
+    timeout_s: float,
+) -> PeersRead:
+    """``rank``'s blob of ``step`` from any k checksum-valid shards of ``record``
+    (``fetch_shards``, with its errors), missing data shards decoded into ``buffer``'s result
+    (an array of ``shard_size * data_shards`` bytes). The blob is not loaded: ``load`` checks
+    and parses it. Asks the stores only: the registry is not called."""
+    shards, lost = fetch_shards(source, record, job=job, step=step, rank=rank, buffer=buffer, timeout_s=timeout_s)
+    output = buffer.result()
+    fetched = time.perf_counter()
+    ReedSolomon(record.data_shards, record.parity_shards).decode_into(shards, output)
+    if lost:
+        logger.warning("rank %d step %d: rebuilt without shards %s", rank, step, sorted(lost))
+    return PeersRead(output[: record.payload_size], record.shard_size * len(shards), fetched, time.perf_counter())
+
+
 def _slot(buffer: Future[np.ndarray], index: int, shard_size: int) -> np.ndarray:
     """Data shard ``index``'s place in the output buffer (waits for the buffer)."""
     return buffer.result()[index * shard_size : (index + 1) * shard_size]
@@ -329,6 +364,16 @@ class Restorer(WithIdentity):
             return restored, plan
         return self._from_backup(plan, t0), plan
 
+    def join(self) -> RestorePlan:
+        """Join the attempt a restore joins, loading nothing: without an attempt, the registry's
+        (``Registry.plan_restore``; ``identity`` then names it), through the same plan call as
+        ``restore``, so the registry counts this rank as restored under it. Returns the
+        attempt's plan; changes nothing else (no rollback, no step given up)."""
+        plan = self._plan().plan
+        if self.attempt is None:
+            self.identity = self.identity.with_attempt(plan.attempt)
+        return plan
+
     def fill(self, restored: Restored, into: Any) -> Restored:
         """``restored`` with its state copied into ``into`` (``dtensor.load_into``). When a
         state from peer memory was saved in another sharding than ``into`` holds (same world
@@ -409,16 +454,11 @@ class Restorer(WithIdentity):
         the moments (perf_counter) the fetch and the decode ended."""
         # map the output buffer's pages while the shards are in flight
         buffer = self._background.submit(self._allocate, record.shard_size * record.data_shards)
-        shards, lost = fetch_shards(
+        read = rebuild_from_peers(
             self.stores, record, job=self.job, step=step, rank=self.rank, buffer=buffer, timeout_s=self._timeout_s()
         )
-        output = buffer.result()
-        self.restored_bytes = record.shard_size * len(shards)
-        fetched = time.perf_counter()
-        ReedSolomon(record.data_shards, record.parity_shards).decode_into(shards, output)
-        if lost:
-            logger.warning("rank %d step %d: rebuilt without shards %s", self.rank, step, sorted(lost))
-        return output[: record.payload_size], fetched, time.perf_counter()
+        self.restored_bytes = read.fetched_bytes
+        return read.blob, read.fetched_at, read.decoded_at
 
     def read_planned(self) -> prefetch.Planned | None:
         """This rank's blob of the step its attempt's plan restores from memory, read from peers

@@ -274,13 +274,21 @@ class BenchRank:
         self.checkpointer: Any = None
         self.step = 0
 
-    def connect(self, namespace: str, job: str, rank: int, world_size: int, config: dict[str, Any]) -> None:
-        """Make the Checkpointer (``config``: ``CheckpointConfig`` keyword arguments)."""
+    def connect(
+        self, namespace: str, job: str, rank: int, world_size: int, config: dict[str, Any], attempt: str | None = None
+    ) -> None:
+        """Make the Checkpointer (``config``: ``CheckpointConfig`` keyword arguments). Ranks of
+        more than one that save without restoring first pass an ``attempt``, the same on each."""
         from ray_ckpt.checkpointer import Checkpointer
         from ray_ckpt.config import CheckpointConfig
 
         self.checkpointer = Checkpointer(
-            job=job, rank=rank, world_size=world_size, config=CheckpointConfig(**config), namespace=namespace
+            job=job,
+            rank=rank,
+            world_size=world_size,
+            config=CheckpointConfig(**config),
+            namespace=namespace,
+            attempt=attempt,
         )
 
     def info(self) -> dict[str, Any]:

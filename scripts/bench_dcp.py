@@ -49,16 +49,19 @@ LOADS = ("ray_ckpt restore", "dcp.load <- peers", "dcp.load <- disk")
 class DcpRank(bench_reshard.Rank):
     """A bench_reshard rank that also saves and loads through DCP into peer memory."""
 
-    def _checkpointer(self, job: str) -> Any:
+    def _checkpointer(self, job: str, attempt: str | None = None) -> Any:
         import ray_ckpt
 
         return ray_ckpt.Checkpointer(
-            job=job, rank=self.rank, world_size=self.world, config=ray_ckpt.CheckpointConfig(**CODE)
+            job=job, rank=self.rank, world_size=self.world, config=ray_ckpt.CheckpointConfig(**CODE), attempt=attempt
         )
 
     def open(self, job: str) -> None:
-        """One Checkpointer per way of saving into peer memory (each its own job)."""
-        self.own, self.through_dcp, self.through_async = (self._checkpointer(f"{job}-{way}") for way in "abc")
+        """One Checkpointer per way of saving into peer memory (each its own job), all of the
+        worker group "savers": they save without restoring first."""
+        self.own, self.through_dcp, self.through_async = (
+            self._checkpointer(f"{job}-{way}", attempt="savers") for way in "abc"
+        )
 
     def saves(self, step: int, folder: str) -> dict[str, tuple[float, float]]:
         """``{way: (blocking_s, done_s)}`` for this rank; each way starts after a barrier."""

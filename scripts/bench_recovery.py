@@ -83,6 +83,7 @@ RANKS = 2
 CODE = {"data_shards": 4, "parity_shards": 2}
 JOB = "bench-recovery"
 CONFIG = {**CODE, "keep_committed": 1, "local_copy": False}
+SAVERS = "savers"  # the attempt of the ranks that save step 0 without restoring first
 LABELS = {
     "raw_ray_transfer": "raw transfer\n2 ranks at once",
     "raw_ray_transfer_single": "raw transfer\n1 rank alone",
@@ -273,7 +274,7 @@ def bench_size(size: int, scratch: str) -> dict[str, Any]:
         saves = []
         for rank, node in enumerate(rank_nodes):
             saver = Rank.options(scheduling_strategy=on_node(node)).remote(size, seed=rank)
-            ray.get(saver.connect.remote(namespace, JOB, rank, RANKS, CONFIG))
+            ray.get(saver.connect.remote(namespace, JOB, rank, RANKS, CONFIG, SAVERS))
             expected.append(ray.get(saver.checksum.remote()))
             saves.append(ray.get(saver.save.remote("staged")))
             ray.get(saver.close.remote())  # frees the host buffer before the other rank saves

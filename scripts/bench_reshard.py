@@ -91,7 +91,11 @@ class Rank:
         import ray_ckpt
 
         ckpt = ray_ckpt.Checkpointer(
-            job=self.job, rank=self.rank, world_size=self.world, config=ray_ckpt.CheckpointConfig(**CODE)
+            job=self.job,
+            rank=self.rank,
+            world_size=self.world,
+            config=ray_ckpt.CheckpointConfig(**CODE),
+            attempt="savers",  # the ranks save without restoring first: one worker group, named
         )
         ckpt.save(0, self.state()).wait()
         ckpt.close()

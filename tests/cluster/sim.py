@@ -28,22 +28,63 @@ def make_state(rank: int, step: int, size: int = 50_000) -> dict[str, Any]:
     }
 
 
+SAVERS = "savers"
+"""The attempt of the ranks a test saves with (``save_steps``): without one, a rank that saves
+without restoring first is refused where there is more than one rank."""
+
+
 @ray.remote(num_cpus=1, max_retries=0)
 def save_steps(
-    namespace: str, job: str, rank: int, world_size: int, steps: list[int], config: dict[str, Any], size: int
+    namespace: str,
+    job: str,
+    rank: int,
+    world_size: int,
+    steps: list[int],
+    config: dict[str, Any],
+    size: int,
+    attempt: str = SAVERS,
 ) -> str:
-    """Save make_state(rank, s) for each step as one rank would; returns the rank's node id."""
+    """Save make_state(rank, s) for each step as one rank would, without restoring first, as a
+    rank of the worker group ``attempt`` (every call of a test, unless told; a restore by the
+    test's ranks opens another attempt, which supersedes it); returns the rank's node id."""
     with Checkpointer(
         job=job,
         rank=rank,
         world_size=world_size,
         config=ray_ckpt.CheckpointConfig(**config),
         namespace=namespace,
+        attempt=attempt,
     ) as checkpointer:
         for step in steps:
             handle = checkpointer.save(step, make_state(rank, step, size))
         handle.staged(timeout_s=60)
     return ray.get_runtime_context().get_node_id()
+
+
+def linear_state(rank: int, step: int) -> dict[str, Any]:
+    """A state whose "model" loads into ``torch.nn.Linear(8, 1)``, the model of operations.md's
+    "Watching a job's weights"."""
+    generator = torch.Generator().manual_seed(rank * 1000 + step)
+    model = {"weight": torch.randn(1, 8, generator=generator), "bias": torch.randn(1, generator=generator)}
+    return {"model": model, "rest": make_state(rank, step, 20_000)}
+
+
+@ray.remote(num_cpus=1, max_restarts=0)
+class TrainingRank:
+    """One rank of a running job: it restores once, then saves the steps it is told, its
+    Checkpointer open between calls."""
+
+    def __init__(self, namespace: str, job: str, rank: int, world_size: int, config: dict) -> None:
+        self.rank = rank
+        self.checkpointer = Checkpointer(
+            job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**config), namespace=namespace
+        )
+        self.checkpointer.restore()
+
+    def save(self, step: int) -> str | None:
+        """Save ``step`` and wait for its commit; this rank's attempt."""
+        self.checkpointer.save(step, linear_state(self.rank, step)).wait(timeout_s=120)
+        return self.checkpointer.attempt
 
 
 @ray.remote(num_cpus=1, max_retries=0)

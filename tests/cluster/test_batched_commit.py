@@ -19,7 +19,7 @@ import pace
 import pytest
 import ray
 from conftest import SimCluster
-from sim import digest, make_state, on_node, restore_rank
+from sim import SAVERS, digest, make_state, on_node, restore_rank
 
 import ray_ckpt
 from ray_ckpt.checkpointer import Checkpointer
@@ -45,11 +45,16 @@ def chain_of_relays() -> Iterator[None]:
 
 @ray.remote(num_cpus=0, max_retries=0)
 def save_and_wait(namespace: str, job: str, rank: int, world_size: int, steps: int, wait_s: float) -> list[int]:
-    """Save steps 0..steps-1 as one rank, waiting up to ``wait_s`` for each commit; the steps
-    this rank saw commit."""
+    """Save steps 0..steps-1 as one rank (of the worker group ``SAVERS``), waiting up to
+    ``wait_s`` for each commit; the steps this rank saw commit."""
     seen = []
     with Checkpointer(
-        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
+        job=job,
+        rank=rank,
+        world_size=world_size,
+        config=ray_ckpt.CheckpointConfig(**CODE),
+        namespace=namespace,
+        attempt=SAVERS,
     ) as checkpointer:
         for step in range(steps):
             checkpointer.save(step, make_state(rank, step, 2_000)).wait(timeout_s=wait_s)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -11,7 +15,7 @@ import pace
 import pytest
 import ray
 from conftest import SimCluster
-from sim import digest, make_state, on_node, restore_rank, save_steps, shard_nodes
+from sim import SAVERS, TrainingRank, digest, linear_state, make_state, on_node, restore_rank, save_steps, shard_nodes
 
 import ray_ckpt
 from ray_ckpt import backup
@@ -22,13 +26,20 @@ from ray_ckpt.transport import naming
 pytestmark = pytest.mark.cluster
 
 JOB = "job-b"
+OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
 
 
 @ray.remote(num_cpus=1, max_retries=0)
 def save_then_crash(namespace: str, job: str, rank: int, world_size: int, step: int, config: dict) -> None:
-    """Start saving ``step`` and kill this process while the save runs in the background."""
+    """Start saving ``step`` (as a rank of the worker group ``save_steps`` saves with) and kill
+    this process while the save runs in the background."""
     checkpointer = Checkpointer(
-        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**config), namespace=namespace
+        job=job,
+        rank=rank,
+        world_size=world_size,
+        config=ray_ckpt.CheckpointConfig(**config),
+        namespace=namespace,
+        attempt=SAVERS,
     )
     checkpointer.save(step, make_state(rank, step))
     os._exit(1)
@@ -216,3 +227,54 @@ def test_stores_frozen_during_a_restore_cost_no_committed_step(sim_cluster: SimC
     results = ray.get([restore_rank.remote(sim_cluster.namespace, JOB, r, 2, code) for r in range(2)])
     assert [(r["step"], r["source"]) for r in results] == [(2, "peers"), (2, "peers")]
     assert [r["digest"] for r in results] == [digest(make_state(r, 2)) for r in range(2)]
+
+
+def operations_block(heading: str) -> str:
+    """The python block of operations.md's section ``heading``."""
+    section = OPERATIONS.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```python\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    return str(block)
+
+
+@pytest.mark.nodes(4)
+def test_a_driver_reads_a_running_jobs_weights_and_the_job_goes_on(sim_cluster: SimCluster) -> None:
+    """Two ranks restored and committed steps 0 and 1, their Checkpointers open: the driver's
+    ``ray_ckpt.read`` gives each rank's step 1 bit-exact, and operations.md's "Watching a job's
+    weights", run as written in another driver, loads it into its model. The registry's view of
+    the job is as before, and the job's next save commits under its own attempt (a restore
+    there would have superseded it); the next read gives that step."""
+    namespace, job = sim_cluster.namespace, "my-run"
+    config = {"data_shards": 2, "parity_shards": 1}
+    ranks = [
+        TrainingRank.options(scheduling_strategy=on_node(sim_cluster.node_id(r))).remote(namespace, job, r, 2, config)
+        for r in range(2)
+    ]
+
+    def save(step: int) -> list[str | None]:
+        return ray.get([rank.save.remote(step) for rank in ranks], timeout=pace.bound(120))
+
+    attempts = save(0)
+    assert save(1) == attempts and None not in attempts
+    registry = naming.registry_handle(namespace)
+    before = ray.get(registry.jobs.remote())
+    for rank in range(2):
+        read = ray_ckpt.read(job, rank=rank, namespace=namespace)
+        assert read is not None and (read.step, read.source) == (1, "peers")
+        assert digest(read.state) == digest(linear_state(rank, 1))
+    env = {**os.environ, "RAY_ADDRESS": sim_cluster.address, "RAY_CKPT_NAMESPACE": namespace}
+    run = subprocess.run(
+        [sys.executable, "-c", operations_block("Watching a job's weights")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=pace.bound(180),
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "evaluating step 1" in run.stdout
+    assert ray.get(registry.jobs.remote()) == before
+    assert save(2) == attempts  # not superseded: a StaleAttemptError would fail the save
+    latest = ray_ckpt.read(job, namespace=namespace)
+    assert latest is not None and latest.step == 2 and digest(latest.state) == digest(linear_state(0, 2))
+    for rank in ranks:
+        ray.kill(rank, no_restart=True)

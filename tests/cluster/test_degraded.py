@@ -66,9 +66,7 @@ def test_a_shrinking_cluster_keeps_saving_with_real_protection_and_recovers_full
     save(2)  # 2 stores: two shards each
     assert ckpt.last_protection == 1
     sim_cluster.kill([sim_cluster.node_id(0)])  # step 2 loses half its shards: k=2 remain
-    fresh = Checkpointer(job=job, rank=0, world_size=1, config=config, namespace=namespace)
-    restored = fresh.restore()
-    fresh.close()
+    restored = ray_ckpt.read(job, namespace=namespace)  # a reader: a restore would supersede ckpt
     assert restored is not None and (restored.step, restored.source) == (2, "peers")
     assert digest(restored.state) == digest(expected[2])
     save(3)  # the head's store alone: the job goes on, unprotected

@@ -10,7 +10,7 @@ import pace
 import pytest
 import ray
 from conftest import SimCluster
-from sim import close_every_socket, digest, make_state, on_node, restore_rank, save_steps, shard_nodes
+from sim import SAVERS, close_every_socket, digest, make_state, on_node, restore_rank, save_steps, shard_nodes
 
 import ray_ckpt
 from ray_ckpt import service
@@ -159,10 +159,15 @@ def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is
 
 @ray.remote(num_cpus=1, max_retries=0)
 def _save_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int, step: int) -> None:
-    """Save one step as a rank to which every store's socket is closed: its shards must go
-    through Ray."""
+    """Save one step as a rank (of the worker group ``save_steps`` saves with) to which every
+    store's socket is closed: its shards must go through Ray."""
     with Checkpointer(
-        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
+        job=job,
+        rank=rank,
+        world_size=world_size,
+        config=ray_ckpt.CheckpointConfig(**CODE),
+        namespace=namespace,
+        attempt=SAVERS,
     ) as checkpointer:
         close_every_socket(checkpointer, namespace, job)
         checkpointer.save(step, make_state(rank, step)).staged(timeout_s=60)

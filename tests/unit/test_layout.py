@@ -26,7 +26,18 @@ FOUNDATION = {
     "ray_ckpt._moved",
     "ray_ckpt._optional",
 }
-STACK = {"checkpointer", "save", "restore", "own_copies", "prefetch", "reshard", "ranges", "backup", "service"}
+STACK = {
+    "checkpointer",
+    "save",
+    "restore",
+    "reader",
+    "own_copies",
+    "prefetch",
+    "reshard",
+    "ranges",
+    "backup",
+    "service",
+}
 FLOORS = ["foundation", "core", "transport", "actors", "stack", "train", "tools"]
 
 
