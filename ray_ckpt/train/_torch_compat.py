@@ -8,12 +8,18 @@ of creation), and the NCCL backend's ``_group_start``/``_group_end`` bracket abo
 several communicators' aborts cannot deadlock each other (pytorch/pytorch#119797). Both are
 internal, so every use is here; ``tests/unit/test_torch_compat.py`` fails when an upgrade moves
 them. On a torch without them, ``process_groups`` falls back to WORLD alone and says so once.
+
+gloo's sockets are told apart from the process's others by what gloo's TCP transport does to
+each pair's socket (``is_gloo_pair``); ``tests/unit/test_gloo_connections.py`` checks it on real
+gloo groups.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 TESTED_TORCH = ((2, 13), (2, 14))  # [from, to): the versions whose process-group registry was verified
 _warned = False
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 
 
 def tested() -> bool:
@@ -75,3 +82,16 @@ def nccl_group(groups: list[Any]) -> Iterator[None]:
         yield
     finally:
         backend._group_end()
+
+
+def is_gloo_pair(sock: socket.socket) -> bool:
+    """Whether ``sock`` is the socket of a gloo pair (one peer connection of a gloo process
+    group, either end): gloo's TCP transport sets its receive and send timeouts (``SO_RCVTIMEO``,
+    ``SO_SNDTIMEO``) to the group's timeout, which a plain socket (Python's, a TCPStore's) leaves
+    at zero. False for a socket whose options cannot be read."""
+    try:
+        receive = _TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEVAL.size))
+        send = _TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.size))
+    except (OSError, struct.error):
+        return False
+    return any(receive) and any(send)

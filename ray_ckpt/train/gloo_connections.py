@@ -7,35 +7,43 @@ connections while anything still holds the group (FSDP2's meshes do), and they d
 collective already blocked. Shutting a connection down does, on both ends at once ("Connection
 closed by peer"), and the process stays whole.
 
-``GlooConnections`` finds the connections to shut: those this process accepted on a gloo
+``GlooConnections`` finds the connections to shut: gloo's pairs this process accepted on a gloo
 listener, a listening TCP socket it opened after ``GlooConnections()`` was made (at the start of
-the worker process, before any process group) other than a rendezvous store's. Every gloo pair
-is accepted on one side, so when every rank of a failed generation shuts its accepted ends (the
-ones that leave at their teardown, the others when the run tells them a round is open) every
-pair is closed. Ray's connections are older than the listener (or go to its own ports), and a
-rendezvous store's port is left out; a server the training function itself opens on this
-process would have its accepted connections shut too, and only when a generation fails.
+the worker process, before any process group) other than a rendezvous store's. A socket is
+gloo's pair by what gloo does to it (``_torch_compat.is_gloo_pair``: its receive and send
+timeouts are the group's), checked on the very descriptor just before it is shut (never one
+whose number was taken by another socket since). Every gloo pair is accepted on one side, so
+when every rank of a failed generation shuts its accepted ends (the ones that leave at their
+teardown, the others when the run tells them a round is open) every pair is closed. Ray's
+connections are older than the listener (or go to its own ports), a rendezvous store's port is
+left out, and a server the training function runs itself on this process, like any connection
+that is not gloo's, is left alone.
 
 ``ConnectionWatch`` (from ``GlooConnections.watch``) tells, without reading a byte, which of
-this process's connections have been closed since: the accepted ones, and every one made since
-``GlooConnections()`` (gloo's own connections to its peers' listeners among them). A peer
-process that dies closes its sockets, so its survivors' heartbeats see it within a beat. The
-watch also lists those connections, which the heartbeats report: a survivor that sees one of
-them close at its end names this process to the run (``ray_ckpt.core.generations``).
+this process's gloo pairs have been closed since: the accepted ones, and every one made since
+``GlooConnections()`` (gloo's own connections to its peers' listeners). It follows each socket
+by its identity (its inode), not its descriptor number: a pair is closed once its own socket
+hung up or its descriptor is gone, or holds another socket now. A peer process that dies closes
+its sockets, so its survivors' heartbeats see it within a beat. The watch also lists those
+connections, which the heartbeats report: a survivor that sees one of them close at its end
+names this process to the run (``ray_ckpt.core.generations``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import select
 import socket
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import psutil
 
 from ray_ckpt.core.generations import Connection, address
+from ray_ckpt.train import _torch_compat
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +52,8 @@ MAX_REPORTED = 4096  # the most connections a process reports: a gloo full mesh 
 
 
 class GlooConnections:
-    """This process's accepted gloo connections (see the module docstring). Made before any
-    process group exists; thread-safe (it only reads the process's sockets)."""
+    """This process's gloo pairs (see the module docstring). Made before any process group
+    exists; thread-safe (it only reads the process's sockets, and shuts gloo's)."""
 
     def __init__(self) -> None:
         connections = psutil.Process().net_connections("tcp")
@@ -53,8 +61,9 @@ class GlooConnections:
         self._older = {(c.laddr, c.raddr) for c in connections if c.status == psutil.CONN_ESTABLISHED}
 
     def _listed(self, store_ports: Iterable[int]) -> tuple[list[Any], list[Any]]:
-        """The connections accepted on this process's gloo listeners and the other connections
-        made since this object was made, none of them a rendezvous store's."""
+        """The connections accepted on listeners opened since this object was made and the other
+        connections made since, none of them a rendezvous store's: gloo's pairs among them, and
+        maybe others (``_is_listed_pair`` tells)."""
         stores = set(store_ports)
         connections = psutil.Process().net_connections("tcp")
         ports = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN} - self._before - stores
@@ -69,47 +78,88 @@ class GlooConnections:
         return accepted, made
 
     def accepted(self, store_ports: Iterable[int] = ()) -> list[tuple[int, int, tuple[str, int]]]:
-        """(fd, local port, peer address) of each established connection accepted on a gloo
-        listener: one opened since this object was made, not one of ``store_ports``."""
+        """(fd, local port, peer address) of each gloo pair accepted on a gloo listener: one
+        opened since this object was made, not one of ``store_ports``."""
         accepted, _ = self._listed(store_ports)
-        return [(c.fd, c.laddr.port, (c.raddr.ip, c.raddr.port)) for c in accepted]
+        found = []
+        for c in accepted:
+            with _socket_at(c.fd) as sock:
+                if sock is not None and _is_listed_pair(sock, c):
+                    found.append((c.fd, c.laddr.port, (c.raddr.ip, c.raddr.port)))
+        return found
 
     def watch(self, store_ports: Iterable[int] = ()) -> ConnectionWatch:
-        """A watch over the connections accepted on gloo listeners and made since this object
-        was made, as they are now (none if they cannot be listed)."""
+        """A watch over the gloo pairs accepted on gloo listeners and made since this object was
+        made, as they are now (none if they cannot be listed)."""
         try:
             accepted, made = self._listed(store_ports)
         except (psutil.Error, OSError) as error:
             logger.debug("listing this process's connections: %s", error)
             return ConnectionWatch({})
-        watched = {c.fd: ((address(*c.laddr), address(*c.raddr)), True) for c in accepted}
-        watched.update({c.fd: ((address(*c.laddr), address(*c.raddr)), False) for c in made})
+        watched = {}
+        for c, was_accepted in [(c, True) for c in accepted] + [(c, False) for c in made]:
+            inode = _inode(c.fd)
+            with _socket_at(c.fd) as sock:
+                pair = sock is not None and _is_listed_pair(sock, c)
+            if pair and inode is not None and _inode(c.fd) == inode:  # the same socket throughout
+                watched[c.fd] = Watched((address(*c.laddr), address(*c.raddr)), was_accepted, inode)
         return ConnectionWatch(watched)
 
     def shut(self, store_ports: Iterable[int] = ()) -> int:
-        """Shut down every accepted gloo connection (``accepted``) for reading and writing, so
-        that a collective blocked on one, here or at the peer, fails at once; the sockets stay
-        open for gloo to close. Returns how many were shut. Never raises."""
-        shut = 0
+        """Shut down every accepted gloo pair (``accepted``) for reading and writing, so that a
+        collective blocked on one, here or at the peer, fails at once; the sockets stay open for
+        gloo to close. Any other socket (a server's the training function runs, a descriptor
+        whose number another socket took since it was listed) is left alone. Returns how many
+        were shut. Never raises."""
         try:
-            found = self.accepted(store_ports)
+            accepted, _ = self._listed(store_ports)
         except (psutil.Error, OSError) as error:
             logger.debug("listing this process's connections: %s", error)
             return 0
-        for fd, port, peer in found:
-            try:
-                sock = socket.socket(fileno=fd)
-            except OSError:  # closed meanwhile
-                continue
-            try:
-                if sock.getsockname()[1] == port and sock.getpeername()[:2] == peer:  # not a reused descriptor
+        shut = 0
+        for c in accepted:
+            with _socket_at(c.fd) as sock:
+                if sock is None or not _is_listed_pair(sock, c):
+                    continue
+                try:
                     sock.shutdown(socket.SHUT_RDWR)
                     shut += 1
-            except OSError:
-                pass
-            finally:
-                sock.detach()  # the descriptor stays gloo's
+                except OSError:
+                    pass
         return shut
+
+
+@contextlib.contextmanager
+def _socket_at(fd: int) -> Iterator[socket.socket | None]:
+    """The socket at descriptor ``fd``, borrowed (it stays its owner's, open), or None where
+    ``fd`` is closed or no socket."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        yield None
+        return
+    try:
+        yield sock
+    finally:
+        sock.detach()
+
+
+def _is_listed_pair(sock: socket.socket, listed: Any) -> bool:
+    """Whether ``sock`` is still the connection psutil listed (its descriptor not taken by
+    another socket since) and a gloo pair."""
+    try:
+        same = sock.getsockname()[:2] == tuple(listed.laddr) and sock.getpeername()[:2] == tuple(listed.raddr)
+    except OSError:
+        return False
+    return same and _torch_compat.is_gloo_pair(sock)
+
+
+def _inode(fd: int) -> int | None:
+    """The identity of the file at descriptor ``fd`` (a socket's inode), None where it is closed."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
 
 
 _CLOSED = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
@@ -117,21 +167,33 @@ _CLOSED = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 @dataclasses.dataclass(frozen=True)
 class Closures:
-    """What a ``ConnectionWatch`` saw: whether a connection accepted on a gloo listener closed,
-    and every watched connection that closed."""
+    """What a ``ConnectionWatch`` saw: whether a gloo pair accepted on a gloo listener closed,
+    and every watched pair that closed."""
 
     accepted: bool = False
     connections: tuple[Connection, ...] = ()
 
 
-class ConnectionWatch:
-    """Which of a set of sockets (descriptor -> its connection, whether accepted on a gloo
-    listener) were closed since the watch was made: by the peer (end of stream, reset) or here
-    (the descriptor is gone). Reads nothing; not thread-safe (one heartbeat thread polls it)."""
+class Watched(NamedTuple):
+    """A socket a ``ConnectionWatch`` follows: its connection as this end sees it, whether it
+    was accepted on a gloo listener, and its identity (the socket's inode, ``os.fstat``)."""
 
-    def __init__(self, sockets: dict[int, tuple[Connection, bool]]) -> None:
+    connection: Connection
+    accepted: bool
+    inode: int
+
+
+class ConnectionWatch:
+    """Which of a set of sockets (descriptor -> ``Watched``) were closed since the watch was
+    made: by the peer (end of stream, reset, on that very socket) or here (the descriptor is
+    gone, or holds another socket now). Reads nothing; not thread-safe (one heartbeat thread
+    polls it)."""
+
+    def __init__(self, sockets: dict[int, Watched]) -> None:
         self._poll = select.poll()
         self._sockets = dict(sockets)
+        self._open = dict(sockets)
+        self._closed: list[Watched] = []
         for fd in self._sockets:
             self._poll.register(fd, _CLOSED)
 
@@ -142,11 +204,21 @@ class ConnectionWatch:
     @property
     def connections(self) -> tuple[Connection, ...]:
         """The watched connections (at most ``MAX_REPORTED``), as this process reports them."""
-        return tuple(sorted(connection for connection, _ in self._sockets.values()))[:MAX_REPORTED]
+        return tuple(sorted(watched.connection for watched in self._sockets.values()))[:MAX_REPORTED]
 
     def closures(self) -> Closures:
-        """The sockets closed now (does not wait)."""
-        closed = [self._sockets[fd] for fd, events in self._poll.poll(0) if events & (_CLOSED | select.POLLNVAL)]
+        """The watched sockets closed by now (does not wait; one found closed stays so). A
+        descriptor's events count only while it holds the socket watched on it: those of
+        another socket that took its number are never taken for the watched one's."""
+        if self._open:
+            events = dict(self._poll.poll(0))
+            for fd, watched in list(self._open.items()):
+                if _inode(fd) == watched.inode and not events.get(fd, 0) & _CLOSED:
+                    continue
+                self._poll.unregister(fd)
+                del self._open[fd]
+                self._closed.append(watched)
         return Closures(
-            any(accepted for _, accepted in closed), tuple(sorted({connection for connection, _ in closed}))
+            any(watched.accepted for watched in self._closed),
+            tuple(sorted({watched.connection for watched in self._closed})),
         )

@@ -1,6 +1,8 @@
 """Shutting down the gloo connections a process accepted wakes every collective blocked on them,
 here and at the peers, at once, where abort and destroy do not; the process stays whole and
-connections it had before (Ray's) are left alone. Real gloo ranks in spawned processes."""
+connections it had before (Ray's) or that are not gloo's (a server of the training function's
+own) are left alone. Real gloo ranks in spawned processes; plain sockets set up as gloo sets up
+its pairs (``like_gloo``) where one process is enough."""
 
 from __future__ import annotations
 
@@ -8,11 +10,19 @@ import datetime
 import multiprocessing
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Any
 
 COLLECTIVE_TIMEOUT_S = 60.0
+
+
+def like_gloo(sock: socket.socket, timeout_s: int = 1800) -> socket.socket:
+    """``sock`` with the receive and send timeouts gloo gives each pair's socket (its group's)."""
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, struct.pack("@ll", timeout_s, 0))
+    return sock
 
 
 def _rank(rank: int, port: int, results: Any, left: Any) -> None:
@@ -33,6 +43,9 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     subgroup = dist.new_group([0, 1, 2])  # held, as FSDP2's meshes hold theirs
+    own = socket.create_server(("127.0.0.1", 0))  # a server the training function runs itself
+    own_client = socket.create_connection(own.getsockname())
+    own_accepted, _ = own.accept()
     tensor = torch.ones(1024)
     dist.all_reduce(tensor)
     accepted = len(connections.accepted(store_ports=[port]))
@@ -42,7 +55,9 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
         left.set()
         time.sleep(3.0)
         kept.sendall(b"x")
-        results.put((rank, "left", shut, client.recv(1) == b"x", accepted))
+        own_accepted.sendall(b"y")
+        own_works = own_client.recv(1) == b"y"
+        results.put((rank, "left", shut, client.recv(1) == b"x" and own_works, accepted))
         _end(results)
 
     def interrupted() -> None:  # what the heartbeat does when the run says a round is open
@@ -72,10 +87,11 @@ def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_
     """Rank 1 leaves a collective that ranks 0 (on a subgroup) and 2 (on WORLD) are blocked in;
     it shuts the gloo connections it accepted, they shut theirs half a second later: both
     collectives fail within seconds of the leave (not the 60 s timeout) with gloo's closed
-    connection, every process lives on, and a connection accepted on an older listener works.
-    Which end of a pair accepts follows the order of the listeners' ports, so rank 1 may have
-    accepted none of its pairs (the others then shut them): the ranks together accepted each of
-    the two groups' three pairs once."""
+    connection, every process lives on, and a connection accepted on an older listener works,
+    as does one accepted by a server each rank opened after its groups (not gloo's: never
+    counted, never shut). Which end of a pair accepts follows the order of the listeners'
+    ports, so rank 1 may have accepted none of its pairs (the others then shut them): the ranks
+    together accepted each of the two groups' three pairs once."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     with socket.socket() as probe:
@@ -118,21 +134,30 @@ def test_without_a_process_group_there_is_nothing_to_shut() -> None:
                 assert accepted.recv(1) == b"y"
 
 
-def test_a_listener_opened_after_the_baseline_is_taken_for_gloos() -> None:
-    """The rule is the age of the listener: one opened after the baseline counts (its accepted
-    connections are shut), unless it is a rendezvous store's port."""
+def test_only_gloos_pairs_on_a_listener_opened_after_the_baseline_are_shut() -> None:
+    """A listener opened after the baseline may be a server the training function runs itself:
+    a connection it accepted is shut only if it is a gloo pair (set up as gloo sets up its
+    pairs), never a plain one, and never one on a rendezvous store's port."""
     from ray_ckpt.train.gloo_connections import GlooConnections
 
     connections = GlooConnections()
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        with socket.create_connection(server.getsockname()) as client:
-            accepted, _ = server.accept()
-            with accepted:
-                assert connections.shut(store_ports=[port]) == 0
-                assert [p for _, p, _ in connections.accepted()] == [port]
-                assert connections.shut() == 1
-                assert client.recv(1) == b""  # the peer sees the connection closed
+        plain_client = socket.create_connection(server.getsockname())
+        plain, _ = server.accept()
+        gloo_client = socket.create_connection(server.getsockname())
+        pair, _ = server.accept()
+        like_gloo(pair)
+        with plain, plain_client, pair, gloo_client:
+            watch = connections.watch()
+            assert pair.fileno() in watch.fds and plain.fileno() not in watch.fds
+            assert plain_client.fileno() not in watch.fds and gloo_client.fileno() not in watch.fds
+            assert connections.shut(store_ports=[port]) == 0
+            assert [(fd, p) for fd, p, _ in connections.accepted()] == [(pair.fileno(), port)]
+            assert connections.shut() == 1
+            assert gloo_client.recv(1) == b""  # the peer sees the connection closed
+            plain.sendall(b"p")
+            assert plain_client.recv(1) == b"p"  # the server's own connection works on
 
 
 def test_a_watch_sees_an_accepted_connection_closed_by_its_peer_without_reading_it() -> None:
@@ -143,9 +168,9 @@ def test_a_watch_sees_an_accepted_connection_closed_by_its_peer_without_reading_
 
     connections = GlooConnections()
     with socket.create_server(("127.0.0.1", 0)) as server:
-        client = socket.create_connection(server.getsockname())
+        client = like_gloo(socket.create_connection(server.getsockname()))
         accepted, _ = server.accept()
-        with accepted:
+        with like_gloo(accepted):
             watch = connections.watch()
             assert accepted.fileno() in watch.fds and client.fileno() in watch.fds  # made since, too
             client.sendall(b"z")
@@ -162,13 +187,18 @@ def test_a_watch_sees_an_accepted_connection_closed_by_its_peer_without_reading_
 
 def test_a_watch_over_a_descriptor_closed_here_says_closed() -> None:
     """gloo closes its end as soon as it reads the peer's end of stream: the descriptor is gone."""
-    from ray_ckpt.train.gloo_connections import Closures, ConnectionWatch
+    from ray_ckpt.train.gloo_connections import Closures, ConnectionWatch, Watched
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
         accepted, _ = server.accept()
         one, two = (("127.0.0.1", 1), ("127.0.0.1", 2)), (("127.0.0.1", 2), ("127.0.0.1", 1))
-        watch = ConnectionWatch({accepted.fileno(): (one, True), client.fileno(): (two, False)})
+        watch = ConnectionWatch(
+            {
+                accepted.fileno(): Watched(one, True, os.fstat(accepted.fileno()).st_ino),
+                client.fileno(): Watched(two, False, os.fstat(client.fileno()).st_ino),
+            }
+        )
         assert watch.closures() == Closures()
         accepted.close()  # gone here; its peer, the client, sees the end of stream too
         assert watch.closures().accepted and one in watch.closures().connections
@@ -177,21 +207,52 @@ def test_a_watch_over_a_descriptor_closed_here_says_closed() -> None:
     assert ConnectionWatch({}).closures() == Closures()
 
 
+def test_a_watch_follows_its_sockets_not_their_descriptor_numbers() -> None:
+    """A watched pair closed here whose descriptor number another socket took before the next
+    poll is reported closed (not missed because the number is open and quiet), and the socket
+    that took the number is never reported, not even when it closes in turn."""
+    from ray_ckpt.core.generations import address
+    from ray_ckpt.train.gloo_connections import Closures, GlooConnections
+
+    connections = GlooConnections()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())  # the peer's end: not watched here
+        pair, _ = server.accept()
+        like_gloo(pair)
+        number = pair.fileno()
+        seen_here = (address(*pair.getsockname()), address(*pair.getpeername()))
+        watch = connections.watch()
+        assert number in watch.fds and watch.closures() == Closures()
+        other_client = socket.create_connection(server.getsockname())
+        other, _ = server.accept()
+        pair.close()  # gloo closed its end ...
+        os.dup2(other.fileno(), number)  # ... and a new socket took the number before the next poll
+        closures = watch.closures()
+        assert closures.accepted and closures.connections == (seen_here,)
+        other_client.close()  # the socket now at that number hangs up
+        time.sleep(0.05)
+        assert watch.closures() == closures
+        os.close(number)
+        for sock in (client, other):
+            sock.close()
+
+
 def test_a_connection_made_since_is_watched_and_reported_but_an_older_one_is_not() -> None:
-    """A connection this process dialed after the baseline (as gloo dials its peers' listeners)
+    """A gloo pair this process dialed after the baseline (as gloo dials its peers' listeners)
     is watched and reported as (local, remote): the peer that accepted it names this process by
-    it; older ones are neither."""
+    it; older ones are neither, nor a plain connection made since (closing it reports nothing)."""
     from ray_ckpt.core.generations import address
     from ray_ckpt.train.gloo_connections import GlooConnections
 
     with socket.create_server(("127.0.0.1", 0)) as server:
-        older = socket.create_connection(server.getsockname())
+        older = like_gloo(socket.create_connection(server.getsockname()))
         connections = GlooConnections()
-        dialed = socket.create_connection(server.getsockname())
-        ends = [server.accept()[0] for _ in range(2)]
+        dialed = like_gloo(socket.create_connection(server.getsockname()))
+        plain = socket.create_connection(server.getsockname())  # made since, but not gloo's
+        ends = [server.accept()[0] for _ in range(3)]
         watch = connections.watch()
         seen_here = (address(*dialed.getsockname()), address(*dialed.getpeername()))
-        assert dialed.fileno() in watch.fds and older.fileno() not in watch.fds
+        assert dialed.fileno() in watch.fds and older.fileno() not in watch.fds and plain.fileno() not in watch.fds
         assert seen_here in watch.connections
         assert (address(*older.getsockname()), address(*older.getpeername())) not in watch.connections
         peer = next(end for end in ends if end.getpeername() == dialed.getsockname())
@@ -201,6 +262,8 @@ def test_a_connection_made_since_is_watched_and_reported_but_an_older_one_is_not
             time.sleep(0.01)
         closures = watch.closures()  # the end closed here (as gloo closes its own) is a connection made since too
         assert not closures.accepted and seen_here in closures.connections
+        plain.close()  # its owner is done with it: no closure of anyone's
+        assert watch.closures().connections == closures.connections
         for sock in [older, dialed, *ends]:
             sock.close()
 
