@@ -20,13 +20,18 @@ worker process outlives the raylet a moment, and can still beat), once its node 
 (``find_lost``), or once it has gone silent while its peers kept beating: it missed
 ``SILENT_BEATS`` beats in a row (and at least ``SILENT_MIN_S``) after a peer reported one of
 its gloo connections closed (a process that dies closes its sockets), ``QUIET_BEATS`` (and at
-least ``QUIET_MIN_S``) without such a report. A closed connection names its peer where the peer
-reported the same connection from its end (each member reports, once per generation, the
-connections its process accepted on a gloo listener or made since it started,
-``Connections``); the member so named is lost once it missed a beat and ``NAMED_SILENT_MIN_S``
-passed, the others keep the bounds above. A live member taken for lost costs one more
-round (it is told to leave and rejoins with its process), so the bounds leave room for a beat
-thread held up by a busy host. Silence is counted in its
+least ``QUIET_MIN_S``) without such a report. Each member reports, once per generation, its
+process's gloo pairs (those accepted on a gloo listener and those made since it started,
+``Connections``); a closed connection its witness reported that way names the peer that
+reported the same connection from its end, matched by both ends' full addresses. A closure
+never makes its member lost on its own word while the member keeps beating: it stops counting
+against the member once the coordinator took two beats of the member after it (one may have
+been on its way before the member died), and the member must miss ``SILENT_BEATS`` beats and
+``SILENT_MIN_S`` (a beat thread's pause, a GC's, of up to ``SILENT_MIN_S`` less a beat interval
+is no loss) unless one peer saw every connection it shares with the member close, as all of a
+dead process's close: then ``NAMED_SILENT_MIN_S`` suffices. A live member taken for lost costs
+one more round (it is told to leave and rejoins with its process), so the bounds leave room for
+a beat thread held up by a busy host. Silence is counted in its
 peers' beats, and in seconds of the coordinator's own ``clock``, which stands still while the
 coordinator takes nothing (a gap between two calls counts for one beat interval at most): a
 coordinator that stalls and then takes a backlog of beats finds nobody silent. From the first
@@ -55,8 +60,8 @@ BATCHED_BEATS_PER_S = 5000  # ... taken in batches up the stores' relay tree: ~1
 MIN_BEAT_INTERVAL_S = 0.1  # the most often a worker beats
 POLL_S = 2.0  # the longest a coordinator call waits for a generation or its address before it answers "not yet"
 SILENT_BEATS = 1  # beats missed in a row that make a member lost once a peer saw a connection close
-SILENT_MIN_S = 0.5  # and the least silence that does (a closed connection may be an old one's)
-NAMED_SILENT_MIN_S = 0.25  # the least silence that makes lost the member a closed connection names
+SILENT_MIN_S = 0.5  # and the least silence that does: longer than a live member's beat thread pauses (a GC)
+NAMED_SILENT_MIN_S = 0.25  # ... once a peer saw every connection it had with the member close
 QUIET_BEATS = 5  # beats missed in a row that make a member lost without such a sign
 QUIET_MIN_S = 3.0  # and the least silence that does: a beat thread may wait a second or more for the GIL or CPU
 
@@ -263,10 +268,14 @@ class Generations:
         self.beat_count = 0  # beats taken so far; ``beat_seen`` holds each member's count and clock at its last
         self.beat_seen: dict[str, tuple[int, float]] = {}
         self.suspected = False  # a member saw a gloo connection close in the current generation
-        # the current generation's closed connections as their other end sees them, and each
-        # member's connections (by incarnation) as it reported them
-        self.closed: set[Connection] = set()
+        # the current generation's closed connections as their other end sees them, each with
+        # its witness (the incarnation that saw it close and had reported it) and ``beat_count``
+        # when first taken; each member's connections (by incarnation) as it reported them; and
+        # ``beat_count`` at each member's beat before its last (a closure taken before it no
+        # longer counts against the member: two of its beats came after)
+        self.closed: dict[Connection, tuple[str, int]] = {}
         self.connections: dict[str, frozenset[Connection]] = {}
+        self.beat_before_last: dict[str, int] = {}
         self.lost: dict[int, dict[str, Any]] = {}  # the current generation's lost ranks: how, when
         self.finished: set[str] = set()  # incarnations whose training function returned
         self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
@@ -293,7 +302,7 @@ class Generations:
 
     def _new_generation(self) -> None:
         self.suspected = False
-        self.closed = set()
+        self.closed = {}
         self.connections = {}
         self.lost = {}
         self.finished.clear()
@@ -313,12 +322,14 @@ class Generations:
     def take(self, beat: Beat, now: float) -> None:
         """A heartbeat: ``beat.suspect``, ``closed`` and ``connections`` count only from a
         member of the current generation (``connections`` only for that generation; closures
-        only before a member is lost or a round opens, and a closed accepted connection that
-        names a member is no ``suspect``); ``orphaned`` makes the member lost."""
+        only before a member is lost or a round opens, each only if the member reported it among
+        its own connections, and a closed accepted connection that names a member is no
+        ``suspect``); ``orphaned`` makes the member lost."""
         member = beat.member
         self.beats[member.incarnation] = (now, member)
         self._tick(now)
         self.beat_count += 1
+        self.beat_before_last[member.incarnation] = self.beat_seen.get(member.incarnation, (0, 0.0))[0]
         self.beat_seen[member.incarnation] = (self.beat_count, self.clock)
         if self._in_current(member):
             reported = beat.connections
@@ -327,8 +338,11 @@ class Generations:
                     (address(*local), address(*remote)) for local, remote in reported[1]
                 )
             if not self.recovering():  # once it fails, its members close their connections as they leave
-                closed = {(address(*remote), address(*local)) for local, remote in beat.closed}
-                self.closed |= closed
+                seen = {(address(*local), address(*remote)) for local, remote in beat.closed}
+                closed = {(remote, local) for local, remote in seen}
+                if seen:  # each of its own reported connections (another may be no gloo pair)
+                    for local, remote in seen & self.connections.get(member.incarnation, frozenset()):
+                        self.closed.setdefault((remote, local), (member.incarnation, self.beat_count))
                 if beat.suspect and not self.suspected:
                     self.suspected = all(closed.isdisjoint(theirs) for theirs in self.connections.values())
         orphaned = beat.orphaned
@@ -374,7 +388,9 @@ class Generations:
         beats = SILENT_BEATS if self.suspected else QUIET_BEATS
         # a member that missed ``beats`` in a row is silent a beat longer, as beats come in any order
         quiet_s = max(SILENT_MIN_S if self.suspected else QUIET_MIN_S, (beats + 1) * self.interval_s)
+        silent_s = max(SILENT_MIN_S, (SILENT_BEATS + 1) * self.interval_s)
         named_s = max(NAMED_SILENT_MIN_S, (SILENT_BEATS + 1) * self.interval_s)
+        named = self._named() if self.closed else {}
         beating = [
             m for r, m in self.current.members.items() if r not in self.lost and m.incarnation not in self.finished
         ]
@@ -393,15 +409,43 @@ class Generations:
                 reason = "node dead"
             else:
                 count, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
-                named = bool(self.closed) and not self.closed.isdisjoint(self.connections.get(member.incarnation, ()))
-                if named and self.clock - clock > named_s and self.beat_count - count >= SILENT_BEATS * others:
+                every = named.get(member.incarnation)  # None: no closure counts against it
+                bound_s = named_s if every else silent_s
+                missed = self.beat_count - count
+                if every is not None and self.clock - clock > bound_s and missed >= SILENT_BEATS * others:
                     reason = "silent after its connection closed"
-                elif self.clock - clock > quiet_s and self.beat_count - count >= beats * others:
+                elif self.clock - clock > quiet_s and missed >= beats * others:
                     reason = "silent after a closed connection" if self.suspected else "silent"
             if reason is not None:
                 self.lost[rank] = {"rank": rank, "pid": member.pid, "reason": reason, "time": now}
                 found.append(member)
         return found
+
+    def _named(self) -> dict[str, bool]:
+        """The members (by incarnation) a closure still counts against (``take`` took it after
+        the member's beat before its last), each with whether one witness saw every connection
+        it shares with the member close (what a dead process's peers see) or only some."""
+        named: dict[str, bool] = {}
+        for incarnation, theirs in self.connections.items():
+            hits = theirs.intersection(self.closed)
+            if not hits:
+                continue
+            before = self.beat_before_last.get(incarnation, 0)
+            seen: dict[str, set[Connection]] = {}
+            for connection in hits:
+                witness, first = self.closed[connection]
+                if first > before and witness != incarnation:
+                    seen.setdefault(witness, set()).add(connection)
+            if seen:
+                named[incarnation] = any(
+                    self._shared(incarnation, witness) <= connections for witness, connections in seen.items()
+                )
+        return named
+
+    def _shared(self, member: str, witness: str) -> set[Connection]:
+        """The connections ``member`` and ``witness`` both reported, as ``member`` sees them."""
+        theirs = self.connections.get(witness, frozenset())
+        return {(local, remote) for local, remote in self.connections[member] if (remote, local) in theirs}
 
     def recovering(self) -> bool:
         """Whether a recovery is under way: a member of the current generation is lost, or a

@@ -246,7 +246,8 @@ def test_a_named_peer_that_keeps_beating_is_never_lost_and_other_closures_name_n
     its own), one that nobody reported from the other end (the same address pair reversed
     only), and connections reported for another generation: nobody is lost."""
     gens = started()
-    gens.take(generations.Beat(member(1), connections=reported(1)), now=0.0)
+    for rank in (0, 1):
+        gens.take(generations.Beat(member(rank), connections=reported(rank)), now=0.0)
     gens.take(generations.Beat(member(2), connections=reported(2, generation=7)), now=0.0)  # stale
     unknown = (("10.0.0.1", 40002), ("10.0.0.9", 1))  # 2's listener, but no connection 2 reported
     closed = (gloo_pair(0, 1)[0], gloo_pair(0, 2)[0], unknown)
@@ -255,7 +256,89 @@ def test_a_named_peer_that_keeps_beating_is_never_lost_and_other_closures_name_n
         beat_all(gens, [0, 1, 2], tick * 0.1)
         assert gens.find_lost(now=tick * 0.1, alive_nodes=None) == []
     gens.take(generations.Beat(member(2, "old"), connections=reported(2)), now=2.0)  # not a member
-    assert set(gens.connections) == {"a1"}
+    assert set(gens.connections) == {"a0", "a1"}
+
+
+def in_groups(connection: generations.Connection, group: int) -> generations.Connection:
+    """``connection`` as gloo made it for process group ``group`` (0: WORLD; 1: a subgroup)."""
+    (local_ip, local_port), (remote_ip, remote_port) = connection
+    return ((local_ip, local_port + 1000 * group), (remote_ip, remote_port + 1000 * group))
+
+
+def started_with_subgroups(world_size: int = 3) -> Generations:
+    """``started``, every member having reported its pairs of WORLD and of one subgroup."""
+    gens = started(world_size)
+    for rank in range(world_size):
+        _, ends = reported(rank, world_size)
+        both = tuple(in_groups(end, group) for end in ends for group in (0, 1))
+        gens.take(generations.Beat(member(rank), connections=(1, both)), now=0.0)
+    return gens
+
+
+def test_one_of_a_members_connections_closed_while_it_pauses_a_third_of_a_second_is_no_loss() -> None:
+    """Rank 0 sees one of its two connections with rank 1 close (a subgroup destroyed, or a
+    socket taken for another); rank 1's beat thread pauses 0.3 s (a GC) from 0.1 s: it is not
+    lost, as one closure alone needs SILENT_MIN_S of silence. Had rank 1 stayed silent, it
+    would be lost past SILENT_MIN_S, not NAMED_SILENT_MIN_S."""
+    gens = started_with_subgroups()
+    beat_all(gens, [0, 1, 2], 0.1)
+    gens.take(generations.Beat(member(0), closed=(in_groups(gloo_pair(0, 1)[0], 1),)), now=0.15)
+    for tick in range(2, 30):
+        now = tick * 0.1
+        beat_all(gens, [0, 2] if tick <= 4 else [0, 1, 2], now)
+        assert gens.find_lost(now=now, alive_nodes=None) == [], now
+
+    gens = started_with_subgroups()
+    beat_all(gens, [0, 1, 2], 0.1)
+    gens.take(generations.Beat(member(0), closed=(in_groups(gloo_pair(0, 1)[0], 1),)), now=0.15)
+    now, lost = first_loss(gens, 2, beating=(0, 2))
+    assert lost == [1] and gens.lost[1]["reason"] == "silent after its connection closed"
+    assert now == pytest.approx(0.7)  # past SILENT_MIN_S since its last beat at 0.1
+
+
+def test_a_peer_that_saw_every_connection_with_a_member_close_names_it_after_a_quarter_second() -> None:
+    """Rank 0 sees both its connections with rank 1 close, one beat apart, as a dead process's
+    close; rank 1's last beat, on its way before it died, is taken after the first: lost past
+    NAMED_SILENT_MIN_S from that beat."""
+    gens = started_with_subgroups()
+    beat_all(gens, [0, 1, 2], 0.1)
+    gens.take(generations.Beat(member(0), closed=(in_groups(gloo_pair(0, 1)[0], 0),)), now=0.15)
+    gens.beat(member(1), now=0.2)  # late
+    beat_all(gens, [0, 2], 0.2)
+    closed = tuple(in_groups(gloo_pair(0, 1)[0], group) for group in (0, 1))
+    gens.take(generations.Beat(member(0), closed=closed), now=0.25)
+    now, lost = first_loss(gens, 3, beating=(0, 2))
+    assert lost == [1] and gens.lost[1]["reason"] == "silent after its connection closed"
+    assert now == pytest.approx(0.5)  # past NAMED_SILENT_MIN_S since 0.2
+
+
+def test_a_closure_no_longer_counts_against_a_member_that_beat_twice_since() -> None:
+    """Rank 0 sees its only connection with rank 1 close at 0.15 s while rank 1 beats on; from
+    0.5 s rank 1 is silent: it is lost as any silent member is, past QUIET_MIN_S, not a
+    quarter second after."""
+    gens = started()
+    for rank in range(3):
+        gens.take(generations.Beat(member(rank), connections=reported(rank)), now=0.0)
+    gens.take(generations.Beat(member(0), closed=(gloo_pair(0, 1)[0],)), now=0.15)
+    for tick in range(1, 6):
+        beat_all(gens, [0, 1, 2], tick * 0.1)
+        assert gens.find_lost(now=tick * 0.1, alive_nodes=None) == []
+    now, lost = first_loss(gens, 6, beating=(0, 2))
+    assert lost == [1] and gens.lost[1]["reason"] == "silent" and now == pytest.approx(0.5 + 3.1)
+
+
+def test_a_closure_its_witness_never_reported_among_its_own_connections_names_nobody() -> None:
+    """Rank 0 reports a closed connection with rank 1 that is not among the connections it
+    reported (no gloo pair of its own): rank 1, silent for a second, is not lost by it."""
+    gens = started()
+    for rank in range(3):
+        ends = reported(rank)[1] if rank else tuple(reported(0)[1][1:])  # 0 left out its pair with 1
+        gens.take(generations.Beat(member(rank), connections=(1, ends)), now=0.0)
+    gens.take(generations.Beat(member(0), closed=(gloo_pair(0, 1)[0],)), now=0.15)
+    for tick in range(1, 12):
+        beat_all(gens, [0, 2], tick * 0.1)
+        assert gens.find_lost(now=tick * 0.1, alive_nodes=None) == []
+    assert not gens.closed
 
 
 def test_a_beat_crosses_the_wire_as_a_plain_tuple() -> None:
@@ -266,7 +349,8 @@ def test_a_beat_crosses_the_wire_as_a_plain_tuple() -> None:
 
 def test_a_new_generation_forgets_the_closures_and_connections_of_the_one_before() -> None:
     gens = started()
-    gens.take(generations.Beat(member(2), connections=reported(2)), now=0.0)
+    for rank in (0, 2):
+        gens.take(generations.Beat(member(rank), connections=reported(rank)), now=0.0)
     gens.take(generations.Beat(member(0), closed=(gloo_pair(0, 2)[0],)), now=0.1)
     assert gens.closed and gens.connections
     for rank in range(3):

@@ -1,17 +1,23 @@
 """Finding lost members (``Generations.find_lost``, ``must_leave``) under generated
-interleavings: hypothesis drives a generation of 2-5 members through beat ticks in random
-orders, late beats, beats taken in batches of 1-5 (``beat_many``: the stores merge them on the
-way up), coordinator stalls that deliver a backlog at once, closed-connection
-reports (of an accepted connection, naming nobody, or of one whose other end a member reported,
-naming that member, live or dead), process deaths, node deaths, dying members that join, finished functions and rounds,
-and checks after every event:
+interleavings: hypothesis drives a generation of 2-5 members, each pair joined by two gloo
+connections (WORLD's and a subgroup's), through beat ticks in random orders, late beats, pauses
+of a live member's beat thread (a GC), beats taken in batches of 1-5 (``beat_many``: the stores
+merge them on the way up), coordinator stalls that deliver a backlog at once, closed-connection
+reports (of an accepted connection naming nobody; of some or all of a witness's connections with
+a member, live or dead; of one connection with a live member that is no evidence of anything, as
+a reused descriptor's or a connection that is not gloo's would be), process deaths, node deaths,
+dying members that join, finished functions and rounds, and checks after every event:
 
-- safety: with nobody dead, a member that is alive and beats is never lost unless it was silent
-  for a whole quiet bound (it missed ``QUIET_BEATS`` beats in a row; one beat once a closed
-  connection was reported), nor one whose function finished, nor one in the round;
-- liveness: a dead member is lost within the bound that applies (a closed connection naming
-  it, one naming nobody, or none reported), counted in the time the coordinator was taking
-  beats;
+- safety: a member that is alive is lost only after a pause of its beats longer than the bound
+  its evidence allows, checked as the coordinator finds it lost: ``QUIET_MIN_S`` without any
+  report; ``SILENT_MIN_S`` after a closed accepted connection naming nobody or a closure naming
+  it that still counts (one that a live member beat twice since no longer does), so a pause
+  under that bound (a GC's) is never a loss on one report; ``NAMED_SILENT_MIN_S`` only once one
+  witness saw every connection it shares with the member close. Never one whose function
+  finished before, nor one in the round;
+- liveness: a dead member is lost within the bound that applies (a witness that saw all its
+  connections with it close, some of them, a closed accepted connection naming nobody, none
+  reported, its node dead), counted in the time the coordinator was taking beats;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
   open;
 - a member whose node is going (it said its raylet is gone, or the node table showed its node
@@ -31,7 +37,22 @@ from ray_ckpt.core import generations
 from ray_ckpt.core.generations import Beat, Generations, Member
 
 INTERVAL_S = 0.1
+GROUPS = (0, 1)  # the process groups every pair of members has a gloo connection in: WORLD, a subgroup
+PAUSE_TICKS = 6  # the longest pause of a live member's beat thread generated: past SILENT_MIN_S
 EXAMPLES = int(os.environ.get("RAY_CKPT_LOSS_EXAMPLES", "1000"))
+
+NAMED_S = max(generations.NAMED_SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S)
+SILENT_S = max(generations.SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S)
+QUIET_S = max(generations.QUIET_MIN_S, (generations.QUIET_BEATS + 1) * INTERVAL_S)
+
+
+def host(rank: int) -> str:
+    return f"10.0.0.{rank + 1}"
+
+
+def connection(rank: int, peer: int, group: int) -> generations.Connection:
+    """Member ``rank``'s gloo connection with ``peer`` in ``group``, as ``rank`` sees it."""
+    return ((host(rank), 40000 + 100 * rank + 10 * peer + group), (host(peer), 40000 + 100 * peer + 10 * rank + group))
 
 
 class LossDetection(RuleBasedStateMachine):
@@ -44,9 +65,15 @@ class LossDetection(RuleBasedStateMachine):
         self.members = [
             Member(rank=r, incarnation=f"p{r}", node_id=f"n{r}", pid=r, host="h", epoch=1) for r in range(world_size)
         ]
+        self.taken = dict.fromkeys(range(world_size), 0)  # beats (joins too) the coordinator took of each
+        self.tick_no = 0  # beat intervals so far
+        self.queued: dict[int, list[int]] = {r: [] for r in range(world_size)}  # ticks its calls were sent in
+        self.taken_sent = dict.fromkeys(range(world_size), 0)  # tick the last call taken of each was sent in
         for member in self.members:
             assert self.gens.register(member, number, now=self.now)
-            self.gens.take(Beat(member, connections=(number, (self._connection(member.rank),))), now=self.now)
+            ends = tuple(connection(member.rank, p, g) for p in range(world_size) if p != member.rank for g in GROUPS)
+            self.gens.take(Beat(member, connections=(number, ends)), now=self.now)
+            self.taken[member.rank] += 2
         self.dead: dict[int, float] = {}  # rank -> when it died
         self.dead_nodes: set[str] = set()
         self.finished: set[int] = set()
@@ -56,9 +83,11 @@ class LossDetection(RuleBasedStateMachine):
         self.seen_on_dead_nodes: set[int] = set()  # outside the round when the node table showed their node dead
         self.missed = dict.fromkeys(range(world_size), 0)  # beats missed in a row
         self.worst_missed = dict.fromkeys(range(world_size), 0)
-        self.suspected_at: float | None = None  # the first report of a closed accepted connection
-        self.reported_at: float | None = None  # the first closed-connection report, naming someone or not
-        self.named_at: dict[int, float] = {}  # rank -> the first report of a closed connection to its endpoint
+        self.suspected_at: float | None = None  # the first closed accepted connection naming nobody
+        # (witness, named, group) -> the named member's beats taken and the time when the
+        # coordinator first took that closure
+        self.closures: dict[tuple[int, int, int], tuple[int, float]] = {}
+        self.checked: set[int] = set()  # lost ranks whose loss was checked as it was found
         self.backlog: list[tuple[str, Beat]] = []  # calls not yet taken: beat or join
         self.stalling = False
         self.stalled_s = 0.0  # time the coordinator took no beat since the first death
@@ -70,19 +99,50 @@ class LossDetection(RuleBasedStateMachine):
     def _beating(self) -> list[int]:
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
 
-    @staticmethod
-    def _connection(rank: int) -> generations.Connection:
-        """A connection of member ``rank`` (to some peer), as it reports it."""
-        return (("10.0.0.1", 40000 + rank), ("10.0.0.2", 50000 + rank))
+    def _standing(self, named: int) -> dict[int, dict[int, float]]:
+        """The closures still counting against ``named``: witness -> group -> when first taken
+        (a closure no longer counts once the coordinator took two of its beats after it)."""
+        found: dict[int, dict[int, float]] = {}
+        for (witness, rank, group), (taken, when) in self.closures.items():
+            if rank == named and self.taken[named] - taken <= 1:
+                found.setdefault(witness, {})[group] = when
+        return found
 
-    @property
-    def named_by(self) -> dict[tuple[str, int], int]:
-        """Member by the peer's end of its connection (what a closure report names it by)."""
-        return {self._connection(rank)[1]: rank for rank in range(len(self.members))}
+    def _evidence_at(self, named: int) -> tuple[float | None, float | None]:
+        """When the standing closures against ``named`` began to count: some of them, and a
+        witness's all (None: not so)."""
+        standing = self._standing(named)
+        some = min((when for groups in standing.values() for when in groups.values()), default=None)
+        every = min((max(groups.values()) for groups in standing.values() if len(groups) == len(GROUPS)), default=None)
+        return some, every
+
+    def _bound_s(self, rank: int) -> float:
+        """The least silence that may make live member ``rank`` lost, by its evidence now."""
+        some, every = self._evidence_at(rank)
+        if every is not None:
+            return NAMED_S
+        if some is not None or self.suspected_at is not None:
+            return SILENT_S
+        return QUIET_S
+
+    def _check_losses(self) -> None:
+        """Safety, as the coordinator finds a member lost: a live one only after a pause longer
+        than its bound. Its pause is counted in ticks from the one it sent the last call the
+        coordinator took in to the one it sent its next in (now, if none waits in the queue):
+        the coordinator's clock moves at most a beat interval a tick."""
+        for rank in set(self.gens.lost) - self.checked:
+            self.checked.add(rank)
+            assert rank not in self.finished_unlost, (rank, self.gens.lost)
+            if rank in self.dead:
+                continue
+            resumed = self.queued[rank][0] if self.queued[rank] else self.tick_no
+            pause_s = (resumed - self.taken_sent[rank]) * INTERVAL_S
+            assert pause_s > self._bound_s(rank) - 1e-9, (rank, pause_s, self._bound_s(rank), self.gens.lost)
 
     def _send(self, beat: Beat, call: str = "beat") -> None:
         """A call reaches the coordinator's queue; taken at once unless it is stalled."""
         self.backlog.append((call, beat))
+        self.queued[beat.member.rank].append(self.tick_no)
         self._flush()
 
     def _flush(self) -> None:
@@ -95,10 +155,12 @@ class LossDetection(RuleBasedStateMachine):
             if call == "join":
                 self._take_beats(beats)
                 beats = []
+                self.taken_sent[beat.member.rank] = self.queued[beat.member.rank].pop(0)
                 refused = self.gens.join(beat.member, now=self.now)
                 assert (refused is None) == (beat.member.rank not in self.doomed()), (beat.member, refused)
                 if refused is None:
                     self.joined.add(beat.member.rank)
+                    self.taken[beat.member.rank] += 1
                 continue
             beats.append(beat)
             if len(beats) == self.batch:
@@ -110,13 +172,22 @@ class LossDetection(RuleBasedStateMachine):
     def _take_beats(self, beats: list[Beat]) -> None:
         if not beats:
             return
-        if not self.gens.recovering():  # closures count until the generation fails (no join splits a batch)
-            for beat in beats:
+        failing = self.gens.recovering()  # closures count until the generation fails
+        for beat in beats:
+            rank = beat.member.rank
+            self.taken[rank] += 1
+            self.taken_sent[rank] = self.queued[rank].pop(0)
+            if not failing:
                 if beat.suspect and not beat.closed:
                     self.suspected_at = self.now if self.suspected_at is None else self.suspected_at
-                for local, _ in beat.closed:  # seen from the other end: ``local`` is the named member's peer
-                    self.named_at.setdefault(self.named_by[local], self.now)
+                for local, remote in beat.closed:  # ``rank``'s connection with ``named`` closed
+                    named = next(p for p in range(len(self.members)) if remote[0] == host(p))
+                    group = local[1] % 10
+                    self.closures.setdefault((rank, named, group), (self.taken[named], self.now))
+            if beat.orphaned and rank not in self.gens.lost:
+                failing = True
         leave = self.gens.beat_many(beats, self.now, None)
+        self._check_losses()
         for beat in beats:
             if beat.orphaned:
                 self.orphaned.add(beat.member.rank)
@@ -128,6 +199,7 @@ class LossDetection(RuleBasedStateMachine):
         """One beat interval: every live member beats, in some order, but the late ones; a
         stalled coordinator queues them, else it takes its queue and this tick's beats."""
         self.now += INTERVAL_S
+        self.tick_no += 1
         self.stalling = stall
         if stall and self.dead:
             self.stalled_s += INTERVAL_S
@@ -141,6 +213,7 @@ class LossDetection(RuleBasedStateMachine):
             self._send(Beat(self.members[rank]))
         if not stall:
             self.gens.find_lost(self.now, {m.node_id for m in self.members} - self.dead_nodes)
+            self._check_losses()
             self.seen_on_dead_nodes.update(
                 r for r, m in enumerate(self.members) if m.node_id in self.dead_nodes and r not in self.joined
             )
@@ -153,12 +226,21 @@ class LossDetection(RuleBasedStateMachine):
             self.tick(list(range(5)), set(), False)
 
     @precondition(lambda self: len(self._beating()) > 1)
-    @rule(index=st.integers(0, 4), node=st.booleans())
-    def die(self, index: int, node: bool) -> None:
+    @rule(index=st.integers(0, 4), ticks=st.integers(1, PAUSE_TICKS))
+    def pause(self, index: int, ticks: int) -> None:
+        """A live member's beat thread stops for ``ticks`` beat intervals (a GC pause, a busy
+        host) while the others beat in rank order."""
+        rank = self._beating()[index % len(self._beating())]
+        for _ in range(ticks):
+            self.tick(list(range(5)), {rank}, False)
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4), die_with_node=st.booleans())
+    def die(self, index: int, die_with_node: bool) -> None:
         """A member's process dies (its node too, or not): it beats no more."""
         rank = self._beating()[index % len(self._beating())]
         self.dead[rank] = self.now
-        if node:
+        if die_with_node:
             self.dead_nodes.add(self.members[rank].node_id)
 
     @precondition(lambda self: any(r not in self.finished for r in self.dead))
@@ -169,27 +251,43 @@ class LossDetection(RuleBasedStateMachine):
         self._send(Beat(self.members[dying[index % len(dying)]], orphaned=True))
 
     @precondition(lambda self: len(self._beating()) > 1)
-    @rule(index=st.integers(0, 4), accepted=st.booleans(), named=st.none() | st.integers(0, 4))
-    def report_closed(self, index: int, accepted: bool, named: int | None) -> None:
-        """A live member saw one of its connections close: one it accepted on a gloo listener
-        (naming nobody), or one whose other end member ``named`` reported; a dead peer's, one a
-        finished peer closed, or (the worst case for safety) a live peer's."""
-        rank = self._beating()[index % len(self._beating())]
-        if not accepted and named is None:
+    @rule(
+        index=st.integers(0, 4),
+        accepted=st.booleans(),
+        named=st.none() | st.integers(0, 4),
+        groups=st.sets(st.sampled_from(GROUPS), min_size=1),
+    )
+    def report_closed(self, index: int, accepted: bool, named: int | None, groups: set[int]) -> None:
+        """A live member saw connections close: one it accepted on a gloo listener (naming
+        nobody), or its connections in ``groups`` with member ``named``: a dead peer's, one a
+        finished peer closed, or (the worst case for safety) a live peer's that left or
+        destroyed a group."""
+        witness = self._beating()[index % len(self._beating())]
+        if named is None or named >= len(self.members) or named == witness:
+            if accepted:
+                self._send(Beat(self.members[witness], suspect=True))
             return
-        self.reported_at = self.now if self.reported_at is None else self.reported_at
-        closed: tuple[generations.Connection, ...] = ()
-        if named is not None and named < len(self.members):
-            local, remote = self._connection(named)
-            closed = ((remote, local),)  # seen from the other end
-        self._send(Beat(self.members[rank], suspect=accepted, closed=closed))
+        closed = tuple(connection(witness, named, group) for group in sorted(groups))
+        self._send(Beat(self.members[witness], suspect=accepted, closed=closed))
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4), named=st.integers(0, 4), group=st.sampled_from(GROUPS))
+    def report_a_stray_closure(self, index: int, named: int, group: int) -> None:
+        """A live member reports one of its connections with a live member closed though nothing
+        happened to that member: a reused descriptor's or a connection that is not gloo's
+        that got past the worker's checks. One socket: never all of a witness's."""
+        beating = self._beating()
+        witness = beating[index % len(beating)]
+        others = [r for r in beating if r != witness]
+        self._send(Beat(self.members[witness], closed=(connection(witness, others[named % len(others)], group),)))
 
     @precondition(lambda self: bool(self.dead) and bool(self._beating()))
-    @rule(index=st.integers(0, 4), dead=st.integers(0, 4))
-    def report_a_dead_peers_connection_closed(self, index: int, dead: int) -> None:
-        """What a dead process's survivors see most: their connection with it closed."""
+    @rule(index=st.integers(0, 4), dead=st.integers(0, 4), groups=st.sets(st.sampled_from(GROUPS), min_size=1))
+    def report_a_dead_peers_connections_closed(self, index: int, dead: int, groups: set[int]) -> None:
+        """What a dead process's survivors see: their connections with it closed, all at once
+        or one beat at a time."""
         ranks = sorted(self.dead)
-        self.report_closed(index, accepted=False, named=ranks[dead % len(ranks)])
+        self.report_closed(index, accepted=False, named=ranks[dead % len(ranks)], groups=groups)
 
     @precondition(lambda self: len(self._beating()) > 1)
     @rule(index=st.integers(0, 4))
@@ -223,17 +321,11 @@ class LossDetection(RuleBasedStateMachine):
         assert sorted(self.gens.pending) == sorted(self.joined)
 
     @invariant()
-    def nobody_alive_and_beating_is_lost_without_a_death(self) -> None:
+    def every_loss_was_checked_as_it_was_found(self) -> None:
+        """The safety checks of ``_check_losses`` ran for every loss (no loss slipped past)."""
         if getattr(self, "gens", None) is None:
             return
-        for rank in self.gens.lost:
-            assert rank not in self.finished_unlost, (rank, self.gens.lost)
-            if rank in self.dead or self.dead:
-                continue
-            # no death at all: a false loss needs a whole quiet bound of missed beats
-            assert self.worst_missed[rank] >= generations.SILENT_BEATS, (rank, self.worst_missed, self.gens.lost)
-            if self.reported_at is None:
-                assert self.worst_missed[rank] >= generations.QUIET_BEATS, (rank, self.worst_missed)
+        assert set(self.gens.lost) == self.checked, (self.gens.lost, self.checked)
 
     @invariant()
     def a_dead_member_is_lost_within_its_bound(self) -> None:
@@ -242,15 +334,16 @@ class LossDetection(RuleBasedStateMachine):
         for rank, died in self.dead.items():
             if rank in self.finished or rank in self.joined:
                 continue
-            bounds = [max(generations.QUIET_MIN_S, generations.QUIET_BEATS * INTERVAL_S) + 2 * INTERVAL_S]
+            bounds = [QUIET_S + 2 * INTERVAL_S]
             if self.members[rank].node_id in self.dead_nodes:
                 bounds.append(2 * INTERVAL_S)  # the next tick's node table
             if self.suspected_at is not None:
-                silent = max(generations.SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S) + INTERVAL_S
-                bounds.append(silent + max(0.0, self.suspected_at - died))
-            if rank in self.named_at:
-                named = max(generations.NAMED_SILENT_MIN_S, (generations.SILENT_BEATS + 1) * INTERVAL_S) + INTERVAL_S
-                bounds.append(named + max(0.0, self.named_at[rank] - died))
+                bounds.append(SILENT_S + INTERVAL_S + max(0.0, self.suspected_at - died))
+            some, every = self._evidence_at(rank)
+            if some is not None:
+                bounds.append(SILENT_S + INTERVAL_S + max(0.0, some - died))
+            if every is not None:
+                bounds.append(NAMED_S + INTERVAL_S + max(0.0, every - died))
             bound = min(bounds)
             bound += self.stalled_s + INTERVAL_S * max(self.worst_missed.values())
             assert self.now - died <= bound + 1e-9, (rank, died, self.now, bound, self.gens.lost)
