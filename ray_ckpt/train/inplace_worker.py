@@ -402,19 +402,25 @@ class _Worker:
         threading.Thread(target=beat, name=f"ray_ckpt-heartbeat-{self.rank}", daemon=True).start()
 
     def _leave(self, generation: int) -> None:
-        """A peer of ``generation`` is lost: make this rank's collectives fail (gloo: shut its
-        connections; NCCL, which hangs on a lost peer: abort every group) and interrupt the
-        training function (``PeerLost``), so it leaves for the next generation now."""
+        """A peer of ``generation`` is lost: make this rank's collectives fail
+        (``_fail_collectives``) and interrupt the training function (``PeerLost``), so it
+        leaves for the next generation now."""
         logger.warning(
             "rank %d: a peer of generation %d is lost; interrupting the training function", self.rank, generation
         )
         PROCESS.interrupts.fire()
-        if not dist.is_initialized():
-            return
-        if self.backend == "nccl":
+        if dist.is_initialized():
+            self._fail_collectives()
+
+    def _fail_collectives(self) -> None:
+        """Make every collective of this rank, and its peers' with it, fail now, per device type
+        of the backend: shut its gloo connections (a gloo group, a ``"cpu:gloo,cuda:nccl"``
+        group's CPU side, a gloo subgroup beside NCCL ones; nothing where none is gloo's), then
+        abort every group where NCCL runs (it hangs on a lost peer, and destroying a group stuck
+        on one hangs too)."""
+        self._shut_gloo()
+        if process_groups.uses_nccl(self.backend or ""):
             process_groups.abort_all()
-        else:
-            self._shut_gloo()
 
     def _store_ports(self) -> list[int]:
         ports = [int(os.environ.get("MASTER_PORT") or 0)]  # Ray Train's store of a full start
@@ -433,16 +439,14 @@ class _Worker:
         return 0 if gloo is None else gloo.shut(self._store_ports())
 
     def _teardown(self) -> None:
-        """Abandon the failed generation's checkpointers, close its gloo connections or abort
-        its NCCL communicators, on every group (peers blocked in a collective with this rank
-        fail now, not at their timeout) and destroy its process group."""
+        """Abandon the failed generation's checkpointers, close its gloo connections and abort
+        its NCCL communicators, on every group (``_fail_collectives``: peers blocked in a
+        collective with this rank fail now, not at their timeout) and destroy its process group."""
         for checkpointer in list(PROCESS.checkpointers):
             checkpointer.abandon()
         PROCESS.checkpointers.clear()
-        if dist.is_initialized() and self.backend == "nccl":  # destroying a group stuck on a lost peer hangs
-            process_groups.abort_all()
-        elif dist.is_initialized():
-            self._shut_gloo()
+        if dist.is_initialized():
+            self._fail_collectives()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -100,12 +100,32 @@ def test_nccl_group_brackets_with_the_first_nccl_backend_and_is_a_no_op_without_
     assert entries == ["abort"]
 
 
-@pytest.mark.parametrize("backend", ["nccl", "gloo"])
-def test_the_teardown_aborts_nccl_groups_or_shuts_gloo_connections_before_destroying(
+@pytest.mark.parametrize(
+    ("backend", "nccl"),
+    [("nccl", True), ("cuda:nccl", True), ("cpu:gloo,cuda:nccl", True), ("CPU:GLOO, CUDA:NCCL", True), ("gloo", False),
+     ("cpu:gloo", False), ("undefined", False)],
+)  # fmt: skip
+def test_nccl_is_read_per_device_type_from_the_backend_string(backend: str, nccl: bool) -> None:
+    """``dist.get_backend()`` of a group made with "cpu:gloo,cuda:nccl" (DCP's asynchronous save
+    on GPUs needs one) is that whole string: it runs NCCL for CUDA tensors all the same."""
+    assert process_groups.uses_nccl(backend) is nccl
+
+
+def test_the_backends_of_a_backend_string_are_its_device_types_backends() -> None:
+    assert process_groups.backends("cpu:gloo,cuda:nccl") == {"gloo", "nccl"}
+    assert process_groups.backends("gloo") == {"gloo"} and process_groups.backends("") == frozenset()
+    with pytest.raises(TypeError, match="cpu:gloo,cuda:nccl"):
+        process_groups.backends(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl", "gloo"])
+def test_the_teardown_shuts_gloo_connections_and_aborts_nccl_groups_before_destroying(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A destroy of an NCCL group stuck on a lost peer hangs: every group is aborted first; gloo
-    groups are woken by shutting their connections instead."""
+    """A destroy of an NCCL group stuck on a lost peer hangs: every group is aborted first,
+    for a group with gloo on the CPU and NCCL on CUDA too; gloo's collectives (a gloo group's,
+    a mixed group's CPU side, a gloo subgroup beside NCCL) are woken by shutting gloo's
+    connections, which comes first: it cannot hang."""
     calls: list[str] = []
     worker = inplace_worker._Worker.__new__(inplace_worker._Worker)  # no Ray Train context needed
     worker.backend = backend
@@ -118,7 +138,7 @@ def test_the_teardown_aborts_nccl_groups_or_shuts_gloo_connections_before_destro
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "destroy_process_group", lambda: calls.append("destroy"))
     worker._teardown()
-    assert calls == ["abort all" if backend == "nccl" else "shut gloo", "destroy"]
+    assert calls == ["shut gloo", "abort all", "destroy"] if "nccl" in backend else ["shut gloo", "destroy"]
 
 
 class LeaveCoordinator:
@@ -142,12 +162,14 @@ class RecordedInterrupts:
         return True
 
 
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
 def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_per_generation(
-    monkeypatch: pytest.MonkeyPatch,
+    backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rank may be computing or blocked in an NCCL collective on a lost peer: its heartbeat
     thread interrupts the training function and aborts every group (not only WORLD), once per
-    generation however many beats say so; a new generation can be left again."""
+    generation however many beats say so, with NCCL for CUDA alone or beside gloo for the CPU;
+    a new generation can be left again."""
     aborts: list[int] = []
     fired: list[int] = []
     coordinator = LeaveCoordinator()
@@ -162,7 +184,7 @@ def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_p
     monkeypatch.setattr(inplace_worker, "dist", types.SimpleNamespace(is_initialized=lambda: True, group=world))
     monkeypatch.setattr(inplace_worker.PROCESS, "gloo", None)
     worker = inplace_worker._Worker.__new__(inplace_worker._Worker)
-    settings = inplace_worker._Settings(120.0, 10.0, 300.0, "nccl")
+    settings = inplace_worker._Settings(120.0, 10.0, 300.0, backend)
     worker.role = inplace_worker._Role(
         coordinator=coordinator,  # type: ignore[arg-type]
         epoch=1,
@@ -170,7 +192,7 @@ def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_p
         attempt=None,
         settings=settings,
     )
-    worker.settings, worker.rank, worker.world_size, worker.backend = settings, 0, 4, "nccl"
+    worker.settings, worker.rank, worker.world_size, worker.backend = settings, 0, 4, backend
     worker.member, worker._beating, worker._store = None, threading.Event(), None  # type: ignore[assignment]
     worker._generation, worker._raylet = 1, os.getppid()
 
