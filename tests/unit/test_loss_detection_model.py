@@ -20,6 +20,8 @@ dying members that join, finished functions and rounds, and checks after every e
   reported, its node dead), counted in the time the coordinator was taking beats;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
   open;
+- the hang watcher: a member whose function finished is never hung, however long the others go
+  on; every other current member outside the round that falls silent is;
 - a member whose node is going (it said its raylet is gone, or the node table showed its node
   dead while it was outside the round) is refused a place in the round, and leaves the round it
   joined before it said so: no generation forms with a dying process.
@@ -311,6 +313,21 @@ class LossDetection(RuleBasedStateMachine):
         """A member whose node is going fails its collective and joins the round before it dies."""
         dying = [r for r in self.dead if r not in self.finished]
         self._send(Beat(self.members[dying[index % len(dying)]]), call="join")
+
+    @invariant()
+    def a_member_whose_function_returned_is_never_hung(self) -> None:
+        """The hang watcher never kills a member that finished (its beats stop on purpose),
+        however long the others go on; one that did not finish and went silent is hung."""
+        if getattr(self, "gens", None) is None or self.gens.current is None:
+            return
+        later = self.now + 3600.0  # an hour on: every member still in the generation is long silent
+        hung = {m.rank for m in self.gens.hung(later, hang_timeout_s=10.0)}
+        current = self.gens.current.members
+        finished = {r for r in self.finished if current.get(r) == self.members[r]}
+        assert not hung & finished, (hung, finished)
+        waiting = {m.rank for m in self.gens.pending.values()}
+        expected = {r for r, m in current.items() if r not in finished and r not in waiting}
+        assert hung == expected, (hung, expected, finished, waiting)
 
     @invariant()
     def no_member_whose_node_is_going_is_in_the_round(self) -> None:
