@@ -46,6 +46,7 @@ from ray_ckpt.core.wire import (
     StoreHoldings,
 )
 from ray_ckpt.errors import RayCkptError
+from ray_ckpt.reader import Reader
 from ray_ckpt.restore import Restorer
 from ray_ckpt.save import local_copy_meta, shard_metas
 
@@ -203,6 +204,42 @@ class World:
             self.short_of_memory = False
             raise MemoryError(f"cannot map {size} bytes while the old workers exit")
         return np.empty(size, dtype=np.uint8)
+
+    def read(self, rank: int) -> None:
+        """An outside reader (an evaluation sidecar) reads ``rank``'s newest committed step, as
+        it stands, while the job runs. Invariant 9: the read changes nothing in the registry or
+        the stores, and what it returns is byte-equal to the committed save of that step."""
+        before = self._fingerprint()
+        registry = _ReadOnlyRegistry(self.registry)
+        reader = Reader(JOB, registry=registry, stores=_Stores(self), timeout_s=lambda: 5.0, allocate=self._allocate)
+        try:
+            restored = reader.read(rank=rank)
+        except (RayCkptError, MemoryError) as error:
+            self.log.append(f"outside read of rank {rank}: {type(error).__name__}")
+            restored = None
+        if registry.changing_calls:
+            raise Violation(f"an outside read called {registry.changing_calls} on the registry")
+        if self._fingerprint() != before:
+            raise Violation(f"an outside read changed the registry or the stores: {self.log[-6:]}")
+        if restored is None:
+            return
+        data = bytes(restored.state["blob"].numpy().tobytes())
+        record = self.registry.locate(JOB, restored.step).get(rank)  # still committed: the read changed nothing
+        writer = None if record is None else record.first.writer
+        if writer is None or self.saves.get((restored.step, rank, writer)) != data:
+            raise Violation(
+                f"an outside read of rank {rank} got step {restored.step} with bytes that are not its committed save"
+            )
+        self.log.append(f"outside read of rank {rank}: step {restored.step}")
+
+    def _fingerprint(self) -> str:
+        """Everything a read must leave as it was: the registry's records, attempts and plans,
+        and every live store's holdings and marks."""
+        registry = self.registry
+        stores = [
+            (n, sorted(repr(m) for m in self.stores[n].inventory()), self._holdings([n])) for n in sorted(self.alive)
+        ]
+        return repr((registry._jobs, registry._incarnations, registry._plan_marks, registry._discarded, stores))
 
     def pause_store(self, node: str) -> None:
         """The node's store stops answering (SIGSTOP, swap, a long GC): alive, but silent."""
@@ -559,6 +596,23 @@ class _RegistryView:
         world.dropped.update(dropped)
         world.log.append(f"rollback to {step}: dropped {list(dropped)}")
         return list(dropped)
+
+
+class _ReadOnlyRegistry:
+    """The registry as an outside reader reaches it: the queries a ``Reader`` may make are
+    answered; any other call is recorded (``changing_calls``) and refused."""
+
+    QUERIES = ("latest_committed", "locate_rank")
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self.changing_calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.QUERIES:
+            return getattr(self._registry, name)
+        self.changing_calls.append(name)
+        raise AttributeError(f"an outside reader may not call Registry.{name}")
 
 
 class _Stores:

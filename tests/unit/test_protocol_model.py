@@ -2,7 +2,8 @@
 ``protocol_sim.World`` (the real registry, stores and restore path, no Ray) through saves, torn
 and abandoned saves, ranks that skip steps others save and wait for their last one, restores,
 node losses beyond m, store and registry restarts, stores that stop answering while alive and
-restores short of memory (transient errors: a step is given up only on proof), incarnations with
+restores short of memory (transient errors: a step is given up only on proof), outside readers
+that read the newest committed step while the job runs (and must change nothing), incarnations with
 and without an attempt or a restore, and checks every invariant after each event.
 ``scripts/protocol_campaign.py`` runs the same machine longer."""
 
@@ -96,6 +97,11 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule(node=st.integers(0, NODES - 1))
     def restart_store(self, node: int) -> None:
         self.world.restart_store(f"n{node}")
+
+    @rule(rank=st.integers(0, 2))
+    def outside_read(self, rank: int) -> None:
+        """An evaluation sidecar reads a rank's newest committed step while the job runs."""
+        self.world.read(rank % self.world.world_size)
 
     @rule(node=st.integers(0, NODES - 1))
     def pause_store(self, node: int) -> None:
