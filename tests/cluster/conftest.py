@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import pathlib
 import re
-import sys
 import tempfile
 import time
 import uuid
@@ -20,6 +18,7 @@ import pace
 import psutil
 import pytest
 import ray
+import scripts_under_test
 import sim
 
 from ray_ckpt import _ray_compat, service
@@ -233,14 +232,7 @@ def train_example(train_example_module: ModuleType) -> Iterator[ModuleType]:
 
 def load_script(name: str) -> Any:
     """scripts/<name>.py as a module, pickled by value (workers cannot import scripts/)."""
-    path = pathlib.Path(__file__).parents[2] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    ray.cloudpickle.register_pickle_by_value(module)
-    return module
+    return scripts_under_test.load_script(name, by_value=True)
 
 
 @pytest.fixture(scope="session")

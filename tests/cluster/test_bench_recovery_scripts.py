@@ -3,39 +3,27 @@ quick runs write JSON of the documented shape; --help works without a cluster.""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import pathlib
 import subprocess
-import sys
 from typing import Any
 
 import pace
 import pytest
-
-SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)  # each script starts its own cluster
-    return env
+from scripts_under_test import run_quick, run_script
 
 
-def _run(script: str, target: pathlib.Path, timeout: float, plots: bool = True) -> subprocess.CompletedProcess[str]:
-    options = ["--plots", str(target.parent)] if plots else []
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--quick", "--json", str(target), *options],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
-    assert not list(target.parent.glob("*.png")), "--quick must not write plots"
-    return result
+def _run(
+    script: str, folder: pathlib.Path, timeout: float, benchmark: str | None = None, plots: bool = True
+) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """A quick run (``run_quick``), with --plots where it has them, which it must not draw; its
+    JSON says it is ``benchmark``."""
+    options = ["--plots", str(folder)] if plots else []
+    result, document = run_quick(script, folder, *options, timeout=timeout)
+    assert not list(folder.glob("*.png")), "--quick must not write plots"
+    if benchmark is not None:
+        assert document["benchmark"] == benchmark
+    return result, document
 
 
 def _positive(value: Any) -> bool:
@@ -45,11 +33,8 @@ def _positive(value: Any) -> bool:
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_bench_recovery_quick(tmp_path: pathlib.Path) -> None:
-    target = tmp_path / "out" / "recovery.json"
-    result = _run("bench_recovery.py", target, pace.bound(540))
+    result, document = _run("bench_recovery.py", tmp_path, pace.bound(540), "recovery")
     assert "restored bit-exact" in result.stdout
-    document = json.loads(target.read_text())
-    assert document["benchmark"] == "recovery"
     assert document["skipped"] == []
     rows = document["rows"]
     for row in rows:
@@ -80,10 +65,7 @@ def test_bench_recovery_quick(tmp_path: pathlib.Path) -> None:
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_bench_memory_quick(tmp_path: pathlib.Path) -> None:
-    target = tmp_path / "out" / "memory.json"
-    _run("bench_memory.py", target, pace.bound(540))
-    document = json.loads(target.read_text())
-    assert document["benchmark"] == "memory"
+    _, document = _run("bench_memory.py", tmp_path, pace.bound(540), "memory")
     assert document["state_bytes"] == 4 << 20
     rows = document["rows"]
     codes = [(r["scheme"], r["data_shards"], r["parity_shards"]) for r in rows]
@@ -112,10 +94,7 @@ def test_bench_memory_quick(tmp_path: pathlib.Path) -> None:
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
-    target = tmp_path / "out" / "goodput.json"
-    _run("bench_goodput.py", target, pace.bound(540))
-    document = json.loads(target.read_text())
-    assert document["benchmark"] == "goodput"
+    _, document = _run("bench_goodput.py", tmp_path, pace.bound(540), "goodput")
     assert len(document["schedule"]) == 1
     assert isinstance(document["baseline_every"], int)
     assert document["baseline_every"] >= 1
@@ -168,10 +147,7 @@ def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
     """Every mode runs the same job; ray_ckpt saves every step (its shards written directly, and
     put through Ray), every N-th, and at the interval every="auto" chose (recorded, fewer saves
     than steps once it adapts past its warm-up)."""
-    target = tmp_path / "out" / "overhead.json"
-    _run("bench_overhead.py", target, pace.bound(540), plots=False)
-    document = json.loads(target.read_text())
-    assert document["benchmark"] == "overhead"
+    _, document = _run("bench_overhead.py", tmp_path, pace.bound(540), "overhead", plots=False)
     rows = {row["mode"]: row for row in document["rows"]}
     assert list(rows) == ["none", "ray_ckpt/1", "ray_ckpt/1 ray-put", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N"]
     steps, every = document["steps"], document["every"]
@@ -186,9 +162,7 @@ def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
 def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
     """Five ways of saving, three of loading (each load checked bit-exact by the script, at 4
     ranks and at 2 after a node kill), every figure a positive time."""
-    target = tmp_path / "out" / "dcp.json"
-    _run("bench_dcp.py", target, pace.bound(300), plots=False)
-    document = json.loads(target.read_text())
+    _, document = _run("bench_dcp.py", tmp_path, pace.bound(300), plots=False)
     assert list(document["saves"]) == [
         "ray_ckpt save", "dcp.save -> peers", "dcp.async_save -> peers", "dcp.save -> disk", "dcp.async_save -> disk",
     ]  # fmt: skip
@@ -218,13 +192,7 @@ def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
     ],
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=pace.bound(120),
-        check=False,
-    )
+    result = run_script(script, "--help", timeout=pace.bound(120))
     assert result.returncode == 0, result.stderr
     for option in options:
         assert option in result.stdout

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_codec.py"
+from scripts_under_test import run_script
+
 CODES = {(4, 1), (4, 2), (8, 2), (6, 3)}
 FIELDS = {"impl", "k", "m", "size_bytes", "encode_gbps", "decode_gbps", "threads"}
 
 
 def test_quick_run_writes_rows(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "out" / "bench.json"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--threads", "2", "--json", str(target)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_script("bench_codec.py", "--quick", "--threads", "2", "--json", str(target), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "encode GB/s" in result.stdout
     rows = json.loads(target.read_text())
@@ -43,9 +36,7 @@ def test_quick_run_writes_rows(tmp_path: pathlib.Path) -> None:
 
 
 def test_help() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run_script("bench_codec.py", "--help", timeout=60)
     assert result.returncode == 0
     assert "--size-mib" in result.stdout
     assert "--quick" in result.stdout

@@ -5,35 +5,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
+
+from scripts_under_test import run_script
 
 from ray_ckpt.core import _gf256
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
 
 
 def test_a_short_run_writes_a_row_per_kernel_and_code(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "out" / "kernels.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--codes",
-            "4,2",
-            "3,3",
-            "--sizes-mib",
-            "1",
-            "--repeats",
-            "2",
-            "--json",
-            str(target),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    options = ["--codes", "4,2", "3,3", "--sizes-mib", "1", "--repeats", "2", "--json", str(target)]
+    result = run_script("bench_kernels.py", *options, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "ours / ISA-L" in result.stdout
     rows = json.loads(target.read_text())["rows"]
@@ -48,7 +29,5 @@ def test_a_short_run_writes_a_row_per_kernel_and_code(tmp_path: pathlib.Path) ->
 
 
 def test_a_malformed_code_is_refused_with_its_text() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--codes", "4x2"], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run_script("bench_kernels.py", "--codes", "4x2", timeout=60)
     assert result.returncode == 2 and "'4x2'" in result.stderr

@@ -3,25 +3,10 @@ ratio line, and its command line's checks (the cluster run itself is the benchma
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
+from scripts_under_test import load_script
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_rendezvous.py"
-
-
-def load() -> object:
-    spec = importlib.util.spec_from_file_location("bench_rendezvous_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load()
+bench = load_script("bench_rendezvous", module_name="bench_rendezvous_under_test")
 
 
 def test_the_relay_path_splits_the_members_over_the_real_stores_free_places_in_the_tree() -> None:

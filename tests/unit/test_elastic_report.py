@@ -3,21 +3,15 @@ restored with what the saving group recorded, and a missing record is the record
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from types import ModuleType
 from typing import Any
 
 import pytest
+from scripts_under_test import load_script
 
 
 def example() -> ModuleType:
-    path = pathlib.Path(__file__).parents[2] / "scripts" / "train_example.py"
-    spec = importlib.util.spec_from_file_location("train_example_report", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_example", module_name="train_example_report")
 
 
 def restores(

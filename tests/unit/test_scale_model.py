@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 import math
 import pathlib
-import sys
 
 import pytest
+from scripts_under_test import load_script
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "scale_model.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("scale_model_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while the class is created
-    spec.loader.exec_module(module)
-    return module
-
-
-sm = _load()
+sm = load_script("scale_model", module_name="scale_model_under_test")
 
 
 def test_more_nodes_same_per_node_stall_and_memory() -> None:

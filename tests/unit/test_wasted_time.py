@@ -4,25 +4,10 @@ the kill and not counting twice the first step after the restore, which redoes a
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
+from scripts_under_test import load_script
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
-
-
-def load() -> object:
-    spec = importlib.util.spec_from_file_location("demo_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = load()
+demo = load_script("demo", module_name="demo_under_test")
 STEP = 5.0
 
 
