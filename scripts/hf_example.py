@@ -12,19 +12,15 @@ final model, optimizer and scheduler state; they are compared bit for bit.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import tempfile
-import threading
 import time
 from typing import Any
 
+import kill_and_compare
 import torch
-from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 
 import ray_ckpt
-from ray_ckpt.tools import quiet
 
 CHECKPOINT = {"every": 5, "data_shards": 2, "parity_shards": 1}
 
@@ -75,66 +71,8 @@ def train_func(config: dict[str, Any]) -> None:
         torch.save(final, config["out"])
 
 
-def fit(name: str, storage: str, config: dict[str, Any]) -> Any:
-    trainer = TorchTrainer(
-        train_func,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=3)),
-    )
-    return trainer.fit()
-
-
-def kill_when_marked(sim: Any, mark: pathlib.Path, killed: list[str]) -> None:
-    while not mark.exists():
-        time.sleep(0.05)
-    time.sleep(0.1)
-    killed.append(mark.read_text())
-    sim.kill(killed)
-
-
-def run_example(*, nodes: int = 4, steps: int = 30, kill_at: int = 12, step_s: float = 0.2) -> dict[str, Any]:
-    """The uninterrupted run and the run with a node killed; their final states and whether
-    they are equal bit for bit."""
-    from ray_ckpt.testing import SimulatedCluster
-
-    out = pathlib.Path(tempfile.mkdtemp(prefix="hf-example-out"))
-    storage = tempfile.mkdtemp(prefix="hf-example-storage")
-    base = {"steps": steps, "kill_at": kill_at, "step_s": step_s}
-    killed: list[str] = []
-    with SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
-        quiet.quiet_driver()
-        fit("hf-reference", storage, {**base, "mark": "", "out": str(out / "reference.pt")})
-        mark = out / "kill"
-        killer = threading.Thread(target=kill_when_marked, args=(sim, mark, killed), daemon=True)
-        killer.start()
-        result = fit("hf-killed", storage, {**base, "mark": str(mark), "out": str(out / "killed.pt")})
-        killer.join(timeout=5)
-    reference, resumed = torch.load(out / "reference.pt"), torch.load(out / "killed.pt")
-    return {"killed": killed, "error": result.error, "reference": reference, "resumed": resumed,
-            "equal": same(reference, resumed)}  # fmt: skip
-
-
-def same(a: Any, b: Any) -> bool:
-    """Bit for bit: tensors by dtype, shape and bytes; containers by keys; values by ==."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and set(a) == set(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return bool(a == b)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--kill-at", type=int, default=12)
-    args = parser.parse_args()
-    report = run_example(steps=args.steps, kill_at=args.kill_at)
-    print(f"killed node(s): {report['killed']}; run error: {report['error']}")
-    print(f"final step {report['resumed']['step']}; bit-exact against the uninterrupted run: {report['equal']}")
+run_example = kill_and_compare.example(train_func, "hf")
 
 
 if __name__ == "__main__":
-    main()
+    kill_and_compare.main(__doc__, run_example)

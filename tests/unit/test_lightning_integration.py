@@ -1,10 +1,11 @@
-"""The Lightning integration without Ray: a tiny LightningModule (Adam, a per-step StepLR) fed
-by a StatefulDataLoader with an epoch-seeded sampler, checkpointed through
-PeerMemoryCheckpointIO and SaveToPeers into a stand-in for peer memory (tests/memory_states.py:
-real snapshots). A run that loses its process at step 7 (kept every 3 steps) and is resumed by a
-fresh process (new Trainer, module initialised from another seed) with
-``fit(ckpt_path=io.resume_path())`` ends bit-exact with an uninterrupted run, across an epoch
-boundary. Paths, conversions and refusals say what to change."""
+"""The Lightning integration without Ray: the example's tiny LightningModule
+(scripts/lightning_example.py: Adam, a per-step StepLR) fed by a StatefulDataLoader with an
+epoch-seeded sampler, checkpointed through PeerMemoryCheckpointIO and SaveToPeers into a
+stand-in for peer memory (tests/memory_states.py: real snapshots). A run that loses its process
+at step 7 (kept every 3 steps) and is resumed by a fresh process (new Trainer, module
+initialised from another seed) with ``fit(ckpt_path=io.resume_path())`` ends bit-exact with an
+uninterrupted run, across an epoch boundary. Paths, conversions and refusals say what to
+change."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from memory_states import MemoryStates
+from scripts_under_test import load_script
 from trainer_runs import LosingStates, NodeLost, assert_equal_tree
 
 from ray_ckpt.errors import ConfigError, UnsupportedLeafError
@@ -31,20 +33,7 @@ logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 STEPS, EVERY, LOST_AT = 16, 3, 7  # 40 samples in batches of 4: the epoch ends at step 10
 
 
-class Regressor(pl.LightningModule):
-    def __init__(self, lr: float = 0.05) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-
-    def training_step(self, batch: Any, index: int) -> torch.Tensor:
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self) -> Any:
-        optim = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
-        scheduler = torch.optim.lr_scheduler.StepLR(optim, step_size=3, gamma=0.5)
-        return {"optimizer": optim, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+Regressor = load_script("lightning_example").regressor_class()  # the example's model, without Ray
 
 
 def loader() -> Any:
