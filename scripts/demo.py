@@ -146,6 +146,13 @@ def train_loop(config: dict[str, Any]) -> None:
     job = context.get_experiment_name()
     node_id = ray.get_runtime_context().get_node_id()
     mode = config["mode"]
+
+    def record(kind: str, step: int, **fields: Any) -> None:
+        """An event of this rank's attempt (``attempt``, set below before any) to the registry."""
+        registry.record.remote(
+            events.event(kind, job=job, rank=rank, attempt=attempt, node_id=node_id, step=step, **fields)
+        )
+
     # an optional stand-in for a larger model's parameters and optimizer state: saved and
     # restored by both kinds of checkpointing, one element changed every step; drawn only when
     # nothing was restored, as a trainer that restores skips initializing what it loads
@@ -177,21 +184,15 @@ def train_loop(config: dict[str, Any]) -> None:
             pad = state["pad"]
             start = state["step"] + 1
         # recorded at every start, so that a restart from scratch shows up as a recovery too
-        registry.record.remote(
-            events.event(
-                "restore",
-                job=job,
-                rank=rank,
-                attempt=attempt,
-                node_id=node_id,
-                step=start - 1,  # -1: no checkpoint yet, started from scratch
-                source="storage" if checkpoint is not None else "scratch",
-                steps_lost=None,
-                bytes=0,
-                pid=os.getpid(),
-                started=created,
-                phases_s={"locate": t1 - began, "fetch": 0.0, "decode": 0.0, "load": time.perf_counter() - t1},
-            )
+        record(
+            "restore",
+            start - 1,  # -1: no checkpoint yet, started from scratch
+            source="storage" if checkpoint is not None else "scratch",
+            steps_lost=None,
+            bytes=0,
+            pid=os.getpid(),
+            started=created,
+            phases_s={"locate": t1 - began, "fetch": 0.0, "decode": 0.0, "load": time.perf_counter() - t1},
         )
     if pad is None:
         drawn = time.time()
@@ -220,20 +221,8 @@ def train_loop(config: dict[str, Any]) -> None:
         if ckpt is not None:  # called every step: CheckpointConfig(every=...) says which steps it saves
             handle = ckpt.save(step, {"model": model.state_dict(), "optim": optim.state_dict(), "pad": pad})
             if handle.skipped:  # ray_ckpt records the steps it saves; the kills and step times need every step
-                registry.record.remote(
-                    events.event(
-                        "save",
-                        job=job,
-                        rank=rank,
-                        attempt=attempt,
-                        node_id=node_id,
-                        step=step,
-                        phases_s={"blocking": time.perf_counter() - began},
-                        bytes=0,
-                        returned=time.time(),
-                        skipped=True,
-                    )
-                )
+                blocking = {"blocking": time.perf_counter() - began}
+                record("save", step, phases_s=blocking, bytes=0, returned=time.time(), skipped=True)
         else:
             stall = 0.0
             if config["baseline_every"] and (step + 1) % config["baseline_every"] == 0:
@@ -244,18 +233,7 @@ def train_loop(config: dict[str, Any]) -> None:
                     )
                     ray.train.report({"step": step}, checkpoint=ray.train.Checkpoint.from_directory(folder))
                 stall = time.perf_counter() - began
-            registry.record.remote(
-                events.event(
-                    "save",
-                    job=job,
-                    rank=rank,
-                    attempt=attempt,
-                    node_id=node_id,
-                    step=step,
-                    phases_s={"blocking": stall},
-                    bytes=0,
-                )
-            )
+            record("save", step, phases_s={"blocking": stall}, bytes=0)
         time.sleep(config["step_sleep_s"])
         step_ends.append(time.time())
     if ckpt is not None:
