@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import ray
+from ray_ckpt.actors import store_actor
 
-from actors import store_actor
 from ray_ckpt import settings
 from ray_ckpt.core import events, interval, relay
 from ray_ckpt.core.registry import Registry

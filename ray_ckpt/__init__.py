@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ray_ckpt import _lazy, _moved
+from ray_ckpt import _lazy
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.errors import (
     CommitTimeoutError,
@@ -58,8 +58,6 @@ _LAZY = {
     "status": "ray_ckpt.service",
 }
 
-
-_moved.install()  # the flat layout's module paths (ray_ckpt.chaos, ...) still import
 
 if not TYPE_CHECKING:  # for type checkers, the names are the imports above
     _submodule = _lazy.submodules(__name__)

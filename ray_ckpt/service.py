@@ -8,9 +8,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import store_actor
-from actors.registry_actor import RegistryActor
 from ray_ckpt import settings
+from ray_ckpt.actors import store_actor
+from ray_ckpt.actors.registry_actor import RegistryActor
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core.protection import cluster_margin
 from ray_ckpt.core.wire import StoreStatus, step_protection
@@ -58,7 +58,7 @@ def start(
     head = naming.head_node_id()
     # the head node: it hosts the GCS, so it lives exactly as long as the cluster
     strategy = NodeAffinitySchedulingStrategy(head, soft=False) if head else "DEFAULT"
-    registry = RegistryActor.options(  # type: ignore[attr-defined]
+    registry = RegistryActor.options(
         name=naming.REGISTRY_NAME,
         namespace=namespace,
         lifetime="detached",

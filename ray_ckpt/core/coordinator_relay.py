@@ -2,7 +2,7 @@
 up the stores' relay tree.
 
 Every rank of an in-place run beats to the run's one ``GenerationCoordinator`` and joins its
-generations there (``actors.generation_coordinator``). Sent one by one, a run of R ranks costs
+generations there (``ray_ckpt.actors.generation_coordinator``). Sent one by one, a run of R ranks costs
 that actor R calls per beat interval and per rendezvous. Instead a rank sends each call to the
 store of its node, and the stores pass them on along the tree that carries stages
 (``ray_ckpt.core.relay``): a store merges the calls of one run and coordinator, kind and key

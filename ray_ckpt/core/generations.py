@@ -7,7 +7,7 @@ joined with a live process, the next generation forms, its rank 0 opens a TCP st
 port and ``publish``-es the address, and the others connect to it. A rank that waits longer
 than its timeout is taken out of the round (it then fails, and Ray Train restarts workers).
 
-``Generations`` is the bookkeeping, a pure class; ``actors.generation_coordinator`` holds the
+``Generations`` is the bookkeeping, a pure class; ``ray_ckpt.actors.generation_coordinator`` holds the
 Ray actor around it, one per run, owned by the run's controller. It also watches heartbeats: a member of
 the current generation that has not beaten for ``hang_timeout_s`` (its process stopped, or
 stuck outside Python) is killed, so Ray sees a dead worker and replaces it; a job too large for

@@ -34,7 +34,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors.node_crasher import NodeCrasher, kill_tree, local_raylets
+from ray_ckpt.actors.node_crasher import NodeCrasher, kill_tree, local_raylets
 from ray_ckpt.errors import ConfigError, KillError
 from ray_ckpt.transport import naming
 
@@ -153,7 +153,7 @@ class NodeCrash(_NodeDeath):
         armed = self._on_this_host(node_ids) if self.local else {}
         remote_ids = [n for n in node_ids if n not in armed]
         handles = {
-            node_id: NodeCrasher.options(  # type: ignore[attr-defined]
+            node_id: NodeCrasher.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
             ).remote(node_id)
             for node_id in remote_ids

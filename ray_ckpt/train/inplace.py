@@ -10,8 +10,8 @@ only the failed workers (Ray's replica-group path, fenced in ``_ray_compat``). `
 training function and, when it fails because a peer is gone (a collective error, or a commit
 that timed out), turns that into a recovery in the same process: the function's checkpointers
 are abandoned, the process group is destroyed, the survivors and the replacement meet in a new
-generation (``actors.generation_coordinator.GenerationCoordinator``) with a fresh TCP store, and the function runs
-again from the top. There it restores as it always does: survivors from their local copy,
+generation (``ray_ckpt.actors.generation_coordinator.GenerationCoordinator``) with a fresh TCP
+store, and the function runs again from the top. There it restores as it always does: survivors from their local copy,
 the replacement from peers. The contract on the training function: it must be safe to re-run
 in the same process (build the model and optimizer, ``prepare_model``, create its Checkpointer,
 restore), which is what a function written for Ray Train's restarts already does.

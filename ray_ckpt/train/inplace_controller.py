@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import ray
 import ray.train
 
-from actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt import _ray_compat
+from ray_ckpt.actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt.core.generations import BEATS_PER_S, hang_bound_s
 from ray_ckpt.train.inplace_worker import WARM_HOOK, _become, _become_replacement, _Role
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
@@ -70,7 +70,7 @@ def _backend_class() -> type:
             if self._coordinator is None:  # lives as long as the run's controller
                 node = ray.get_runtime_context().get_node_id()
                 strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
-                self._coordinator = GenerationCoordinator.options(scheduling_strategy=strategy).remote(  # type: ignore[attr-defined]
+                self._coordinator = GenerationCoordinator.options(scheduling_strategy=strategy).remote(
                     config.settings.hang_timeout_s
                 )
             return CoordinatorClient(self._coordinator, world_size, run=self._run)

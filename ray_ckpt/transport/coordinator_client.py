@@ -1,6 +1,6 @@
 """CoordinatorClient: every call to a run's generation coordinator, typed, and each one bounded.
 
-The coordinator (``actors.generation_coordinator``, one per in-place run) is made by the run's
+The coordinator (``ray_ckpt.actors.generation_coordinator``, one per in-place run) is made by the run's
 controller, which hands this client to every worker inside its role; nothing else calls the
 actor. Each call has an explicit bound, so a coordinator that stopped answering (its node is
 overloaded, the controller's process is stuck) is a ``CoordinatorTimeoutError`` naming the call,

@@ -107,7 +107,7 @@ def test_store_actor_survives_malformed_requests(sim_cluster: SimCluster) -> Non
 TOKEN_AUTH_SCRIPT = """
 import sys, uuid
 import ray, sim
-from ray_ckpt import naming
+from ray_ckpt.transport import naming
 from ray_ckpt.testing import SimulatedCluster
 ray.cloudpickle.register_pickle_by_value(sim)
 code = {"data_shards": 2, "parity_shards": 1, "keep_committed": 1, "local_copy": False}

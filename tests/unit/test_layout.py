@@ -1,6 +1,7 @@
 """The package's wings and their import rules (docs/design.md, "Layout"), checked over the
-folders themselves, so a new module is covered the day it lands; and the flat layout's module
-paths, the CLI's ``python -m`` path and the warm-up hook's dotted name still work."""
+folders themselves, so a new module is covered the day it lands; each module has one path
+(the flat layout's are gone, the actors import only as ``ray_ckpt.actors``); the CLI's
+``python -m`` path and the warm-up hook's dotted name work."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ FOUNDATION = {
     "ray_ckpt.settings",
     "ray_ckpt.config",
     "ray_ckpt._lazy",
-    "ray_ckpt._moved",
     "ray_ckpt._optional",
 }
 STACK = {
@@ -42,11 +42,11 @@ FLOORS = ["foundation", "core", "transport", "actors", "stack", "train", "tools"
 
 
 def floor_of(module: str) -> str:
-    """The floor of a module of ``ray_ckpt`` or ``actors`` (dotted name)."""
+    """The floor of a module of ``ray_ckpt`` (dotted name; ``ray_ckpt.actors`` is actors/)."""
     parts = module.split(".")
     if module in FOUNDATION:
         return "foundation"
-    if parts[0] == "actors":
+    if len(parts) > 1 and parts[1] == "actors":
         return "actors"
     if len(parts) > 1 and parts[1] in ("core", "transport", "train", "tools"):
         return parts[1]
@@ -65,6 +65,8 @@ def modules() -> dict[str, pathlib.Path]:
     found = {}
     for path in [*PACKAGE.rglob("*.py"), *(ROOT / "actors").rglob("*.py")]:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[0] == "actors":  # installed as ray_ckpt.actors
+            parts.insert(0, "ray_ckpt")
         if parts[-1] == "__init__":
             parts.pop()
         found[".".join(parts)] = path
@@ -122,37 +124,33 @@ def test_importing_any_core_module_loads_no_ray() -> None:
     assert set(core) <= loaded
 
 
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ("ray_ckpt.chaos", "ray_ckpt.tools.chaos"),
-        ("ray_ckpt.timeline", "ray_ckpt.core.timeline"),
-        ("ray_ckpt.stores", "ray_ckpt.transport.store_directory"),
-        ("ray_ckpt.inplace", "ray_ckpt.train.inplace"),
-    ],
-)
-def test_a_flat_layout_path_is_the_same_module_as_its_new_home(old: str, new: str) -> None:
-    assert importlib.import_module(old) is importlib.import_module(new)
-    assert importlib.import_module(new).__spec__.name == new  # type: ignore[union-attr]
+@pytest.mark.parametrize("old", ["ray_ckpt.chaos", "ray_ckpt.timeline", "ray_ckpt.stores", "ray_ckpt.cli"])
+def test_a_flat_layout_path_no_longer_imports(old: str) -> None:
+    """Each module has one path (its wing's); the flat layout's are gone."""
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
-def test_every_moved_name_imports() -> None:
-    from ray_ckpt import _moved
-
-    for old, new in _moved.MOVED.items():
-        assert importlib.import_module(f"ray_ckpt.{old}") is importlib.import_module(new), old
-    from ray_ckpt.quiet import quiet_driver  # type: ignore[import-not-found]  # a documented path
-
-    assert quiet_driver is importlib.import_module("ray_ckpt.tools.quiet").quiet_driver
-
-
-@pytest.mark.parametrize("module", ["ray_ckpt.cli", "ray_ckpt.tools.cli"])
-def test_the_command_line_runs_as_a_module_at_both_paths(module: str) -> None:
+def test_the_command_line_runs_as_a_module() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "ray_ckpt.tools.cli", "--help"], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "kill-node" in done.stdout
+
+
+@pytest.mark.parametrize("where", ["repository", "elsewhere"])
+def test_the_actors_import_only_as_ray_ckpt_actors(where: str, tmp_path: pathlib.Path) -> None:
+    """actors/ is installed as ray_ckpt.actors: ``import actors`` fails from the repository's
+    root (where the folder is on the path) and from any other folder, so a user's own
+    ``actors`` is never shadowed; ``ray_ckpt.actors`` imports, its modules too."""
+    cwd = ROOT if where == "repository" else tmp_path
+    script = "import importlib.util, ray_ckpt.actors.store_actor, ray_ckpt.actors.registry_actor\n"
+    script += "try:\n    import actors\nexcept ImportError as error:\n    print('refused', error)\n"
+    script += "else:\n    print('imported', actors.__file__)\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused"), done.stdout
 
 
 def test_the_warm_up_hook_and_the_entry_point_name_real_functions() -> None:

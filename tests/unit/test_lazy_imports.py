@@ -39,7 +39,7 @@ def test_snapshot_needs_torch_but_not_ray() -> None:
 
 
 def test_store_actor_and_node_crasher_skip_torch_and_ray_train() -> None:
-    loaded = loaded_after("import actors.store_actor, actors.node_crasher")
+    loaded = loaded_after("import ray_ckpt.actors.store_actor, ray_ckpt.actors.node_crasher")
     assert "ray" in loaded
     assert not {"torch", "ray.train"} & set(loaded)
 
