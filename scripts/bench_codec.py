@@ -31,7 +31,6 @@ the ``ray_ckpt`` threads=1 rows.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from benchutil import BenchError, add_json_flag, make_parser
+from benchutil import BenchError, add_json_flag, make_parser, render_table, write_json
 
 from ray_ckpt import settings
 from ray_ckpt.core import codec
@@ -195,14 +194,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 vs_zfec,
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = []
-    for n, line in enumerate(lines):
-        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)]
-        text.append("  ".join(cells))
-        if n == 0:
-            text.append("  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return render_table(lines, left_columns=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     for note in notes:
         print(f"note: {note}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

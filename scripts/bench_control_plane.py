@@ -46,19 +46,18 @@ than on a real cluster.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
 import pickle
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from benchutil import add_json_flag, make_parser, on_private_ray, write_json
 
 CODE = {"data_shards": 4, "parity_shards": 2}
 CALLERS = 32
@@ -73,20 +72,10 @@ def stage_requests(job: str, step: int, world_size: int, nodes: list[str]) -> li
     k, m = CODE["data_shards"], CODE["parity_shards"]
     requests = []
     for rank in range(world_size):
+        save = {"job": job, "step": step, "rank": rank, "world_size": world_size, "data_shards": k, "parity_shards": m}
+        sizes = {"payload_size": 4 << 20, "shard_size": 1 << 20}
         metas = tuple(
-            ShardMeta(
-                job=job,
-                step=step,
-                rank=rank,
-                index=i,
-                world_size=world_size,
-                data_shards=k,
-                parity_shards=m,
-                payload_size=4 << 20,
-                shard_size=1 << 20,
-                checksum=(rank * 131 + step * 7 + i) & 0xFFFFFFFF,
-            )
-            for i in range(k + m)
+            ShardMeta(**save, **sizes, index=i, checksum=(rank * 131 + step * 7 + i) & 0xFFFFFFFF) for i in range(k + m)
         )
         placed = {i: nodes[(rank + i) % len(nodes)] for i in range(k + m)}
         requests.append(StageRequest(metas=metas, nodes=placed, keep_committed=2, attempt="save"))
@@ -238,23 +227,9 @@ def measure(client: Any, stores: dict[str, Any], ranks: int, steps: int, per_nod
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--ranks", default="64,256,1024,4096,8192", help="comma-separated rank counts")
-    parser.add_argument("--json", type=pathlib.Path, help="write the rows here")
-    parser.add_argument("--quick", action="store_true", help="64,256 ranks and one step each (a smoke run)")
-    parser.add_argument("--steps", type=int, default=3, help="steps committed per rank count (default 3)")
-    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node: stages per call")
-    parser.add_argument(
-        "--path", choices=("relay", "direct"), default="relay", help="up the relay tree, or straight to the registry"
-    )
-    args = parser.parse_args(argv)
-    ranks = [64, 256] if args.quick else [int(x) for x in args.ranks.split(",") if x.strip()]
-    steps = 1 if args.quick else args.steps
-    if steps < 1 or args.ranks_per_node < 1 or not ranks or min(ranks) < 1:
-        parser.error("--ranks, --steps and --ranks-per-node must be positive")
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rccp")
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+def measure_all(ranks: list[int], steps: int, per_node: int, path: str) -> list[dict[str, Any]]:
+    """On one simulated cluster with the service started: ``measure`` at each rank count, each
+    row printed as it comes."""
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.transport import naming
     from ray_ckpt.transport.registry_client import RegistryClient
@@ -266,16 +241,35 @@ def main(argv: list[str] | None = None) -> int:
         stores = naming.store_handles(namespace)
         print(
             f"RS(4,2) metadata, {len(stores)} stores, {CALLERS} caller threads, "
-            f"{args.ranks_per_node} rank(s) per call ({args.path}), {steps} step(s) per N",
+            f"{per_node} rank(s) per call ({path}), {steps} step(s) per N",
             flush=True,
         )
         for n in ranks:
-            row = measure(client, stores, n, steps, args.ranks_per_node, args.path)
+            row = measure(client, stores, n, steps, per_node, path)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    parser.add_argument("--ranks", default="64,256,1024,4096,8192", help="comma-separated rank counts")
+    add_json_flag(parser)
+    parser.add_argument("--quick", action="store_true", help="64,256 ranks and one step each (a smoke run)")
+    parser.add_argument("--steps", type=int, default=3, help="steps committed per rank count (default 3)")
+    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node: stages per call")
+    parser.add_argument(
+        "--path", choices=("relay", "direct"), default="relay", help="up the relay tree, or straight to the registry"
+    )
+    args = parser.parse_args(argv)
+    ranks = [64, 256] if args.quick else [int(x) for x in args.ranks.split(",") if x.strip()]
+    steps = 1 if args.quick else args.steps
+    if steps < 1 or args.ranks_per_node < 1 or not ranks or min(ranks) < 1:
+        parser.error("--ranks, --steps and --ranks-per-node must be positive")
+    rows = on_private_ray("rccp", lambda: measure_all(ranks, steps, args.ranks_per_node, args.path))
+    if rows is None:
+        return 1
+    write_json(args.json, rows)
     return 0
 
 

@@ -24,9 +24,7 @@ disk (a page-cache write, not a remote file system): compare within one run only
 
 from __future__ import annotations
 
-import json
 import pathlib
-import shutil
 import statistics
 import sys
 import tempfile
@@ -35,11 +33,10 @@ from typing import Any
 
 import bench_reshard
 import ray.cloudpickle
-from benchutil import BenchError, kill, private_ray_tmpdir, render_table
+from benchutil import MIB, BenchError, kill, on_private_ray, render_table, write_json
 
 ray.cloudpickle.register_pickle_by_value(bench_reshard)  # its Rank runs in Ray workers
 
-MIB = 1 << 20
 NODES = 4
 CODE = bench_reshard.CODE  # RS(2,1), local copies on
 SAVES = ("ray_ckpt save", "dcp.save -> peers", "dcp.async_save -> peers", "dcp.save -> disk", "dcp.async_save -> disk")
@@ -152,65 +149,68 @@ def slowest(results: list[dict[str, Any]], way: str) -> tuple[float, float]:
     return max((r[way] for r in results), key=lambda times: times[1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = bench_reshard.state_arguments(__doc__, argv, default_mib=128, max_mib=2048)
-    private_ray_tmpdir("rckd")
+def measure_rounds(state_mib: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """On one simulated cluster: ``repeats`` rounds of saving every way and loading 4 -> 4, then
+    4 -> 2 after a node kill (DCP's files in a temp dir): (the saves' times, the loads')."""
     import ray
 
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
     from ray_ckpt.transport.registry_client import RegistryClient
 
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="rck-bench-dcp"))
     saves: dict[str, list[tuple[float, float]]] = {way: [] for way in SAVES}
     loads: dict[str, dict[str, list[float]]] = {"4 -> 4": {way: [] for way in LOADS}, "4 -> 2": {}}
+    budget = 3 * 3 * state_mib * MIB  # per store: 3 jobs, a step's 1.5x coded share + the local copy
+    with (
+        tempfile.TemporaryDirectory(prefix="rck-bench-dcp", ignore_cleanup_errors=True) as folder,
+        SimulatedCluster(NODES, store_budget_bytes=budget, logging_level="ERROR") as sim,
+    ):
+        quiet.quiet_driver()
+        nodes = [sim.node_id(i) for i in range(NODES)]
+        ranks = bench_reshard.group("dcp", 4, state_mib, seed=0, nodes=nodes, kind=DcpRank)
+        ray.get([r.open.remote("bench") for r in ranks])
+        expected = ray.get([r.digest.remote() for r in ranks])[0]
+        for step in range(repeats):
+            results = ray.get([r.saves.remote(step, str(folder)) for r in ranks])
+            for way in SAVES:
+                saves[way].append(slowest(results, way))
+            loaded = ray.get([r.loads.remote("bench", step, str(folder)) for r in ranks])
+            check(loaded, expected, "4 -> 4")
+            for way in LOADS:
+                loads["4 -> 4"][way].append(max(r["times"][way] for r in loaded))
+            print(f"  round {step + 1} of {repeats}: done", flush=True)
+        last = repeats - 1
+        ray.get([r.close.remote() for r in ranks])
+        for r in ranks:
+            ray.kill(r)
+        record = RegistryClient(ray_ckpt_namespace()).locate("bench-b", last)[0]
+        victim = next(n for n in (record.nodes[i] for i in range(CODE["data_shards"])) if n in nodes)
+        kill(sim, [victim])
+        alive = [n for n in nodes if n != victim]
+        ranks = bench_reshard.group("dcp", 2, state_mib, seed=1, nodes=alive, kind=DcpRank)
+        loaded = ray.get([r.loads.remote("bench", last, str(folder)) for r in ranks])
+        check(loaded, expected, "4 -> 2 after a node kill")
+        loads["4 -> 2"] = {way: [max(r["times"][way] for r in loaded)] for way in LOADS}
+    return saves, loads
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = bench_reshard.state_arguments(__doc__, argv, default_mib=128, max_mib=2048)
     print(
         f"FSDP2 state of {args.state_mib} MiB (parameters + Adam moments), 4 ranks, RS(2,1), {NODES} nodes", flush=True
     )
-    budget = 3 * 3 * args.state_mib * MIB  # per store: 3 jobs, a step's 1.5x coded share + the local copy
-    try:
-        with SimulatedCluster(NODES, store_budget_bytes=budget, logging_level="ERROR") as sim:
-            quiet.quiet_driver()
-            nodes = [sim.node_id(i) for i in range(NODES)]
-            ranks = bench_reshard.group("dcp", 4, args.state_mib, seed=0, nodes=nodes, kind=DcpRank)
-            ray.get([r.open.remote("bench") for r in ranks])
-            expected = ray.get([r.digest.remote() for r in ranks])[0]
-            for step in range(args.repeats):
-                results = ray.get([r.saves.remote(step, str(folder)) for r in ranks])
-                for way in SAVES:
-                    saves[way].append(slowest(results, way))
-                loaded = ray.get([r.loads.remote("bench", step, str(folder)) for r in ranks])
-                check(loaded, expected, "4 -> 4")
-                for way in LOADS:
-                    loads["4 -> 4"][way].append(max(r["times"][way] for r in loaded))
-                print(f"  round {step + 1} of {args.repeats}: done", flush=True)
-            last = args.repeats - 1
-            ray.get([r.close.remote() for r in ranks])
-            for r in ranks:
-                ray.kill(r)
-            record = RegistryClient(ray_ckpt_namespace()).locate("bench-b", last)[0]
-            victim = next(n for n in (record.nodes[i] for i in range(CODE["data_shards"])) if n in nodes)
-            kill(sim, [victim])
-            alive = [n for n in nodes if n != victim]
-            ranks = bench_reshard.group("dcp", 2, args.state_mib, seed=1, nodes=alive, kind=DcpRank)
-            loaded = ray.get([r.loads.remote("bench", last, str(folder)) for r in ranks])
-            check(loaded, expected, "4 -> 2 after a node kill")
-            loads["4 -> 2"] = {way: [max(r["times"][way] for r in loaded)] for way in LOADS}
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
+    measured = on_private_ray("rckd", lambda: measure_rounds(args.state_mib, args.repeats))
+    if measured is None:
         return 1
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    saves, loads = measured
     print(report(saves, loads, args.state_mib))
-    if args.json:
-        rows = {
-            "state_mib": args.state_mib,
-            "repeats": args.repeats,
-            "saves": {way: {"blocking_s": [b for b, _ in t], "done_s": [d for _, d in t]} for way, t in saves.items()},
-            "loads": loads,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    document = {
+        "state_mib": args.state_mib,
+        "repeats": args.repeats,
+        "saves": {way: {"blocking_s": [b for b, _ in t], "done_s": [d for _, d in t]} for way, t in saves.items()},
+        "loads": loads,
+    }
+    write_json(args.json, document)
     return 0
 
 

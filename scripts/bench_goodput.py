@@ -68,7 +68,6 @@ side has ``failures`` (the demo's records plus ``wasted_s``), ``step_time_s``, `
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
@@ -80,17 +79,17 @@ from typing import Any
 from benchutil import (
     add_json_flag,
     add_plots_flag,
-    keep_ray_logs_unless,
+    add_steps_flags,
+    draw_plot,
     load_demo,
     make_parser,
-    private_ray_tmpdir,
+    on_private_ray,
     pyplot,
     render_table,
     save_figure,
-    shown,
+    write_json,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MIN_GAP = 5
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
 
@@ -297,49 +296,11 @@ def plot(result: dict[str, Any], path: pathlib.Path) -> None:
     save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = make_parser(__doc__, "See the module docstring for what is measured.")
-    parser.add_argument("--steps", type=int, default=90, help="training steps per run (default 90)")
-    parser.add_argument("--mtbf-steps", type=float, default=25.0, help="mean steps between failures (default 25)")
-    parser.add_argument("--max-failures", type=int, default=3, help="at most this many failures (default 3)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the failure schedule (default 1)")
-    parser.add_argument(
-        "--warm-up-s", type=float, default=15.0, help="no failure in about the first seconds of a run (default 15)"
-    )
-    parser.add_argument("--step-sleep-s", type=float, default=0.2, help="extra seconds per step (default 0.2)")
-    parser.add_argument(
-        "--step-compute-s",
-        type=float,
-        default=0.0,
-        help="seconds of CPU compute (short torch operations) at the start of each step (default 0)",
-    )
-    parser.add_argument(
-        "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
-    )
-    parser.add_argument("--quick", action="store_true", help="30 steps, 1 failure, 0.05 s steps, no plot (tests)")
-    add_json_flag(parser, "the report")
-    add_plots_flag(parser)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 30, 12.0, 1, 0.05, 0.0
-    if not 1 <= args.max_failures <= 6:
-        parser.error("--max-failures must be in 1..6 (the demo's FailureConfig allows 6 restarts)")
-    if args.step_sleep_s < 0 or args.step_compute_s < 0:
-        parser.error("--step-sleep-s and --step-compute-s must be >= 0")
-    if not 0 <= args.state_mib <= 2048:
-        parser.error("--state-mib must be in 0..2048")
-    try:
-        warm_up_steps = math.ceil(args.warm_up_s / max(args.step_sleep_s + args.step_compute_s, 0.01))
-        schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures, warm_up_steps)
-    except ValueError as error:
-        parser.error(str(error))
-    if not schedule:
-        parser.error("the schedule has no failure: raise --steps or lower --mtbf-steps")
-
-    tmpdir = private_ray_tmpdir("rckg")
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+def measure_runs(
+    args: Any, schedule: list[tuple[int, list[int], int]], warm_up_steps: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """On one simulated cluster: the three runs of the job hit by ``schedule``; the result (each
+    side summarized) and the Ray Train run's event records."""
     import ray_ckpt
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
@@ -358,16 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     # the simulated nodes' default object store (150 MiB) cannot hold a rank's shards and local
     # copy in flight, and Ray would put them in files on disk instead
     object_store = 3 * (args.state_mib << 20) + (128 << 20) if args.state_mib else None
-    sim = SimulatedCluster(
+    with SimulatedCluster(
         nodes,
         # a store may hold shards of both ranks for the kept, staged and replaced steps
         store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20),
         worker_object_store_bytes=object_store,
         logging_level="ERROR",
-    )
-    cluster = sim.cluster
-    ok = False
-    try:
+    ) as sim:
+        cluster = sim.cluster
         quiet.quiet_driver()  # Ray's messages about the nodes killed below stay in its logs
         extra: dict[str, Any] = {
             "step_sleep_s": args.step_sleep_s,
@@ -411,10 +370,57 @@ def main(argv: list[str] | None = None) -> int:
             "ray_ckpt": summarize("goodput-ray_ckpt", ours_records, demo, ours, warm_up_steps),
             "ray_train": summarize("goodput-ray_train", base_records, demo, base, warm_up_steps),
         }
-        ok = True
-    finally:
-        sim.shutdown()
-        keep_ray_logs_unless(ok, tmpdir)
+    return result, base_records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__, "See the module docstring for what is measured.")
+    add_steps_flags(parser, 90, step_sleep_s=0.2)
+    parser.add_argument("--mtbf-steps", type=float, default=25.0, help="mean steps between failures (default 25)")
+    parser.add_argument("--max-failures", type=int, default=3, help="at most this many failures (default 3)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the failure schedule (default 1)")
+    parser.add_argument(
+        "--warm-up-s", type=float, default=15.0, help="no failure in about the first seconds of a run (default 15)"
+    )
+    parser.add_argument(
+        "--step-compute-s",
+        type=float,
+        default=0.0,
+        help="seconds of CPU compute (short torch operations) at the start of each step (default 0)",
+    )
+    parser.add_argument(
+        "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
+    )
+    parser.add_argument("--quick", action="store_true", help="30 steps, 1 failure, 0.05 s steps, no plot (tests)")
+    add_json_flag(parser, "the report")
+    add_plots_flag(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 30, 12.0, 1, 0.05, 0.0
+    if not 1 <= args.max_failures <= 6:
+        parser.error("--max-failures must be in 1..6 (the demo's FailureConfig allows 6 restarts)")
+    if args.step_sleep_s < 0 or args.step_compute_s < 0:
+        parser.error("--step-sleep-s and --step-compute-s must be >= 0")
+    if not 0 <= args.state_mib <= 2048:
+        parser.error("--state-mib must be in 0..2048")
+    try:
+        warm_up_steps = math.ceil(args.warm_up_s / max(args.step_sleep_s + args.step_compute_s, 0.01))
+        schedule = kill_schedule(args.steps, args.mtbf_steps, args.seed, args.max_failures, warm_up_steps)
+    except ValueError as error:
+        parser.error(str(error))
+    if not schedule:
+        parser.error("the schedule has no failure: raise --steps or lower --mtbf-steps")
+
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # the Killer watches save events
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    measured = on_private_ray("rckg", lambda: measure_runs(args, schedule, warm_up_steps))
+    if measured is None:
+        return 1
+    result, base_records = measured
+    demo = load_demo()
+    failures = len(schedule)
+    baseline_every = result["baseline_every"]
     ours_w = result["ray_ckpt"]["wasted_per_failure_s"]
     base_w = result["ray_train"]["wasted_per_failure_s"]
     result["ratio"] = base_w / ours_w if ours_w and base_w else None
@@ -482,13 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         ours, theirs = result["in_place"].get(f"median_{key}"), result["ray_train"].get(f"median_{key}")
         if ours is not None and theirs:
             print(f"{what}, median: in place {ours:.2f} s, Ray Train {theirs:.2f} s = {ours / theirs:.2f}x")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_json(args.json, result, default=str)
     if not args.quick and ratio is not None:
-        target = args.plots / "bench_goodput.png"
-        plot(result, target)
-        print(f"plot: {shown(target)}")
+        draw_plot(args.plots, "bench_goodput.png", lambda path: plot(result, path))
     sides = ("in_place", "ray_ckpt", "ray_train")
     measured = [f for side in sides for f in result[side]["failures"] if f["wasted_s"] is not None]
     return 0 if len(measured) == len(sides) * failures else 1

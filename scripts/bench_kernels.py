@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import json
 import os
 import time
 from typing import Any
 
 import numpy as np
-from benchutil import BenchError, add_json_flag, make_parser, render_table, sizes_mib
+from benchutil import BenchError, add_json_flag, make_parser, render_table, sizes_mib, write_json
 
 from ray_ckpt.core import _gf256
 
@@ -130,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(lines))
     pairs = ", ".join(f"{kernel} = {function}" for kernel, function in PAIRS)
     print(f"\none thread, best of {args.repeats}; the ISA-L function of each kernel: {pairs}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"benchmark": "kernels", "rows": rows}, indent=2))
+    write_json(args.json, {"benchmark": "kernels", "rows": rows})
     return 0
 
 

@@ -21,7 +21,6 @@ JSON: ``{"benchmark": "memory", "state_bytes", "rows": [{"scheme", "data_shards"
 
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
 import time
@@ -29,20 +28,20 @@ import uuid
 from typing import Any
 
 from benchutil import (
+    MIB,
     BenchError,
     add_json_flag,
     add_plots_flag,
-    keep_ray_logs_unless,
+    draw_plot,
     make_parser,
     on_node,
-    private_ray_tmpdir,
+    on_private_ray,
     pyplot,
-    render_table,
+    render_rows,
     save_figure,
-    shown,
+    write_json,
 )
 
-MIB = 1 << 20
 WORKERS = 10  # RS(8,2): 10 shards on distinct nodes other than the rank's (the head has a store too)
 CODES = ((2, 1), (4, 2), (6, 3), (8, 2))
 
@@ -136,6 +135,22 @@ def run(size: int) -> list[dict[str, Any]]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     replication = {r["parity_shards"]: r for r in rows if r["scheme"] == "replication"}
+
+    def cells(r: dict[str, Any]) -> tuple[str, ...]:
+        k, m = r["data_shards"], r["parity_shards"]
+        name = f"RS({k},{m})" if r["scheme"] == "rs" else f"{m + 1} copies (RS(1,{m}))"
+        rep = replication.get(m)
+        return (
+            name,
+            str(m),
+            f"{r['state_bytes'] / MIB:.0f}",
+            f"{r['peer_bytes'] / MIB:.2f}",
+            f"{r['multiple']:.3f}x",
+            f"{r['expected_multiple']:.3f}x",
+            f"{rep['peer_bytes'] / MIB:.2f}" if rep and r["scheme"] == "rs" else "",
+            f"{rep['peer_bytes'] / r['peer_bytes']:.2f}x" if rep and r["scheme"] == "rs" else "",
+        )
+
     header = (
         "code",
         "tolerates",
@@ -146,24 +161,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "replication (m+1 copies) MiB",
         "replication / code",
     )
-    lines: list[tuple[str, ...]] = [header]
-    for r in rows:
-        k, m = r["data_shards"], r["parity_shards"]
-        name = f"RS({k},{m})" if r["scheme"] == "rs" else f"{m + 1} copies (RS(1,{m}))"
-        rep = replication.get(m)
-        lines.append(
-            (
-                name,
-                str(m),
-                f"{r['state_bytes'] / MIB:.0f}",
-                f"{r['peer_bytes'] / MIB:.2f}",
-                f"{r['multiple']:.3f}x",
-                f"{r['expected_multiple']:.3f}x",
-                f"{rep['peer_bytes'] / MIB:.2f}" if rep and r["scheme"] == "rs" else "",
-                f"{rep['peer_bytes'] / r['peer_bytes']:.2f}x" if rep and r["scheme"] == "rs" else "",
-            )
-        )
-    return render_table(lines)
+    return render_rows(header, rows, cells)
 
 
 def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
@@ -204,29 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.state_mib < 1:
         parser.error("--state-mib must be >= 1")
     size = (4 if args.quick else args.state_mib) * MIB
-    tmpdir = private_ray_tmpdir("rckm")
     print(
         f"1 head + {WORKERS} worker nodes (0 CPUs each) on one machine; state {size // MIB} MiB; "
         "keep_committed=1, no local copy"
     )
-    ok = False
-    try:
-        rows = run(size)
-        ok = True
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
+    rows = on_private_ray("rckm", lambda: run(size))
+    if rows is None:
         return 1
-    finally:
-        keep_ray_logs_unless(ok, tmpdir)
     print(format_table(rows))
     print("multiple = bytes used by all stores for one committed step / state bytes (metadata included)")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"benchmark": "memory", "state_bytes": size, "rows": rows}, indent=2) + "\n")
+    write_json(args.json, {"benchmark": "memory", "state_bytes": size, "rows": rows})
     if not args.quick:
-        target = args.plots / "bench_memory.png"
-        plot(rows, target)
-        print(f"plot: {shown(target)}")
+        draw_plot(args.plots, "bench_memory.png", lambda path: plot(rows, path))
     return 0
 
 

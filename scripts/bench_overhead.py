@@ -39,7 +39,6 @@ byte of state are counted from the code path in docs/benchmarks.md.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import statistics
 import threading
@@ -51,11 +50,12 @@ import psutil
 from benchutil import (
     BenchError,
     add_json_flag,
-    keep_ray_logs_unless,
+    add_steps_flags,
     load_demo,
     make_parser,
-    private_ray_tmpdir,
+    on_private_ray,
     render_table,
+    write_json,
 )
 
 GIB = 1 << 30
@@ -234,9 +234,42 @@ def table(rows: list[dict[str, Any]]) -> str:
     return render_table(lines)
 
 
+def measure_modes(args: Any, shapes: list[str], modes: list[str]) -> tuple[list[dict[str, Any]], float]:
+    """On one simulated cluster: the demo's job run in every mode of every shape; the rows (with
+    their ratios) and the seconds of a memcpy of a GiB."""
+    import ray_ckpt
+    from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
+
+    demo = load_demo()
+    memcpy_s = memcpy_s_per_gib()
+    print(
+        f"{args.steps} steps per run, /N = every {args.every} steps, +{args.state_mib} MiB state per rank, "
+        f"2 workers, 1 head + 6 one-CPU nodes on one machine ({os.cpu_count()} cores); "
+        f"memcpy {memcpy_s:.3f} s per GiB",
+        flush=True,
+    )
+    budget = (256 << 20) + 8 * (args.state_mib << 20)
+    object_store = 3 * (args.state_mib << 20) + (128 << 20)
+    rows: list[dict[str, Any]] = []
+    with SimulatedCluster(
+        6, store_budget_bytes=budget, worker_object_store_bytes=object_store, start_service=False, logging_level="ERROR"
+    ) as sim:
+        quiet.quiet_driver()
+        ray_ckpt.start(store_budget_bytes=budget)
+        for shape in shapes:
+            for mode in modes:
+                print(f"{shape}: {mode} ...", flush=True)
+                rows.append(run_mode(demo, sim.cluster, shape, mode, args))
+                if mode.startswith("ray_ckpt"):
+                    ray_ckpt.drop(job_name(shape, mode))  # its shards' memory, for the runs below
+    add_ratios(rows, memcpy_s)
+    return rows, memcpy_s
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__, "See the module docstring for what is measured.")
-    parser.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
+    add_steps_flags(parser, 60)
     parser.add_argument("--every", type=int, default=10, help="the interval of the /N modes, in steps (default 10)")
     parser.add_argument("--state-mib", type=int, default=32, help="extra MiB of state per rank (default 32)")
     parser.add_argument(
@@ -265,46 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.state_mib <= 1024:
         parser.error("--state-mib must be in 0..1024")
 
-    tmpdir = private_ray_tmpdir("rcko")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # every save's phases
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    import ray_ckpt
-    from ray_ckpt.testing import SimulatedCluster
-    from ray_ckpt.tools import quiet
-
-    demo = load_demo()
-    memcpy_s = memcpy_s_per_gib()
-    print(
-        f"{args.steps} steps per run, /N = every {args.every} steps, +{args.state_mib} MiB state per rank, "
-        f"2 workers, 1 head + 6 one-CPU nodes on one machine ({os.cpu_count()} cores); "
-        f"memcpy {memcpy_s:.3f} s per GiB",
-        flush=True,
-    )
-    object_store = 3 * (args.state_mib << 20) + (128 << 20)
-    sim = SimulatedCluster(
-        6,
-        store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20),
-        worker_object_store_bytes=object_store,
-        start_service=False,
-        logging_level="ERROR",
-    )
-    ok = False
-    rows: list[dict[str, Any]] = []
-    try:
-        quiet.quiet_driver()
-        ray_ckpt.start(store_budget_bytes=(256 << 20) + 8 * (args.state_mib << 20))
-        for shape in shapes:
-            for mode in modes:
-                print(f"{shape}: {mode} ...", flush=True)
-                rows.append(run_mode(demo, sim.cluster, shape, mode, args))
-                if mode.startswith("ray_ckpt"):
-                    ray_ckpt.drop(job_name(shape, mode))  # its shards' memory, for the runs below
-        add_ratios(rows, memcpy_s)
-        ok = True
-    finally:
-        sim.shutdown()
-        keep_ray_logs_unless(ok, tmpdir)
+    measured = on_private_ray("rcko", lambda: measure_modes(args, shapes, modes))
+    if measured is None:
+        return 1
+    rows, memcpy_s = measured
     print()
     print(table(rows))
     print(
@@ -313,22 +313,16 @@ def main(argv: list[str] | None = None) -> int:
         "(encode + scatter + stage), median; CPU ms/step: every cluster process, from the first step's "
         "end to the last's; CPU s/GiB: CPU-seconds beyond 'none' per GiB saved, and in memcpys of a GiB"
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "benchmark": "overhead",
-                    "steps": args.steps,
-                    "every": args.every,
-                    "state_mib": args.state_mib,
-                    "compute_s": args.compute_s,
-                    "memcpy_s_per_gib": memcpy_s,
-                    "rows": rows,
-                },
-                indent=2,
-            )
-        )
+    document = {
+        "benchmark": "overhead",
+        "steps": args.steps,
+        "every": args.every,
+        "state_mib": args.state_mib,
+        "compute_s": args.compute_s,
+        "memcpy_s_per_gib": memcpy_s,
+        "rows": rows,
+    }
+    write_json(args.json, document)
     return 0
 
 

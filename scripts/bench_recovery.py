@@ -60,24 +60,24 @@ import uuid
 from typing import Any
 
 from benchutil import (
+    MIB,
     BenchError,
     add_json_flag,
     add_plots_flag,
-    keep_ray_logs_unless,
+    add_sizes_flag,
+    draw_plot,
     kill,
     make_parser,
     on_node,
-    private_ray_tmpdir,
+    on_private_ray,
     pyplot,
     render_table,
     restore_cluster,
     save_figure,
-    shown,
-    sizes_mib,
     transfer_actors,
+    write_json,
 )
 
-MIB = 1 << 20
 WORKERS = 7
 RANKS = 2
 CODE = {"data_shards": 4, "parity_shards": 2}
@@ -400,14 +400,37 @@ def plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     save_figure(fig, path)
 
 
+def measure_sizes(sizes: list[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``bench_size`` of each size (MiB per rank) that fits in the free memory, its files in this
+    run's Ray temp dir: (the results, the sizes skipped with the reason)."""
+    import psutil
+
+    results = []
+    skipped: list[dict[str, Any]] = []
+    for mib in sizes:
+        need = PEAK_MULTIPLE * mib * MIB + RAY_OVERHEAD
+        available = psutil.virtual_memory().available
+        if available < need:
+            reason = f"needs ~{need / 2**30:.1f} GiB of memory, {available / 2**30:.1f} GiB available"
+            print(f"{mib} MiB per rank: skipped, {reason}", flush=True)
+            skipped.append({"size_bytes": mib * MIB, "reason": reason})
+            continue
+        print(f"{mib} MiB per rank ...", flush=True)
+        try:
+            results.append(bench_size(mib * MIB, os.environ["RAY_TMPDIR"]))
+        except BenchError:
+            raise
+        except Exception as error:  # e.g. Ray's memory monitor killed a worker: report what fit
+            reason = f"failed: {type(error).__name__}: {str(error)[:300]}"
+            print(f"{mib} MiB per rank: {reason}", flush=True)
+            skipped.append({"size_bytes": mib * MIB, "reason": reason})
+    return results, skipped
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__, "See the module docstring for exactly what is timed.")
-    parser.add_argument(
-        "--sizes-mib",
-        type=sizes_mib,
-        default=[256, 1024],
-        metavar="LIST",
-        help="comma-separated per-rank state sizes in MiB (default 256,1024); one fresh cluster each",
+    add_sizes_flag(
+        parser, [256, 1024], "comma-separated per-rank state sizes in MiB (default 256,1024); one fresh cluster each"
     )
     parser.add_argument("--quick", action="store_true", help="8 MiB only, no plot (for tests)")
     add_json_flag(parser, "rows and ratios")
@@ -419,47 +442,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot is not None:
         document = json.loads(args.replot.read_text())
         print(format_tables(document["rows"], document["ratios"]))
-        target = args.plots / "bench_recovery.png"
-        plot(document["rows"], target)
-        print(f"plot: {shown(target)}")
+        draw_plot(args.plots, "bench_recovery.png", lambda path: plot(document["rows"], path))
         return 0
     sizes = [8] if args.quick else args.sizes_mib
 
-    tmpdir = private_ray_tmpdir("rckr")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     print(
         f"RS({CODE['data_shards']},{CODE['parity_shards']}), {RANKS} ranks, 1 head (0 CPUs) + {WORKERS} one-CPU "
         f"workers on one machine ({os.cpu_count()} cores); data-shard holders hard-killed one at a time"
     )
-    import psutil
-
-    results = []
-    skipped: list[dict[str, Any]] = []
-    ok = False
-    try:
-        for mib in sizes:
-            need = PEAK_MULTIPLE * mib * MIB + RAY_OVERHEAD
-            available = psutil.virtual_memory().available
-            if available < need:
-                reason = f"needs ~{need / 2**30:.1f} GiB of memory, {available / 2**30:.1f} GiB available"
-                print(f"{mib} MiB per rank: skipped, {reason}", flush=True)
-                skipped.append({"size_bytes": mib * MIB, "reason": reason})
-                continue
-            print(f"{mib} MiB per rank ...", flush=True)
-            try:
-                results.append(bench_size(mib * MIB, tmpdir))
-            except BenchError:
-                raise
-            except Exception as error:  # e.g. Ray's memory monitor killed a worker: report what fit
-                reason = f"failed: {type(error).__name__}: {str(error)[:300]}"
-                print(f"{mib} MiB per rank: {reason}", flush=True)
-                skipped.append({"size_bytes": mib * MIB, "reason": reason})
-        ok = bool(results)
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
+    # Ray's logs are kept when a size was skipped or failed
+    measured = on_private_ray("rckr", lambda: measure_sizes(sizes), clean=lambda m: bool(m[0]) and not m[1])
+    if measured is None:
         return 1
-    finally:
-        keep_ray_logs_unless(ok and not skipped, tmpdir)
+    results, skipped = measured
     if not results:
         print("error: no size could be measured", file=sys.stderr)
         return 1
@@ -471,14 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for entry in skipped:
         print(f"not measured: {entry['size_bytes'] // MIB} MiB per rank ({entry['reason']})")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        document = {"benchmark": "recovery", "rows": rows, "ratios": ratios, "skipped": skipped, "details": results}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    document = {"benchmark": "recovery", "rows": rows, "ratios": ratios, "skipped": skipped, "details": results}
+    write_json(args.json, document)
     if not args.quick:
-        target = args.plots / "bench_recovery.png"
-        plot(rows, target)
-        print(f"plot: {shown(target)}")
+        draw_plot(args.plots, "bench_recovery.png", lambda path: plot(rows, path))
     return 0
 
 

@@ -28,18 +28,24 @@ are comparable only within one run.
 from __future__ import annotations
 
 import hashlib
-import json
 import pathlib
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
-from benchutil import BenchError, add_json_flag, make_parser, on_node, private_ray_tmpdir, render_table
+from benchutil import (
+    MIB,
+    BenchError,
+    add_json_flag,
+    make_parser,
+    on_node,
+    on_private_ray,
+    render_table,
+    write_json,
+)
 
-MIB = 1 << 20
 NODES = 4
 WIDTH = 1024  # each layer: a WIDTH x WIDTH Linear, 4 MiB of float32 parameters
 CODE = {"data_shards": 2, "parity_shards": 1}
@@ -194,63 +200,68 @@ def state_arguments(doc: str | None, argv: list[str] | None, *, default_mib: int
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = state_arguments(__doc__, argv, default_mib=256, max_mib=4096)
-    private_ray_tmpdir("rckr")
+def measure_pairs(state_mib: int, repeats: int) -> list[dict[str, Any]]:
+    """On one simulated cluster: every job of PAIRS saved, then ``repeats`` rounds of every pair
+    restored (DCP's files in a temp dir); a row per pair."""
     import ray
 
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
 
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="rck-reshard-dcp"))
     rows = []
+    with (
+        tempfile.TemporaryDirectory(prefix="rck-reshard-dcp", ignore_cleanup_errors=True) as scratch,
+        SimulatedCluster(NODES, store_budget_bytes=4 * state_mib * MIB, logging_level="ERROR") as sim,
+    ):
+        folder = pathlib.Path(scratch)
+        quiet.quiet_driver()
+        nodes = [sim.node_id(i) for i in range(NODES)]
+        digests, sizes = {}, {}
+        trials: dict[tuple[int, int], list[list[dict[str, Any]]]] = {}
+        for saved in sorted({n for n, _ in PAIRS}):
+            ranks = group(f"saved{saved}", saved, state_mib, seed=saved, nodes=nodes)
+            ray.get([r.save.remote(str(folder / f"dcp{saved}")) for r in ranks])
+            digests[saved] = ray.get([r.digest.remote() for r in ranks])[0]
+            sizes[saved] = sum(ray.get([r.size.remote() for r in ranks]))
+            for r in ranks:
+                ray.kill(r)
+        for trial in range(repeats):
+            for n, m in PAIRS:
+                ranks = group(f"to{m}from{n}t{trial}", m, state_mib, seed=100 + m, nodes=nodes)
+                results = ray.get([r.restore.remote(f"saved{n}", str(folder / f"dcp{n}")) for r in ranks])
+                for r in ranks:
+                    ray.kill(r)
+                if {res["digest"] for res in results} != {digests[n]}:
+                    raise BenchError(f"{n} -> {m}: the restored state differs from the saved one")
+                trials.setdefault((n, m), []).append(results)
+            print(f"  trial {trial + 1} of {repeats}: done", flush=True)
+        for (n, m), runs in trials.items():
+            every = [res for run in runs for res in run]
+            worst = max(every, key=lambda res: res["fetched"] / max(1, res["needed"]))
+            restore_s = [max(res["restore_s"] for res in run) for run in runs]
+            rows.append(
+                {
+                    "from_ranks": n,
+                    "to_ranks": m,
+                    "size_bytes": sizes[n],
+                    "restore_s": statistics.median(restore_s),
+                    "dcp_load_s": statistics.median(max(res["dcp_load_s"] for res in run) for run in runs),
+                    "bytes_fetched": worst["fetched"],
+                    "bytes_needed": worst["needed"],
+                    "restore_s_trials": restore_s,
+                }
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = state_arguments(__doc__, argv, default_mib=256, max_mib=4096)
     print(
         f"FSDP2 state of {args.state_mib} MiB (parameters + Adam moments), RS(2,1), {NODES} one-CPU nodes", flush=True
     )
-    try:
-        with SimulatedCluster(NODES, store_budget_bytes=4 * args.state_mib * MIB, logging_level="ERROR") as sim:
-            quiet.quiet_driver()
-            nodes = [sim.node_id(i) for i in range(NODES)]
-            digests, sizes = {}, {}
-            trials: dict[tuple[int, int], list[list[dict[str, Any]]]] = {}
-            for saved in sorted({n for n, _ in PAIRS}):
-                ranks = group(f"saved{saved}", saved, args.state_mib, seed=saved, nodes=nodes)
-                ray.get([r.save.remote(str(folder / f"dcp{saved}")) for r in ranks])
-                digests[saved] = ray.get([r.digest.remote() for r in ranks])[0]
-                sizes[saved] = sum(ray.get([r.size.remote() for r in ranks]))
-                for r in ranks:
-                    ray.kill(r)
-            for trial in range(args.repeats):
-                for n, m in PAIRS:
-                    ranks = group(f"to{m}from{n}t{trial}", m, args.state_mib, seed=100 + m, nodes=nodes)
-                    results = ray.get([r.restore.remote(f"saved{n}", str(folder / f"dcp{n}")) for r in ranks])
-                    for r in ranks:
-                        ray.kill(r)
-                    if {res["digest"] for res in results} != {digests[n]}:
-                        raise BenchError(f"{n} -> {m}: the restored state differs from the saved one")
-                    trials.setdefault((n, m), []).append(results)
-                print(f"  trial {trial + 1} of {args.repeats}: done", flush=True)
-            for (n, m), runs in trials.items():
-                every = [res for run in runs for res in run]
-                worst = max(every, key=lambda res: res["fetched"] / max(1, res["needed"]))
-                restore_s = [max(res["restore_s"] for res in run) for run in runs]
-                rows.append(
-                    {
-                        "from_ranks": n,
-                        "to_ranks": m,
-                        "size_bytes": sizes[n],
-                        "restore_s": statistics.median(restore_s),
-                        "dcp_load_s": statistics.median(max(res["dcp_load_s"] for res in run) for run in runs),
-                        "bytes_fetched": worst["fetched"],
-                        "bytes_needed": worst["needed"],
-                        "restore_s_trials": restore_s,
-                    }
-                )
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
+    rows = on_private_ray("rckr", lambda: measure_pairs(args.state_mib, args.repeats))
+    if rows is None:
         return 1
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     same = {row["from_ranks"]: row["restore_s"] for row in rows if row["from_ranks"] == row["to_ranks"]}
     lines = [("N -> M", "state", "ray_ckpt restore", "vs same size", "DCP load (disk)", "fetched / needed")]
     for row in rows:
@@ -266,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     print(render_table(lines))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

@@ -37,27 +37,26 @@ share this machine's cores and memory.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import uuid
 from typing import Any
 
 from benchutil import (
+    MIB,
     BenchError,
     add_json_flag,
-    keep_ray_logs_unless,
+    add_sizes_flag,
     kill,
     make_parser,
     on_node,
-    private_ray_tmpdir,
-    render_table,
+    on_private_ray,
+    render_rows,
     restore_cluster,
-    sizes_mib,
     transfer_actors,
+    write_json,
 )
 
-MIB = 1 << 20
 WORKERS = 7
 CODE = {"data_shards": 4, "parity_shards": 2}
 JOB = "bench-restore"
@@ -157,6 +156,25 @@ def _gbps(size: int, seconds: float) -> str:
     return f"{size / seconds / 1e9:.2f}" if seconds > 0 else "inf"
 
 
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    """A result's line of the table."""
+    phases = r["phases_s"]
+    return (
+        f"{r['size_bytes'] / MIB:.0f}",
+        f"{r['restore_s']:.3f}",
+        _gbps(r["size_bytes"], r["restore_s"]),
+        f"{r['raw_transfer_s']:.3f}",
+        _gbps(r["size_bytes"], r["raw_transfer_s"]),
+        f"{r['ratio']:.2f}",
+        f"{r['object_pull_s']:.3f}",
+        f"{r['object_pull_s'] / r['restore_s']:.2f}",
+        f"{r['fan_in_s']:.3f}",
+        f"{r['fan_in_s'] / r['restore_s']:.2f}",
+        *(f"{phases.get(p, float('nan')):.3f}" for p in ("locate", "fetch", "decode", "load")),
+        ",".join(str(i) for i in r["killed"]),
+    )
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
     header = (
         "size MiB",
@@ -175,68 +193,41 @@ def format_table(results: list[dict[str, Any]]) -> str:
         "load s",
         "killed shards",
     )
-    lines: list[tuple[str, ...]] = [header]
-    for r in results:
-        phases = r["phases_s"]
-        lines.append(
-            (
-                f"{r['size_bytes'] / MIB:.0f}",
-                f"{r['restore_s']:.3f}",
-                _gbps(r["size_bytes"], r["restore_s"]),
-                f"{r['raw_transfer_s']:.3f}",
-                _gbps(r["size_bytes"], r["raw_transfer_s"]),
-                f"{r['ratio']:.2f}",
-                f"{r['object_pull_s']:.3f}",
-                f"{r['object_pull_s'] / r['restore_s']:.2f}",
-                f"{r['fan_in_s']:.3f}",
-                f"{r['fan_in_s'] / r['restore_s']:.2f}",
-                *(f"{phases.get(p, float('nan')):.3f}" for p in ("locate", "fetch", "decode", "load")),
-                ",".join(str(i) for i in r["killed"]),
-            )
-        )
-    return render_table(lines)
+    return render_rows(header, results, _cells)
+
+
+def measure_size(mib: int) -> dict[str, Any]:
+    """``bench_size`` of ``mib`` MiB, with its progress line printed."""
+    result = bench_size(mib * MIB)
+    save = ", ".join(f"{k} {v:.2f}s" for k, v in result["save_phases_s"].items())
+    print(
+        f"{mib} MiB: saved+committed in {result['save_s']:.2f}s ({save}); killed shards "
+        f"{result['killed']}, "
+        f"declared dead after {result['detect_s']:.1f}s; restored bit-exact; raw transfer "
+        f"cold {result['raw_cold_s']:.3f}s, warm {result['raw_transfer_s']:.3f}s; object pull (warm) "
+        f"{result['object_pull_s']:.3f}s",
+        flush=True,
+    )
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__, "See the module docstring for exactly what is timed.")
-    parser.add_argument(
-        "--sizes-mib",
-        type=sizes_mib,
-        default=[256, 1024],
-        metavar="LIST",
-        help="comma-separated payload sizes in MiB (default 256,1024); one fresh cluster each",
+    add_sizes_flag(
+        parser, [256, 1024], "comma-separated payload sizes in MiB (default 256,1024); one fresh cluster each"
     )
     parser.add_argument("--quick", action="store_true", help="16 MiB only (for tests)")
     add_json_flag(parser)
     args = parser.parse_args(argv)
     sizes = [16] if args.quick else args.sizes_mib
 
-    tmpdir = private_ray_tmpdir("rckb")
     print(
         f"RS({CODE['data_shards']},{CODE['parity_shards']}), 1 head (0 CPUs) + {WORKERS} one-CPU workers "
         f"on one machine ({os.cpu_count()} cores); {KILLED} data-shard holders hard-killed before restore"
     )
-    results = []
-    ok = False
-    try:
-        for mib in sizes:
-            result = bench_size(mib * MIB)
-            results.append(result)
-            save = ", ".join(f"{k} {v:.2f}s" for k, v in result["save_phases_s"].items())
-            print(
-                f"{mib} MiB: saved+committed in {result['save_s']:.2f}s ({save}); killed shards "
-                f"{result['killed']}, "
-                f"declared dead after {result['detect_s']:.1f}s; restored bit-exact; raw transfer "
-                f"cold {result['raw_cold_s']:.3f}s, warm {result['raw_transfer_s']:.3f}s; object pull (warm) "
-                f"{result['object_pull_s']:.3f}s",
-                flush=True,
-            )
-        ok = True
-    except BenchError as error:
-        print(f"error: {error}", file=sys.stderr)
+    results = on_private_ray("rckb", lambda: [measure_size(mib) for mib in sizes])
+    if results is None:
         return 1
-    finally:
-        keep_ray_logs_unless(ok, tmpdir)
     print(format_table(results))
     print(
         "raw = ray.get of an array an actor holds in memory (the goal's baseline); pull = ray.get of an\n"
@@ -245,10 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "(>= 0.7: restore at >= 70% of that transfer speed); GB/s = 1e9 B/s"
     )
     keys = ("size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s", "fan_in_s")
-    rows = [{k: r[k] for k in keys} for r in results]
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, [{k: r[k] for k in keys} for r in results])
     return 0
 
 

@@ -80,19 +80,20 @@ from collections.abc import Iterator
 from typing import Any
 
 from benchutil import (
+    MIB,
     BenchError,
     add_json_flag,
-    keep_ray_logs_unless,
+    add_sizes_flag,
     make_parser,
     on_node,
-    private_ray_tmpdir,
+    on_private_ray,
+    render_rows,
     render_table,
-    sizes_mib,
+    write_json,
 )
 
 from ray_ckpt.testing import float_state, touch
 
-MIB = 1 << 20
 WORKERS = 6
 CODE = {"data_shards": 4, "parity_shards": 2}
 DEFAULT_CONFIG = {"keep_committed": 2, "local_copy": True}
@@ -370,6 +371,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def format_phases(details: list[dict[str, Any]]) -> str:
     """Median ray_ckpt phases: blocking ones per series, background ones of the gapped saves."""
+
+    def cells(series_of: tuple[dict[str, Any], str]) -> tuple[str, ...]:
+        detail, series = series_of
+        medians = []
+        for name in ("wait_previous", "snapshot", "blocking", "encode", "scatter", "stage"):
+            values = [p[name] for p in detail[series] if name in p]
+            medians.append(_ms(median(values)) if values else "-")
+        config = detail["config"]
+        note = f"keep_committed={config['keep_committed']} local_copy={config['local_copy']}"
+        return (f"{detail['size_bytes'] / MIB:.0f}", series, *medians, note)
+
     header = (
         "size MiB",
         "series",
@@ -381,18 +393,7 @@ def format_phases(details: list[dict[str, Any]]) -> str:
         "stage ms",
         "config",
     )
-    lines: list[tuple[str, ...]] = [header]
-    for detail in details:
-        for series in ("gapped", "back_to_back"):
-            phases = detail[series]
-            cells = []
-            for name in ("wait_previous", "snapshot", "blocking", "encode", "scatter", "stage"):
-                values = [p[name] for p in phases if name in p]
-                cells.append(_ms(median(values)) if values else "-")
-            config = detail["config"]
-            note = f"keep_committed={config['keep_committed']} local_copy={config['local_copy']}"
-            lines.append((f"{detail['size_bytes'] / MIB:.0f}", series, *cells, note))
-    return render_table(lines)
+    return render_rows(header, [(d, s) for d in details for s in ("gapped", "back_to_back")], cells)
 
 
 def _repeats(text: str) -> int:
@@ -405,10 +406,12 @@ def _repeats(text: str) -> int:
     return value
 
 
-def run_all(sizes: list[int], repeats: int, rows: list[dict[str, Any]], details: list[dict[str, Any]]) -> None:
-    """Every impl for every size; appends to ``rows`` and ``details`` as results come in."""
+def run_all(sizes: list[int], repeats: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every impl for every size: the rows, and the details of the ray_ckpt runs."""
     import torch
 
+    rows: list[dict[str, Any]] = []
+    details: list[dict[str, Any]] = []
     threads = torch.get_num_threads()
     for size in sizes:
         config, fit = fitting_config(size)
@@ -470,16 +473,13 @@ def run_all(sizes: list[int], repeats: int, rows: list[dict[str, Any]], details:
             flush=True,
         )
     print(f"Ray Train (1 worker, fresh local cluster) in {time.monotonic() - started:.0f}s", flush=True)
+    return rows, details
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__, "See the module docstring for exactly what is timed and the goals.")
-    parser.add_argument(
-        "--sizes-mib",
-        type=sizes_mib,
-        default=[100, 1024],
-        metavar="LIST",
-        help="comma-separated state sizes in MiB (default 100,1024); one fresh simulated cluster each",
+    add_sizes_flag(
+        parser, [100, 1024], "comma-separated state sizes in MiB (default 100,1024); one fresh simulated cluster each"
     )
     parser.add_argument(
         "--repeats", type=_repeats, default=5, metavar="N", help="timed saves per impl and size (default 5)"
@@ -490,7 +490,6 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [16 * MIB] if args.quick else [mib * MIB for mib in args.sizes_mib]
     repeats = 2 if args.quick else args.repeats
 
-    tmpdir = private_ray_tmpdir("rcks")
     poll = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
     print(
         f"RS({CODE['data_shards']},{CODE['parity_shards']}); 1 head (0 CPUs) + {WORKERS} one-CPU workers on one "
@@ -502,16 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         flush=True,
     )
-    rows: list[dict[str, Any]] = []
-    details: list[dict[str, Any]] = []
-    ok = False
     with memory_watch() as memory:
         try:
-            run_all(sizes, repeats, rows, details)
-            ok = True
-        except BenchError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 1
+            measured = on_private_ray("rcks", lambda: run_all(sizes, repeats))
         except KeyboardInterrupt:
             if not memory["guard"]:
                 raise
@@ -521,8 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        finally:
-            keep_ray_logs_unless(ok, tmpdir)
+    if measured is None:
+        return 1
+    rows, details = measured
     order = {impl: n for n, impl in enumerate(IMPLS)}
     rows.sort(key=lambda r: (r["size_bytes"], order[r["impl"]]))
     print()
@@ -539,9 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine memory in use: {memory['start'] / 2**30:.1f} GiB at start, peak {memory['peak'] / 2**30:.1f} GiB "
         "(includes other processes on the machine)"
     )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

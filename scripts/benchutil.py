@@ -1,27 +1,29 @@
-"""Helpers the benchmark scripts share: errors, flags, a private Ray temp dir and its logs, node
-pinning, the restore benchmarks' cluster, killing nodes, tables, figures.
+"""The benchmark scripts' harness: errors, flags, a run on a private Ray temp dir and its logs,
+node pinning, the restore benchmarks' cluster, killing nodes, tables, JSON, figures. Each script
+keeps only what it measures.
 
-Registered with Ray's pickler by value: the scripts' actors (defined in ``__main__``) may refer
-to what is here, and Ray workers cannot import this folder.
+Importing it loads no Ray (scale_model.py, pure computation, uses the flags, tables and JSON).
+Setting a run's Ray temp dir up (``private_ray_tmpdir``, which a script does before it starts
+Ray) registers this module with Ray's pickler by value: the scripts' actors (defined in
+``__main__``) may refer to what is here, and Ray workers cannot import this folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
 import time
-from typing import Any
-
-import ray.cloudpickle
-
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 MIB = 1 << 20
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 class BenchError(RuntimeError):
@@ -45,10 +47,33 @@ def add_plots_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_steps_flags(parser: argparse.ArgumentParser, steps: int, step_sleep_s: float | None = None) -> None:
+    """The training-job benchmarks' ``--steps`` (training steps per run, default ``steps``) and,
+    with a default given, ``--step-sleep-s`` (extra seconds per step)."""
+    parser.add_argument("--steps", type=int, default=steps, help=f"training steps per run (default {steps})")
+    if step_sleep_s is not None:
+        parser.add_argument(
+            "--step-sleep-s", type=float, default=step_sleep_s, help=f"extra seconds per step (default {step_sleep_s})"
+        )
+
+
+def add_sizes_flag(parser: argparse.ArgumentParser, default: list[int], help: str) -> None:
+    """``--sizes-mib LIST``: comma-separated sizes in MiB (``sizes_mib``), ``help`` verbatim."""
+    parser.add_argument("--sizes-mib", type=sizes_mib, default=default, metavar="LIST", help=help)
+
+
+def _pickled_by_value() -> None:
+    """Register this module with Ray's pickler by value (idempotent)."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 def private_ray_tmpdir(prefix: str) -> str:
     """A new Ray temp dir for this run, set as RAY_TMPDIR (Ray's processes inherit the
-    environment), with usage stats off unless set. ``prefix`` short: Ray's socket paths must
-    stay under ~107 bytes."""
+    environment), with usage stats off unless set; this module registered with Ray's pickler by
+    value. ``prefix`` short: Ray's socket paths must stay under ~107 bytes."""
+    _pickled_by_value()
     tmpdir = tempfile.mkdtemp(prefix=prefix)
     os.environ["RAY_TMPDIR"] = tmpdir
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
@@ -64,6 +89,34 @@ def keep_ray_logs_unless(ok: bool, tmpdir: str) -> None:
         print(f"Ray logs kept in {tmpdir}", file=sys.stderr)
 
 
+def on_private_ray(prefix: str, measure: Callable[[], T], *, clean: Callable[[T], bool] = lambda _: True) -> T | None:
+    """``measure()`` on a Ray temp dir of its own (``private_ray_tmpdir(prefix)``), and its
+    result; None when it raised BenchError, which is said on stderr (``error: ...``): the run is
+    void, the script exits 1. The temp dir is deleted when ``measure`` returned a result that
+    ``clean`` accepts, else kept for Ray's logs (``keep_ray_logs_unless``); any other exception
+    goes on, the logs kept."""
+    tmpdir = private_ray_tmpdir(prefix)
+    clean_run = False
+    try:
+        result = measure()
+        clean_run = clean(result)
+        return result
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+    finally:
+        keep_ray_logs_unless(clean_run, tmpdir)
+
+
+def write_json(path: pathlib.Path | None, document: Any, **dumps: Any) -> None:
+    """``--json PATH``: ``document`` written to ``path`` (its folders made), indented, a newline
+    at the end; ``dumps``: more ``json.dumps`` arguments. Nothing when ``path`` is None."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, **dumps) + "\n")
+
+
 def load_demo() -> Any:
     """scripts/demo.py as a module, pickled by value so Ray workers can run its train_loop."""
     import importlib.util
@@ -74,6 +127,8 @@ def load_demo() -> Any:
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "demo.py")
     if spec is None or spec.loader is None:
         raise BenchError(f"cannot load {ROOT / 'scripts' / 'demo.py'}")
+    import ray.cloudpickle
+
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -99,6 +154,13 @@ def save_figure(fig: Any, path: pathlib.Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def draw_plot(folder: pathlib.Path, name: str, draw: Callable[[pathlib.Path], None]) -> None:
+    """``draw(folder / name)`` (it writes the figure there), then ``plot: <path>`` printed."""
+    target = folder / name
+    draw(target)
+    print(f"plot: {shown(target)}")
 
 
 def shown(path: pathlib.Path) -> pathlib.Path:
@@ -141,26 +203,41 @@ def kill(sim: Any, node_ids: list[str]) -> float:
         raise BenchError(str(error)) from None
 
 
-def render_table(lines: list[tuple[str, ...]]) -> str:
-    """Right-aligned columns; the first line is the header, underlined."""
+def render_table(lines: list[tuple[str, ...]], *, left_columns: int = 0) -> str:
+    """Columns two spaces apart, right-aligned but the first ``left_columns`` (left-aligned);
+    the first line is the header, underlined."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     text = []
     for n, line in enumerate(lines):
-        text.append("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+        cells = [
+            c.ljust(w) if i < left_columns else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        text.append("  ".join(cells))
         if n == 0:
             text.append("  ".join("-" * w for w in widths))
     return "\n".join(text)
 
 
+def render_rows(header: tuple[str, ...], rows: Iterable[T], cells: Callable[[T], tuple[str, ...]]) -> str:
+    """``rows`` as a table (``render_table``): ``header``, then ``cells(row)`` for each row."""
+    return render_table([header, *(cells(row) for row in rows)])
+
+
+def int_list(text: str, what: str, minimum: int) -> list[int]:
+    """A comma-separated list of ints, each >= ``minimum`` (argparse.ArgumentTypeError naming
+    ``what`` otherwise): the parsing of an argparse type."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of {what}: {text!r}") from None
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}")
+    return values
+
+
 def sizes_mib(text: str) -> list[int]:
     """argparse type: a comma-separated list of sizes in MiB, each >= 1."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of MiB counts: {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("sizes must be >= 1 MiB")
-    return sizes
+    return int_list(text, "MiB counts", 1)
 
 
 def transfer_actors() -> tuple[Any, Any]:

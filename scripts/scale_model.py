@@ -91,7 +91,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from benchutil import ROOT, add_json_flag, draw_plot, int_list, pyplot, render_table, save_figure, write_json
+
 GB = 1e9
 GBIT = 1e9 / 8
 HOUR = 3600.0
@@ -451,21 +452,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         ("wasted% storage", lambda r: f"{100 * r['wasted_fraction_storage']:.1f}"),
     ]
     lines = [tuple(name for name, _ in columns)] + [tuple(cell(r) for _, cell in columns) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
-    out = []
-    for n, line in enumerate(lines):
-        out.append("  ".join(c.rjust(w) for c, w in zip(line, widths)))
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return render_table(lines)
 
 
 def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     nodes = [r["nodes"] for r in rows]
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.2))
     left.plot(nodes, [r["recovery_in_place_s"] for r in rows], "o-", label="ray_ckpt in place")
@@ -499,20 +490,11 @@ def plot(rows: list[dict[str, Any]], comparison: dict[str, Any], path: pathlib.P
         axis.set_xlabel("nodes")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _node_counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of node counts: {text!r}") from None
-    if not counts or min(counts) < 2:
-        raise argparse.ArgumentTypeError("node counts must be >= 2")
-    return counts
+    return int_list(text, "node counts", 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,6 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+
+    def option(flag: str, field: str, kind: type, text: str) -> None:
+        """``flag`` for the Params ``field`` of another name: in the field's units, with the
+        field's default; the help names its value after the flag."""
+        metavar = flag.removeprefix("--").replace("-", "_").upper()
+        parser.add_argument(flag, dest=field, metavar=metavar, type=kind, default=getattr(defaults, field), help=text)
+
     parser.add_argument("--nodes", type=_node_counts, default=list(NODE_COUNTS), help="node counts, comma-separated")
     parser.add_argument("--state-gb", type=float, default=defaults.state_per_node_bytes / GB, help="state per node")
     parser.add_argument("--ranks-per-node", type=int, default=defaults.ranks_per_node, help="GPUs (ranks) per node")
@@ -530,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mtbf-hours", type=float, default=defaults.node_mtbf_s / HOUR, help="per-node MTBF")
     parser.add_argument("--d2h-gbs", type=float, default=defaults.d2h_bytes_per_s / GB, help="GB/s per GPU")
     parser.add_argument("--encode-gbs", type=float, default=defaults.encode_bytes_per_s / GB, help="GB/s per rank")
-    parser.add_argument("--restart-s", type=float, default=defaults.detect_restart_s, help="detect + restart")
+    option("--restart-s", "detect_restart_s", float, "detect + restart")
     parser.add_argument(
         "--restart-per-node-s", type=float, default=defaults.restart_per_node_s, help="restart's growth per node"
     )
@@ -547,13 +536,13 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.coordinator_s_per_member,
         help="generation coordinator CPU per member of a rendezvous",
     )
-    parser.add_argument("--fanin", type=int, default=defaults.relay_fanin, help="relay tree fan-in")
-    parser.add_argument("--efficiency", type=float, default=defaults.restore_efficiency, help="restore / raw speed")
-    parser.add_argument("--k", type=int, default=defaults.data_shards, help="data shards")
-    parser.add_argument("--m", type=int, default=defaults.parity_shards, help="parity shards")
-    parser.add_argument("--keep", type=int, default=defaults.keep_committed, help="committed steps kept")
+    option("--fanin", "relay_fanin", int, "relay tree fan-in")
+    option("--efficiency", "restore_efficiency", float, "restore / raw speed")
+    option("--k", "data_shards", int, "data shards")
+    option("--m", "parity_shards", int, "parity shards")
+    option("--keep", "keep_committed", int, "committed steps kept")
     parser.add_argument("--no-local-copy", action="store_true", help="model CheckpointConfig(local_copy=False)")
-    parser.add_argument("--step-s", type=float, default=defaults.step_time_s, help="training step time")
+    option("--step-s", "step_time_s", float, "training step time")
     parser.add_argument(
         "--calibration",
         type=pathlib.Path,
@@ -565,33 +554,21 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument("--quick", action="store_true", help=f"node counts {QUICK_NODE_COUNTS} only, no plot")
-    parser.add_argument("--json", type=pathlib.Path, metavar="PATH", help="also write the rows as JSON")
+    add_json_flag(parser)
     parser.add_argument("--plots", type=pathlib.Path, default=ROOT / "docs" / "img", metavar="DIR", help="PNG folder")
     args = parser.parse_args(argv)
+    fields = {field.name for field in dataclasses.fields(Params)}
     try:
         params = Params(
+            # the flags in their fields' units: named after their fields, or routed to them by option()
+            **{name: value for name, value in vars(args).items() if name in fields},
             state_per_node_bytes=args.state_gb * GB,
-            ranks_per_node=args.ranks_per_node,
             nic_bytes_per_s=args.nic_gbps * GBIT,
             storage_bytes_per_s=args.storage_gbps * GBIT,
             node_mtbf_s=args.mtbf_hours * HOUR,
             d2h_bytes_per_s=args.d2h_gbs * GB,
             encode_bytes_per_s=args.encode_gbs * GB,
-            detect_restart_s=args.restart_s,
-            restart_per_node_s=args.restart_per_node_s,
-            detect_s=args.detect_s,
-            replace_s=args.replace_s,
-            control_call_s=args.control_call_s,
-            plan_s_per_rank=args.plan_s_per_rank,
-            coordinator_s_per_member=args.coordinator_s_per_member,
-            relay_s_per_rank=args.relay_s_per_rank,
-            relay_fanin=args.fanin,
-            restore_efficiency=args.efficiency,
-            data_shards=args.k,
-            parity_shards=args.m,
-            keep_committed=args.keep,
             local_copy=not args.no_local_copy,
-            step_time_s=args.step_s,
         )
         used: dict[str, Any] = {}
         if args.calibration:
@@ -625,20 +602,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{g['retrieval_speedup']:.0f}x; the model gives {GEMINI_CLAIM:.0f}x with a detect+restart of "
         f"{comparison['restart_s_for_claim']:.0f} s"
     )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        document = {
-            "benchmark": "scale_model",
-            "params": dataclasses.asdict(params),
-            "calibrated_from": used,
-            "rows": rows,
-            "gemini": comparison,
-        }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    document = {
+        "benchmark": "scale_model",
+        "params": dataclasses.asdict(params),
+        "calibrated_from": used,
+        "rows": rows,
+        "gemini": comparison,
+    }
+    write_json(args.json, document)
     if not args.quick:
-        target = args.plots / "scale_model.png"
-        plot(rows, comparison, target)
-        print(f"plot: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        draw_plot(args.plots, "scale_model.png", lambda path: plot(rows, comparison, path))
     return 0
 
 
