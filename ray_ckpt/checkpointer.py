@@ -19,6 +19,7 @@ from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.interval import Decision, IntervalPolicy
 from ray_ckpt.core.shard import check_step
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, RayCkptError, StoreUnavailableError, TornStepError
+from ray_ckpt.process_copies import THIS_PROCESS
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer
 from ray_ckpt.save import SaveHandle, SavePipeline
@@ -113,6 +114,7 @@ class Checkpointer(WithIdentity):
             registry=self._registry,
             stores=self._stores,
             backup=backup,
+            own_copies=THIS_PROCESS.own_copies,
             record=self._record,
         )
         self._restorer = Restorer(
@@ -120,6 +122,7 @@ class Checkpointer(WithIdentity):
             registry=self._registry,
             stores=self._stores,
             backup=backup,
+            copies=THIS_PROCESS,
             background=self._background,
             timeout_s=settings.peer_timeout_s,
         )
@@ -469,8 +472,9 @@ class Checkpointer(WithIdentity):
         failed: a save in flight goes on in the background (a dead peer may hold it up for a
         while), its error, if any, logged, and the buffers are released once it ended, but for
         the newest staged step's blob, which a restore in this process then takes without a
-        store (``ray_ckpt.own_copies``). Its unfinished step is discarded by the next attempt,
-        which the registry also keeps from taking a stage of this one (``StaleAttemptError``)."""
+        store (the process's ``ray_ckpt.process_copies.THIS_PROCESS``). Its unfinished step is
+        discarded by the next attempt, which the registry also keeps from taking a stage of this
+        one (``StaleAttemptError``)."""
         if self._closed:
             return
         in_flight, self._in_flight = self._in_flight, None

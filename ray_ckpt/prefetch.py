@@ -10,6 +10,8 @@ shards are checked and decoded as in any restore. The first restore of the job i
 ``claim``\\s the read, once, and uses the blob only for the step and record it restores itself
 (``Read.blob_of``), else reads as usual. ``clear`` drops every read, at the next generation. A
 read changes nothing in the registry or the stores; one that fails or is not used costs the read.
+``ReadsAhead`` keeps the reads; the process's one instance is part of its ``ProcessCopies``
+(``ray_ckpt.process_copies``), which the worker begins them with and the restorer is handed.
 
 What is read and not claimed yet is bounded: blobs held for at most RAY_CKPT_PREFETCH_MAX_AGE_S
 after they were read, and together at most RAY_CKPT_PREFETCH_MAX_BYTES (past it the oldest is
@@ -60,111 +62,116 @@ class Read:
         return planned[2]
 
 
-_lock = threading.Condition()
-_begun: dict[tuple[str, int], Future[dict[str, Read]]] = {}  # (attempt, rank) -> its reads by job
-# the blobs read and not claimed yet, oldest first: (attempt, rank, job) -> (when read, monotonic; bytes)
-_held: dict[tuple[str, int, str], tuple[float, int]] = {}
+class ReadsAhead:
+    """The reads a process began ahead of its restores, by (attempt, rank) and job, and the
+    blobs they hold unclaimed. Thread-safe: reads run on their own threads, claims on the
+    restoring one. The process's one instance is part of its ``ProcessCopies``
+    (``ray_ckpt.process_copies``): the in-place worker begins and clears its reads, the
+    checkpointer's restorer claims them."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._begun: dict[tuple[str, int], Future[dict[str, Read]]] = {}  # (attempt, rank) -> its reads by job
+        # the blobs read and not claimed yet, oldest first: (attempt, rank, job) -> (when read, monotonic; bytes)
+        self._held: dict[tuple[str, int, str], tuple[float, int]] = {}
 
-def begin(attempt: str, rank: int, jobs: Callable[[], list[str]], read: Callable[[str], Planned | None]) -> None:
-    """Begin, on a daemon thread, ``read(job)`` for each of ``jobs()``, one after another, for
-    the restores of ``rank`` under ``attempt`` to claim; the thread then drops what is not
-    claimed once it is RAY_CKPT_PREFETCH_MAX_AGE_S old."""
-    listed: Future[dict[str, Read]] = Future()
-    with _lock:
-        _begun[(attempt, rank)] = listed
+    def begin(
+        self, attempt: str, rank: int, jobs: Callable[[], list[str]], read: Callable[[str], Planned | None]
+    ) -> None:
+        """Begin, on a daemon thread, ``read(job)`` for each of ``jobs()``, one after another, for
+        the restores of ``rank`` under ``attempt`` to claim; the thread then drops what is not
+        claimed once it is RAY_CKPT_PREFETCH_MAX_AGE_S old."""
+        listed: Future[dict[str, Read]] = Future()
+        with self._lock:
+            self._begun[(attempt, rank)] = listed
 
-    def run() -> None:
-        try:
-            reads = {job: Read(job, Future()) for job in jobs()}
-        except Exception as error:
-            listed.set_exception(error)
-            return
-        listed.set_result(reads)
-        for job, one in list(reads.items()):
+        def run() -> None:
             try:
-                planned = read(job)
+                reads = {job: Read(job, Future()) for job in jobs()}
             except Exception as error:
-                one.done.set_exception(error)
-                continue
-            one.done.set_result(planned)
-            if planned is not None:
-                _hold((attempt, rank, job), reads, one, int(planned[2].nbytes))
-        _expire((attempt, rank), listed)
-
-    threading.Thread(target=run, name=f"ray_ckpt-prefetch-{rank}", daemon=True).start()
-
-
-def claim(job: str, attempt: str | None, rank: int, timeout_s: float = 10.0) -> Read | None:
-    """The read begun for ``job``'s restore of ``rank`` under ``attempt``, once; None when none
-    was begun (or the jobs could not be listed within ``timeout_s``, or it was dropped)."""
-    if attempt is None:
-        return None
-    with _lock:
-        listed = _begun.get((attempt, rank))
-    if listed is None:
-        return None
-    try:
-        reads = listed.result(timeout=timeout_s)
-    except Exception as error:
-        logger.info("listing the run's jobs for an early read failed: %s", error)
-        return None
-    with _lock:
-        _held.pop((attempt, rank, job), None)
-        _lock.notify_all()
-        return reads.pop(job, None)
-
-
-def clear() -> None:
-    """Drop every read (a new generation forms: its restores plan anew)."""
-    with _lock:
-        _begun.clear()
-        _held.clear()
-        _lock.notify_all()
-
-
-def held_bytes() -> int:
-    """The bytes of the blobs read ahead and not claimed yet."""
-    with _lock:
-        return sum(size for _, size in _held.values())
-
-
-def _hold(key: tuple[str, int, str], reads: dict[str, Read], one: Read, size: int) -> None:
-    """Hold ``one``'s blob (``size`` bytes) for its restore, unless it was claimed meanwhile;
-    then keep the held blobs within RAY_CKPT_PREFETCH_MAX_BYTES, dropping the oldest first."""
-    with _lock:
-        if reads.get(key[2]) is not one:  # claimed already (or cleared): its restore has it
-            return
-        limit = settings.prefetch_max_bytes()
-        _held[key] = (time.monotonic(), size)
-        if size > limit:
-            _drop(key, f"{size} bytes, more than RAY_CKPT_PREFETCH_MAX_BYTES={limit}")
-            return
-        while sum(held for _, held in _held.values()) > limit:
-            _drop(next(iter(_held)), f"the oldest read past RAY_CKPT_PREFETCH_MAX_BYTES={limit}")
-
-
-def _expire(begun: tuple[str, int], listed: Future[dict[str, Read]]) -> None:
-    """Drop ``begun``'s blobs as they get RAY_CKPT_PREFETCH_MAX_AGE_S old unclaimed; once none
-    is held, forget its reads (a failed one holds its error, and with it the read's frames)."""
-    with _lock:
-        while _begun.get(begun) is listed:
-            mine = [(at, key) for key, (at, _) in _held.items() if key[:2] == begun]
-            if not mine:
-                del _begun[begun]
+                listed.set_exception(error)
                 return
-            at, oldest = min(mine)
-            left = at + settings.prefetch_max_age_s() - time.monotonic()
-            if left <= 0:
-                _drop(oldest, f"not claimed within RAY_CKPT_PREFETCH_MAX_AGE_S={settings.prefetch_max_age_s():g}")
-            else:
-                _lock.wait(left)
+            listed.set_result(reads)
+            for job, one in list(reads.items()):
+                try:
+                    planned = read(job)
+                except Exception as error:
+                    one.done.set_exception(error)
+                    continue
+                one.done.set_result(planned)
+                if planned is not None:
+                    self._hold((attempt, rank, job), reads, one, int(planned[2].nbytes))
+            self._expire((attempt, rank), listed)
 
+        threading.Thread(target=run, name=f"ray_ckpt-prefetch-{rank}", daemon=True).start()
 
-def _drop(key: tuple[str, int, str], why: str) -> None:
-    """Forget the read of ``key`` (holding ``_lock``): its restore reads for itself."""
-    _held.pop(key, None)
-    listed = _begun.get(key[:2])
-    if listed is not None and listed.done() and listed.exception() is None:
-        listed.result().pop(key[2], None)
-    logger.info("job %r: the state read ahead for rank %d is dropped: %s", key[2], key[1], why)
+    def claim(self, job: str, attempt: str | None, rank: int, timeout_s: float = 10.0) -> Read | None:
+        """The read begun for ``job``'s restore of ``rank`` under ``attempt``, once; None when none
+        was begun (or the jobs could not be listed within ``timeout_s``, or it was dropped)."""
+        if attempt is None:
+            return None
+        with self._lock:
+            listed = self._begun.get((attempt, rank))
+        if listed is None:
+            return None
+        try:
+            reads = listed.result(timeout=timeout_s)
+        except Exception as error:
+            logger.info("listing the run's jobs for an early read failed: %s", error)
+            return None
+        with self._lock:
+            self._held.pop((attempt, rank, job), None)
+            self._lock.notify_all()
+            return reads.pop(job, None)
+
+    def clear(self) -> None:
+        """Drop every read (a new generation forms: its restores plan anew)."""
+        with self._lock:
+            self._begun.clear()
+            self._held.clear()
+            self._lock.notify_all()
+
+    def held_bytes(self) -> int:
+        """The bytes of the blobs read ahead and not claimed yet."""
+        with self._lock:
+            return sum(size for _, size in self._held.values())
+
+    def _hold(self, key: tuple[str, int, str], reads: dict[str, Read], one: Read, size: int) -> None:
+        """Hold ``one``'s blob (``size`` bytes) for its restore, unless it was claimed meanwhile;
+        then keep the held blobs within RAY_CKPT_PREFETCH_MAX_BYTES, dropping the oldest first."""
+        with self._lock:
+            if reads.get(key[2]) is not one:  # claimed already (or cleared): its restore has it
+                return
+            limit = settings.prefetch_max_bytes()
+            self._held[key] = (time.monotonic(), size)
+            if size > limit:
+                self._drop(key, f"{size} bytes, more than RAY_CKPT_PREFETCH_MAX_BYTES={limit}")
+                return
+            while sum(held for _, held in self._held.values()) > limit:
+                self._drop(next(iter(self._held)), f"the oldest read past RAY_CKPT_PREFETCH_MAX_BYTES={limit}")
+
+    def _expire(self, begun: tuple[str, int], listed: Future[dict[str, Read]]) -> None:
+        """Drop ``begun``'s blobs as they get RAY_CKPT_PREFETCH_MAX_AGE_S old unclaimed; once none
+        is held, forget its reads (a failed one holds its error, and with it the read's frames)."""
+        with self._lock:
+            while self._begun.get(begun) is listed:
+                mine = [(at, key) for key, (at, _) in self._held.items() if key[:2] == begun]
+                if not mine:
+                    del self._begun[begun]
+                    return
+                at, oldest = min(mine)
+                left = at + settings.prefetch_max_age_s() - time.monotonic()
+                if left <= 0:
+                    self._drop(
+                        oldest, f"not claimed within RAY_CKPT_PREFETCH_MAX_AGE_S={settings.prefetch_max_age_s():g}"
+                    )
+                else:
+                    self._lock.wait(left)
+
+    def _drop(self, key: tuple[str, int, str], why: str) -> None:
+        """Forget the read of ``key`` (holding the lock): its restore reads for itself."""
+        self._held.pop(key, None)
+        listed = self._begun.get(key[:2])
+        if listed is not None and listed.done() and listed.exception() is None:
+            listed.result().pop(key[2], None)
+        logger.info("job %r: the state read ahead for rank %d is dropped: %s", key[2], key[1], why)

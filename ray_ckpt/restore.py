@@ -10,7 +10,8 @@ The layered order (``Restorer.restore``):
             missing data shards are decoded;
   4 backup  the newest complete persistent backup, the same step on every rank.
 
-The restorer takes its collaborators (``RegistryView``, ``ShardSource``, ``Backup``) as
+The restorer takes its collaborators (``RegistryView``, ``ShardSource``, ``Backup``, and the
+process's ``ProcessCopies``: its own save buffers' copies and the reads begun ahead) as
 arguments, so it runs against fakes in unit tests, without Ray. Shard checks are pure
 functions. No pickle: a peer's bytes are data, validated before use.
 """
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ray_ckpt import own_copies, prefetch, reshard
+from ray_ckpt import prefetch, reshard
 from ray_ckpt.backup import Backup
 from ray_ckpt.core import blob, dtensor, hostmem, snapshot
 from ray_ckpt.core.checksum import verify
@@ -46,6 +47,7 @@ from ray_ckpt.errors import (
     ShardsUnreachableError,
     SnapshotFormatError,
 )
+from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.ranges import RangeReader, RangeSource
 
 logger = logging.getLogger(__name__)
@@ -289,7 +291,9 @@ def _phases(t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, 
 class Restorer(WithIdentity):
     """One rank's layered restore, for the rank ``identity`` names (its fields read as
     attributes: ``job``, ``rank``, ...; a rank that restores without an attempt gets the
-    registry's, a new ``identity``). ``allocate`` maps output buffers (hostmem.allocate);
+    registry's, a new ``identity``). ``copies``: what this process keeps between restores
+    (``ProcessCopies``): a step its own save buffer still holds is taken from there, a read
+    begun ahead for this rank is claimed. ``allocate`` maps output buffers (hostmem.allocate);
     ``background`` runs that mapping while shards are in flight. ``restored_bytes`` is what
     the last restore moved. Not thread-safe: one caller."""
 
@@ -300,12 +304,13 @@ class Restorer(WithIdentity):
         registry: RegistryView,
         stores: ShardSource,
         backup: Backup | None,
+        copies: ProcessCopies,
         background: ThreadPoolExecutor,
         timeout_s: Callable[[], float],
         allocate: Callable[[int], np.ndarray] = hostmem.allocate,
     ) -> None:
         self.identity = identity
-        self.registry, self.stores, self.backup = registry, stores, backup
+        self.registry, self.stores, self.backup, self.copies = registry, stores, backup, copies
         self._background, self._timeout_s, self._allocate = background, timeout_s, allocate
         self.restored_bytes = 0
 
@@ -315,7 +320,7 @@ class Restorer(WithIdentity):
         world size is resharded into it (``reshard``). See ``Checkpointer.restore``."""
         t0 = time.perf_counter()
         self.restored_bytes = 0
-        read = prefetch.claim(self.job, self.attempt, self.rank)  # this rank's blob, read ahead, if any
+        read = self.copies.reads_ahead.claim(self.job, self.attempt, self.rank)  # this rank's blob, read ahead
         if step is not None:
             check_step(step)
             located = self.registry.locate_rank(self.job, step, self.rank)
@@ -527,10 +532,10 @@ class Restorer(WithIdentity):
 
     def _local_copy(self, step: int, record: RankRecord) -> np.ndarray | None:
         """This rank's local copy, if it lives on this node and is intact: from this process's
-        own save buffer where it still holds the step (``own_copies``), else from the node's store."""
+        own save buffer where it still holds the step (``copies.own_copies``), else from the node's store."""
         if record.local is None or record.local_node != self.node_id:
             return None
-        held = own_copies.take(self.job, self.rank, step, record.local.writer)
+        held = self.copies.own_copies.take(self.job, self.rank, step, record.local.writer)
         if held is not None and held.size == record.local.shard_size and verify(record.local, held):
             return held
         if not self.stores.live([self.node_id]):

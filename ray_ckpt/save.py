@@ -8,7 +8,8 @@ background thread: it waits for those events, computes the m parity shards on th
 stores (doubling up when fewer than k+m are alive, see ray_ckpt.core.placement), puts them (and the
 optional local copy), stages the step with the registry (through its node's store, which
 batches the stages of the node's ranks into one registry call) and writes the periodic backup.
-Collaborators are passed in (registry, stores, backup), as for the restore path.
+Collaborators are passed in (registry, stores, backup, and the process's ``OwnCopies``, where a
+staged step's blob is noted for a rollback in this process), as for the restore path.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ray_ckpt import own_copies, settings
+from ray_ckpt import settings
 from ray_ckpt.backup import Backup
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core import blob, hostmem, snapshot, workpool
@@ -34,6 +35,7 @@ from ray_ckpt.core.protection import cluster_margin, rank_protection
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.core.wire import StageRequest, StageResult
 from ray_ckpt.errors import RayCkptError, StoreUnavailableError, unwrap_remote
+from ray_ckpt.own_copies import OwnCopies
 from ray_ckpt.transport import metrics
 
 if TYPE_CHECKING:
@@ -167,6 +169,8 @@ class SaveHandle:
 class SavePipeline(WithIdentity):
     """Buffers and steps of the saves of the rank ``identity`` names (its fields read as
     attributes: ``job``, ``rank``, ...). ``record(kind, **fields)`` sends an event.
+    ``own_copies``: where the blob of each step staged with a local copy is noted while the
+    buffer holds it (the process's, ``ProcessCopies.own_copies``).
     ``last_protection``: node losses the last placement survives. Not thread-safe: the
     checkpointer calls ``snapshot`` on the caller's thread and ``complete`` on its one
     background thread, never two of either at once."""
@@ -180,6 +184,7 @@ class SavePipeline(WithIdentity):
         registry: RegistryClient,
         stores: StoreDirectory,
         backup: Backup | None,
+        own_copies: OwnCopies,
         record: Callable[..., None],
     ) -> None:
         self.identity = identity
@@ -187,6 +192,7 @@ class SavePipeline(WithIdentity):
         self.config = config
         self.code = ReedSolomon(config.data_shards, config.parity_shards)
         self.registry, self.stores, self.backup, self._record = registry, stores, backup, record
+        self.own_copies = own_copies
         self._buffer: torch.Tensor = torch.empty(0, dtype=torch.uint8)
         self._reserved: Future[np.ndarray] | None = None  # a buffer mapped ahead (``reserve``)
         self._parity: list[np.ndarray] = []
@@ -241,7 +247,7 @@ class SavePipeline(WithIdentity):
         """Copy the state into the reused host buffer: (buffer of k * shard_size bytes, blob
         size, the CUDA events the copies are done at: ``record_copies``, empty for a state on
         the CPU). Blocks the caller."""
-        own_copies.forget(self.job, self.rank)  # the buffer's blob of an older step is overwritten below
+        self.own_copies.forget(self.job, self.rank)  # the buffer's blob of an older step is overwritten below
         size = blob.blob_size(len(layout.header), layout.payload_size)
         padded = self.code.shard_size(size) * self.code.data_shards
         on_gpu = any(t.is_cuda for t in layout.tensors)
@@ -296,7 +302,7 @@ class SavePipeline(WithIdentity):
         )
         t3 = time.perf_counter()
         if local is not None:  # a rollback in this process may take the step from the buffer
-            own_copies.note(self.job, self.rank, step, self.writer, buffer[:size], self)
+            self.own_copies.note(self.job, self.rank, step, self.writer, buffer[:size], self)
         phases.update(encode=t1 - t0, scatter=t2 - t1, stage=t3 - t2)
         self._completed += 1
         if self.backup is not None and self.config.backup_every and step % self.config.backup_every == 0:
@@ -415,11 +421,11 @@ class SavePipeline(WithIdentity):
 
     def release(self, *, keep_for_rollback: bool = False) -> None:
         """Free the buffers; with ``keep_for_rollback`` the blob of the newest staged step
-        stays held (``own_copies.orphan``) until a restore in this process takes it."""
+        stays held (``OwnCopies.orphan``) until a restore in this process takes it."""
         if keep_for_rollback:
-            own_copies.orphan(self)
+            self.own_copies.orphan(self)
         else:
-            own_copies.drop(self)
+            self.own_copies.drop(self)
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._reserved = None
         self._parity = []

@@ -46,6 +46,7 @@ from ray_ckpt.core.wire import (
     StoreHoldings,
 )
 from ray_ckpt.errors import RayCkptError
+from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.reader import Reader
 from ray_ckpt.restore import Restorer
 from ray_ckpt.save import local_copy_meta, shard_metas
@@ -194,6 +195,7 @@ class World:
             registry=_RegistryView(self, process),
             stores=_Stores(self),
             backup=None,
+            copies=ProcessCopies(),
             background=self.pool,
             timeout_s=lambda: 5.0,
             allocate=self._allocate,

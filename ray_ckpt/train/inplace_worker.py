@@ -50,6 +50,7 @@ from ray_ckpt.errors import (
     InPlaceRecoveryError,
     PeerLost,
 )
+from ray_ckpt.process_copies import THIS_PROCESS
 from ray_ckpt.restore import Restorer
 from ray_ckpt.train import process_groups
 from ray_ckpt.train.gloo_connections import Closures, ConnectionWatch, GlooConnections
@@ -129,6 +130,10 @@ class ProcessState:
       ``take_rejoin`` (``rejoin`` is handed out once) and ``track``.
     - ``interrupts`` raises ``PeerLost`` into the training function (armed by ``_Worker.run``,
       fired by its heartbeat); ``shielded`` keeps it out of ray_ckpt's own calls.
+    - The reads a replacement begins ahead of its restores are not kept here: they go to the
+      process's ``ProcessCopies`` (``ray_ckpt.process_copies.THIS_PROCESS``), which its
+      checkpointers' restorers are handed; ``_Worker`` begins them and clears them at each
+      generation.
     - It lives as long as the process and is never reset. Ray's calls into the process
       (``warm_up``, ``_become``) and the training function's thread write it one after the
       other; the heartbeat thread reads ``gloo`` only, set before it starts, and fires
@@ -458,7 +463,7 @@ class _Worker:
         """Join the next generation and set up its process group (retried if a member dies
         during the rendezvous); raises InPlaceRecoveryError when it cannot form in time.
         Returns the ranks whose process was replaced on the way (empty: no peer was lost)."""
-        prefetch.clear()  # a read begun for the generation before is not this one's
+        THIS_PROCESS.reads_ahead.clear()  # a read begun for the generation before is not this one's
         coordinator = self.role.coordinator
         deadline = time.monotonic() + self.settings.timeout_s
         replaced: set[int] = set()
@@ -510,8 +515,9 @@ class _Worker:
 
     def _read_ahead(self) -> None:
         """Begin this replacement's read of its state from peers now that its generation formed
-        (``ray_ckpt.prefetch``), while its training function builds what it needs before it
-        calls ``restore()``: for every job this run checkpoints, in the default namespace."""
+        (``ray_ckpt.prefetch``, in the process's ``THIS_PROCESS``, whose reads its checkpointers'
+        restores claim), while its training function builds what it needs before it calls
+        ``restore()``: for every job this run checkpoints, in the default namespace."""
         attempt = PROCESS.attempt
         run = run_of(attempt)
         if attempt is None or run is None:
@@ -529,12 +535,13 @@ class _Worker:
                     registry=registry,
                     stores=stores,
                     backup=None,
+                    copies=THIS_PROCESS,
                     background=background,
                     timeout_s=settings.peer_timeout_s,
                 )
                 return restorer.read_planned()
 
-        prefetch.begin(attempt, self.rank, lambda: registry.jobs_of_run(run), read)
+        THIS_PROCESS.reads_ahead.begin(attempt, self.rank, lambda: registry.jobs_of_run(run), read)
 
     def _init_process_group(self, generation: int, timeout_s: float) -> None:
         coordinator = self.role.coordinator

@@ -33,6 +33,7 @@ STACK = {
     "reader",
     "own_copies",
     "prefetch",
+    "process_copies",
     "reshard",
     "ranges",
     "backup",

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 from save_pipelines import lone_pipeline
 
-from ray_ckpt import own_copies
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.placement import Node
 from ray_ckpt.core.shard import ShardMeta
+from ray_ckpt.own_copies import OwnCopies
 from ray_ckpt.save import SavePipeline
 
 
@@ -28,8 +28,10 @@ class Stores:
         return done
 
 
-def pipeline(job: str, *, local_copy: bool = True) -> SavePipeline:
-    return lone_pipeline(job, stores=Stores(), data_shards=2, parity_shards=1, local_copy=local_copy)
+def pipeline(job: str, own_copies: OwnCopies, *, local_copy: bool = True) -> SavePipeline:
+    return lone_pipeline(
+        job, stores=Stores(), own_copies=own_copies, data_shards=2, parity_shards=1, local_copy=local_copy
+    )
 
 
 def save(saves: SavePipeline, step: int) -> bytes:
@@ -40,7 +42,8 @@ def save(saves: SavePipeline, step: int) -> bytes:
 
 
 def test_a_staged_step_is_held_until_the_next_snapshot_overwrites_the_buffer() -> None:
-    saves = pipeline("held")
+    own_copies = OwnCopies()
+    saves = pipeline("held", own_copies)
     saved = save(saves, 1)
     held = own_copies.take("held", 0, 1, "w")
     assert held is not None and bytes(held) == saved
@@ -52,7 +55,8 @@ def test_a_staged_step_is_held_until_the_next_snapshot_overwrites_the_buffer() -
 
 
 def test_a_closed_pipeline_holds_nothing_and_an_abandoned_one_gives_its_buffer_up() -> None:
-    closed, abandoned = pipeline("closed"), pipeline("abandoned")
+    own_copies = OwnCopies()
+    closed, abandoned = pipeline("closed", own_copies), pipeline("abandoned", own_copies)
     save(closed, 1)
     closed.release()
     assert own_copies.take("closed", 0, 1, "w") is None
@@ -65,6 +69,7 @@ def test_a_closed_pipeline_holds_nothing_and_an_abandoned_one_gives_its_buffer_u
 
 def test_without_a_local_copy_nothing_is_held() -> None:
     """The restore checks a held blob against the local copy's checksum: none, nothing to check."""
-    saves = pipeline("no-local", local_copy=False)
+    own_copies = OwnCopies()
+    saves = pipeline("no-local", own_copies, local_copy=False)
     save(saves, 1)
     assert own_copies.take("no-local", 0, 1, "w") is None

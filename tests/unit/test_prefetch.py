@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from ray_ckpt import prefetch, settings
+from ray_ckpt.prefetch import ReadsAhead
 
 
-@pytest.fixture(autouse=True)
-def no_reads() -> Iterator[None]:
-    prefetch.clear()
-    yield
-    prefetch.clear()
+@pytest.fixture
+def reads() -> Iterator[ReadsAhead]:
+    """The reads of a process of their own (the test's)."""
+    reads = ReadsAhead()
+    yield reads
+    reads.clear()
 
 
 def blob_read(size: int) -> Callable[[str], prefetch.Planned]:
@@ -36,41 +38,41 @@ def until(condition: Callable[[], Any], timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def claimed_blob(job: str) -> bytes | None:
-    read = prefetch.claim(job, "a", 1)
+def claimed_blob(reads: ReadsAhead, job: str) -> bytes | None:
+    read = reads.claim(job, "a", 1)
     blob = None if read is None else read.blob_of(7, f"record of {job}", timeout_s=5.0)  # type: ignore[arg-type]
     return None if blob is None else blob.tobytes()
 
 
-def test_past_the_byte_bound_the_oldest_read_is_dropped_first() -> None:
+def test_past_the_byte_bound_the_oldest_read_is_dropped_first(reads: ReadsAhead) -> None:
     with settings.override(RAY_CKPT_PREFETCH_MAX_BYTES=250):
-        prefetch.begin("a", 1, lambda: ["job1", "job2", "job3"], blob_read(100))
-        until(lambda: [job for _, _, job in prefetch._held] == ["job2", "job3"])
-        assert prefetch.held_bytes() == 200
-    assert claimed_blob("job1") is None  # dropped: its restore reads for itself
-    assert claimed_blob("job2") == b"2" * 100 and claimed_blob("job3") == b"3" * 100
-    assert prefetch.held_bytes() == 0
-    until(lambda: not prefetch._begun)  # every read claimed or dropped: nothing left here
+        reads.begin("a", 1, lambda: ["job1", "job2", "job3"], blob_read(100))
+        until(lambda: [job for _, _, job in reads._held] == ["job2", "job3"])
+        assert reads.held_bytes() == 200
+    assert claimed_blob(reads, "job1") is None  # dropped: its restore reads for itself
+    assert claimed_blob(reads, "job2") == b"2" * 100 and claimed_blob(reads, "job3") == b"3" * 100
+    assert reads.held_bytes() == 0
+    until(lambda: not reads._begun)  # every read claimed or dropped: nothing left here
 
 
-def test_a_read_larger_than_the_bound_is_not_held() -> None:
+def test_a_read_larger_than_the_bound_is_not_held(reads: ReadsAhead) -> None:
     with settings.override(RAY_CKPT_PREFETCH_MAX_BYTES=50):
-        prefetch.begin("a", 1, lambda: ["job1"], blob_read(100))
-        until(lambda: not prefetch._begun)
-    assert prefetch.held_bytes() == 0 and claimed_blob("job1") is None
+        reads.begin("a", 1, lambda: ["job1"], blob_read(100))
+        until(lambda: not reads._begun)
+    assert reads.held_bytes() == 0 and claimed_blob(reads, "job1") is None
 
 
-def test_a_read_not_claimed_in_time_is_dropped() -> None:
+def test_a_read_not_claimed_in_time_is_dropped(reads: ReadsAhead) -> None:
     with settings.override(RAY_CKPT_PREFETCH_MAX_AGE_S=0.3):
-        prefetch.begin("a", 1, lambda: ["job1", "job2"], blob_read(10))
-        until(lambda: prefetch.held_bytes() == 20)
-        assert claimed_blob("job1") == b"1" * 10
-        assert prefetch.held_bytes() == 10
-        until(lambda: not prefetch._begun, timeout_s=5.0)  # job2 went stale
-    assert prefetch.held_bytes() == 0 and claimed_blob("job2") is None
+        reads.begin("a", 1, lambda: ["job1", "job2"], blob_read(10))
+        until(lambda: reads.held_bytes() == 20)
+        assert claimed_blob(reads, "job1") == b"1" * 10
+        assert reads.held_bytes() == 10
+        until(lambda: not reads._begun, timeout_s=5.0)  # job2 went stale
+    assert reads.held_bytes() == 0 and claimed_blob(reads, "job2") is None
 
 
-def test_a_read_claimed_before_it_ended_is_not_held() -> None:
+def test_a_read_claimed_before_it_ended_is_not_held(reads: ReadsAhead) -> None:
     """The restore waits on the read it claimed; its blob goes to that restore, not to the hold."""
     started, release = [], []
 
@@ -79,11 +81,11 @@ def test_a_read_claimed_before_it_ended_is_not_held() -> None:
         until(lambda: release)
         return blob_read(10)(job)
 
-    prefetch.begin("a", 1, lambda: ["job1"], slow)
+    reads.begin("a", 1, lambda: ["job1"], slow)
     until(lambda: started)
-    read = prefetch.claim("job1", "a", 1)
+    read = reads.claim("job1", "a", 1)
     assert read is not None
     release.append(True)
     assert read.blob_of(7, "record of job1", timeout_s=5.0).tobytes() == b"1" * 10  # type: ignore[arg-type, union-attr]
-    until(lambda: not prefetch._begun)
-    assert prefetch.held_bytes() == 0
+    until(lambda: not reads._begun)
+    assert reads.held_bytes() == 0

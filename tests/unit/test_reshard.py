@@ -29,6 +29,7 @@ from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import RankRecord
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, ShardsUnreachableError
+from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.ranges import RangeReader
 from ray_ckpt.restore import Restored, Restorer, load
 
@@ -163,7 +164,8 @@ def _restore_other_mesh(rank: int, world: int, results: Any, folder: pathlib.Pat
     registry = SimpleNamespace(locate=lambda job, step: stores.records)
     restorer = Restorer(
         identity=RankIdentity(job="j", rank=rank, world_size=world, attempt="a", node_id="here"),
-        registry=registry, stores=stores, backup=None, background=None, timeout_s=lambda: 5.0,
+        registry=registry, stores=stores, backup=None, copies=ProcessCopies(), background=None,
+        timeout_s=lambda: 5.0,
     )  # fmt: skip
     own = Restored(3, load(np.fromfile(folder / f"old-{rank}.bin", dtype=np.uint8)), "peers", {})
     with pytest.raises(LayoutChangedError):

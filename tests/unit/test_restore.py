@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ray_ckpt import own_copies, prefetch
+from ray_ckpt import prefetch
 from ray_ckpt.backup import ArrowBackup
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
@@ -20,6 +20,7 @@ from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError, ShardsUnreachableError
+from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.restore import Restorer
 from ray_ckpt.save import local_copy_meta
 from ray_ckpt.testing import digest
@@ -165,6 +166,7 @@ def restorer(registry: Any, stores: Any, pool: ThreadPoolExecutor, **overrides: 
         "registry": registry,
         "stores": stores,
         "backup": None,
+        "copies": ProcessCopies(),
         "background": pool,
         "timeout_s": lambda: 5.0,
         "allocate": lambda n: np.empty(n, dtype=np.uint8),
@@ -401,17 +403,17 @@ def test_a_rollback_in_the_saving_process_takes_the_step_from_its_own_buffer(
     stores = FakeStores()
     registry = FakeRegistry(stores, local_node="here")
     buffer = registry.blobs[(1, 2)].copy()
-    pipeline = object()
-    own_copies.note(JOB, 1, 2, "", buffer, pipeline)
+    pipeline, copies = object(), ProcessCopies()
+    copies.own_copies.note(JOB, 1, 2, "", buffer, pipeline)
     if given_up:
-        own_copies.orphan(pipeline)
-    restoring = restorer(registry, stores, pool)
+        copies.own_copies.orphan(pipeline)
+    restoring = restorer(registry, stores, pool, copies=copies)
     restored, _ = restoring.restore()
     assert restored is not None and (restored.step, restored.source) == (2, "local")
     assert digest(restored.state) == digest(state_of(1, 2))
     assert stores.gets == [], "no store was asked"
     assert restoring.restored_bytes == buffer.size, "counted (the next save's buffer is mapped to that size)"
-    assert own_copies.take(JOB, 1, 2, "") is None, "taken once"
+    assert copies.own_copies.take(JOB, 1, 2, "") is None, "taken once"
 
 
 @pytest.mark.parametrize("held", ["corrupt", "other-writer", "other-step", "dropped"])
@@ -423,12 +425,12 @@ def test_a_held_blob_that_is_not_the_planned_steps_intact_copy_is_not_used(pool:
     buffer = registry.blobs[(1, 2)].copy()
     if held == "corrupt":
         buffer[-1] ^= 0xFF
-    pipeline = object()
+    pipeline, copies = object(), ProcessCopies()
     step, writer = (1, "") if held == "other-step" else (2, "w2" if held == "other-writer" else "")
-    own_copies.note(JOB, 1, step, writer, buffer, pipeline)
+    copies.own_copies.note(JOB, 1, step, writer, buffer, pipeline)
     if held == "dropped":
-        own_copies.drop(pipeline)
-    restoring = restorer(registry, stores, pool)
+        copies.own_copies.drop(pipeline)
+    restoring = restorer(registry, stores, pool, copies=copies)
     restored, _ = restoring.restore()
     assert restored is not None and restored.source == "local"
     assert digest(restored.state) == digest(state_of(1, 2))
@@ -437,14 +439,15 @@ def test_a_held_blob_that_is_not_the_planned_steps_intact_copy_is_not_used(pool:
 
 
 @pytest.fixture
-def no_reads() -> Iterable[None]:
-    prefetch.clear()
-    yield
-    prefetch.clear()
+def copies() -> Iterable[ProcessCopies]:
+    """A process's copies of the test's own, its reads ahead dropped at the end."""
+    copies = ProcessCopies()
+    yield copies
+    copies.reads_ahead.clear()
 
 
 def test_a_replacements_read_ahead_is_the_planned_steps_blob_and_its_restore_asks_no_store_again(
-    pool: ThreadPoolExecutor, no_reads: None
+    pool: ThreadPoolExecutor, copies: ProcessCopies
 ) -> None:
     stores = FakeStores()
     registry = FakeRegistry(stores)
@@ -452,17 +455,17 @@ def test_a_replacements_read_ahead_is_the_planned_steps_blob_and_its_restore_ask
     assert planned is not None and planned[0] == 2 and planned[1] == registry.records[2][1]
     assert bytes(planned[2]) == bytes(registry.blobs[(1, 2)])
     reads = len(stores.gets)
-    prefetch.begin("a", 1, lambda: [JOB], lambda job: planned)
-    restored, _ = restorer(registry, stores, pool).restore()
+    copies.reads_ahead.begin("a", 1, lambda: [JOB], lambda job: planned)
+    restored, _ = restorer(registry, stores, pool, copies=copies).restore()
     assert restored is not None and (restored.step, restored.source) == (2, "peers")
     assert digest(restored.state) == digest(state_of(1, 2))
     assert len(stores.gets) == reads, "the restore read nothing more"
-    assert prefetch.claim(JOB, "a", 1) is None, "claimed once"
+    assert copies.reads_ahead.claim(JOB, "a", 1) is None, "claimed once"
 
 
 @pytest.mark.parametrize("read", ["other-step", "failed", "other-job", "other-attempt"])
 def test_a_read_ahead_that_is_not_the_restores_own_is_not_used(
-    pool: ThreadPoolExecutor, no_reads: None, read: str
+    pool: ThreadPoolExecutor, copies: ProcessCopies, read: str
 ) -> None:
     """A read of another step (the plan moved on), one that failed, or one begun for another
     job or attempt: the restore reads from peers itself, bit-exact."""
@@ -474,8 +477,9 @@ def test_a_read_ahead_that_is_not_the_restores_own_is_not_used(
             raise RuntimeError("a store died during the read")
         return 1, registry.records[1][1], registry.blobs[(1, 1)]
 
-    prefetch.begin("b" if read == "other-attempt" else "a", 1, lambda: ["x" if read == "other-job" else JOB], ahead)
-    restored, _ = restorer(registry, stores, pool).restore()
+    jobs = ["x" if read == "other-job" else JOB]
+    copies.reads_ahead.begin("b" if read == "other-attempt" else "a", 1, lambda: jobs, ahead)
+    restored, _ = restorer(registry, stores, pool, copies=copies).restore()
     assert restored is not None and restored.step == 2 and digest(restored.state) == digest(state_of(1, 2))
     assert len(stores.gets) >= K, "read from peers"
 
