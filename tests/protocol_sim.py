@@ -35,6 +35,7 @@ from ray_ckpt.core.registry import Registry
 from ray_ckpt.core.shard import ShardAddress
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import (
+    FoundShard,
     PlanAnswer,
     PlanMark,
     PlanQuery,
@@ -115,6 +116,7 @@ class World:
         self.notes: dict[tuple[str | None, int], int] = {}  # (attempt, rank) -> the step it went past, since a restart
         self.paused: set[str] = set()  # live nodes whose store answers no call (a frozen process, swapping)
         self.short_of_memory = False  # the next restore's output buffer cannot be mapped (MemoryError)
+        self._restoring_short = False  # the restore under way is that one (read by allocations on any thread)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -202,8 +204,10 @@ class World:
         )
 
     def _allocate(self, size: int) -> np.ndarray:
-        if self.short_of_memory:
-            self.short_of_memory = False
+        """A restore's output buffer. The restore's background thread may run it after the
+        restore failed on another path: it reads a flag that only ``restore`` sets and clears, so
+        when it runs never changes the world (the model stays deterministic)."""
+        if self._restoring_short:
             raise MemoryError(f"cannot map {size} bytes while the old workers exit")
         return np.empty(size, dtype=np.uint8)
 
@@ -262,12 +266,15 @@ class World:
     def restore(self, process: Process) -> None:
         assert process.restorer is not None
         process.asked = True
+        self._restoring_short, self.short_of_memory = self.short_of_memory, False
         try:
             restored, _ = process.restorer.restore()
         except (RayCkptError, MemoryError) as error:
             self.log.append(f"rank {process.rank}@{process.incarnation} restore: {type(error).__name__}")
             process.alive = False  # the rank fails; its group is restarted later
             return
+        finally:
+            self._restoring_short = False
         process.attempt = process.restorer.attempt
         if restored is None:
             self.log.append(f"rank {process.rank}@{process.incarnation} restore: nothing")
@@ -638,7 +645,7 @@ class _Stores:
             future.set_exception(TimeoutError("the store did not answer in time"))
             return future
         found = self.world.stores[node_id].get(address)
-        future.set_result(None if found is None else (found[0].to_dict(), found[1]))
+        future.set_result(None if found is None else FoundShard(*found))
         return future
 
     def get_ranges(self, *args: Any, **kwargs: Any) -> Future[Any]:
