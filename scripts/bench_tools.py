@@ -40,8 +40,8 @@ from typing import Any
 # what each kind of process imports; heavy modules are reported when they come along
 IMPORTS = {
     "cli": "import ray_ckpt.tools.cli",
-    "store_actor": "import actors.store_actor",
-    "node_crasher": "import actors.node_crasher",
+    "store_actor": "import ray_ckpt.actors.store_actor",
+    "node_crasher": "import ray_ckpt.actors.node_crasher",
     "codec": "import ray_ckpt.core.codec",
 }
 HEAVY = ("torch", "ray.train", "torch.distributed", "pandas")
