@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rcrv")
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     from ray_ckpt.actors.generation_coordinator import GenerationCoordinator
+
     from ray_ckpt import settings
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.transport import naming
