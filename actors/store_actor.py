@@ -17,6 +17,8 @@ from ray_ckpt.core.relay import Relay, reachable_part, subtrees
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
 from ray_ckpt.core.wire import (
+    FoundRanges,
+    FoundShard,
     GroupResult,
     PlanAnswer,
     PlanQuery,
@@ -87,24 +89,22 @@ class ShardStoreActor:
         self._store.put(ShardMeta.from_dict(meta), data, local=local)
         metrics.observe_store(self._store.stats())
 
-    def get(self, address: list[Any]) -> tuple[dict[str, Any], np.ndarray] | None:
-        """The shard (or local copy) at ``address`` (a ``ShardAddress`` on the wire): its
-        metadata dict and bytes, or None."""
+    def get(self, address: list[Any]) -> list[Any] | None:
+        """The shard (or local copy) at ``address`` (a ``ShardAddress`` on the wire): a
+        ``FoundShard`` on the wire, or None."""
         found = self._store.get(ShardAddress.from_wire(address))
-        return None if found is None else (found[0].to_dict(), found[1])
+        return None if found is None else FoundShard(*found).to_wire()
 
     def direct_endpoint(self, job: str) -> list[Any] | None:
         """Where this store serves direct reads of ``job`` and its token there (``Endpoint`` on
         the wire); None when off."""
         return None if self._direct is None else self._direct.endpoint(str(job)).to_wire()
 
-    def get_ranges(
-        self, address: list[Any], ranges: list[tuple[int, int]]
-    ) -> tuple[dict[str, Any], bool, list[np.ndarray]] | None:
+    def get_ranges(self, address: list[Any], ranges: list[tuple[int, int]]) -> list[Any] | None:
         """Byte ranges of the shard (or local copy) at ``address`` (a ``ShardAddress`` on the
-        wire): ``ShardStore.get_ranges`` with its metadata as a dict."""
+        wire): ``ShardStore.get_ranges`` as a ``FoundRanges`` on the wire, or None."""
         found = self._store.get_ranges(ShardAddress.from_wire(address), ranges)
-        return None if found is None else (found[0].to_dict(), found[1], found[2])
+        return None if found is None else FoundRanges(found[0], found[1], tuple(found[2])).to_wire()
 
     @ray.method(concurrency_group="stage")
     def stage(self, request: dict[str, Any]) -> dict[str, Any]:

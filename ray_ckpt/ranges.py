@@ -22,8 +22,8 @@ import numpy as np
 
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
-from ray_ckpt.core.wire import RankRecord
-from ray_ckpt.errors import InsufficientShardsError, ShardsUnreachableError
+from ray_ckpt.core.wire import FoundRanges, RankRecord
+from ray_ckpt.errors import InsufficientShardsError, ShardsUnreachableError, SnapshotFormatError
 from ray_ckpt.transport.direct_reads import Landing
 
 Ranges = list[tuple[int, int]]
@@ -39,10 +39,11 @@ class RangeSource(Protocol):
 
     def get_ranges(
         self, node_id: str, address: ShardAddress, ranges: Ranges, into: Landing | None = None
-    ) -> Future[Any]:
-        """``(meta dict, intact, pieces)`` of the shard (or local copy) at ``address`` in that
-        node's store, or None; the future fails if the store does. A source may put pieces
-        ``into`` the landing's arrays (or ignore it)."""
+    ) -> Future[FoundRanges | None]:
+        """The ranges of the shard (or local copy) at ``address`` in that node's store (None: it
+        holds none); the future fails if the store does, and with SnapshotFormatError if the
+        store's answer is malformed. A source may put pieces ``into`` the landing's arrays (or
+        ignore it)."""
 
 
 class RangeReader:
@@ -123,7 +124,7 @@ class RangeReader:
         if found is None or found is _UNANSWERED or not self._usable(found, meta):
             return None
         self.fetched_bytes += sum(stop - start for start, stop in ranges)
-        return [_put(piece, target) for piece, target in zip(found[2], targets, strict=True)]
+        return [_put(piece, target) for piece, target in zip(found.pieces, targets, strict=True)]
 
     def _data_pieces(self, pieces: dict[int, Ranges], landing: dict[int, Targets]) -> dict[int, list[np.ndarray]]:
         nodes = self.record.nodes
@@ -138,7 +139,7 @@ class RangeReader:
         for index, wanted in pieces.items():
             answer = found.get(index)
             if answer is not None and answer is not _UNANSWERED and self._usable(answer, self.record.metas[index]):
-                got[index] = list(answer[2])
+                got[index] = list(answer.pieces)
                 self.fetched_bytes += sum(stop - start for start, stop in wanted)
             else:
                 got[index] = self._decode(index, wanted, live, unanswered=answer is _UNANSWERED)
@@ -162,7 +163,7 @@ class RangeReader:
                 if answer is _UNANSWERED:
                     silent.add(index)
                 elif answer is not None and self._usable(answer, self.record.metas[index]):
-                    valid[index] = np.concatenate(answer[2]) if answer[2] else np.empty(0, np.uint8)
+                    valid[index] = np.concatenate(answer.pieces) if answer.pieces else np.empty(0, np.uint8)
                     self.fetched_bytes += sum(stop - start for start, stop in wanted)
         if len(valid) < k and silent:
             still = self.source.live({self.record.nodes[i] for i in silent})
@@ -204,10 +205,11 @@ class RangeReader:
         return ShardAddress(self.job, self.step, self.rank, index, writer=self.record.first.writer)
 
     def _fetch(self, asks: dict[int, Ask]) -> dict[int, Any]:
-        """Answers by key, all asked at once: None where the store has no live handle or
-        answered that it holds nothing, ``_UNANSWERED`` where its call failed or did not end in
-        time (a store that is slow, not proven dead)."""
-        futures: dict[int, Future[Any]] = {}
+        """Answers by key, all asked at once: a ``FoundRanges``; None where the store has no live
+        handle, answered that it holds nothing or answered malformed metadata (nothing usable);
+        ``_UNANSWERED`` where its call failed or did not end in time (a store that is slow, not
+        proven dead)."""
+        futures: dict[int, Future[FoundRanges | None]] = {}
         for key, (node_id, address, ranges, into) in asks.items():
             try:
                 futures[key] = self.source.get_ranges(node_id, address, ranges, into)
@@ -218,17 +220,15 @@ class RangeReader:
         for key, future in futures.items():
             try:
                 answers[key] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except SnapshotFormatError:  # the store answered, with nothing usable
+                answers[key] = None
             except Exception:  # a dead or slow store is an erasure for this read
                 answers[key] = _UNANSWERED
         return answers
 
     @staticmethod
-    def _usable(answer: Any, expected: ShardMeta) -> bool:
-        meta, intact, _ = answer
-        try:
-            return bool(intact) and ShardMeta.from_dict(meta) == expected
-        except Exception:
-            return False
+    def _usable(answer: FoundRanges, expected: ShardMeta) -> bool:
+        return bool(answer.intact) and answer.meta == expected
 
 
 _UNANSWERED: Any = object()  # ``RangeReader._fetch``'s answer for a call that failed or did not end in time

@@ -36,13 +36,12 @@ from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.events import RestoreSource
 from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta, check_step
-from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
+from ray_ckpt.core.wire import FoundShard, PlanAnswer, RankLocation, RankRecord, RestorePlan
 from ray_ckpt.errors import (
     ConfigError,
     CorruptShardError,
     InsufficientShardsError,
     LayoutChangedError,
-    RayCkptError,
     ShardMismatchError,
     ShardsUnreachableError,
     SnapshotFormatError,
@@ -51,8 +50,6 @@ from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.ranges import RangeReader, RangeSource
 
 logger = logging.getLogger(__name__)
-
-Found = tuple[dict[str, Any], np.ndarray] | None  # what a store's get returns: (meta dict, bytes) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,29 +88,33 @@ class RegistryView(Protocol):
 
 class ShardSource(RangeSource, Protocol):
     """Where shards are read from (``StoreDirectory`` in production): ``live`` and
-    ``get_ranges`` as for ranged reads, and these."""
+    ``get_ranges`` as for ranged reads, and these. Answers are the records of
+    ``ray_ckpt.core.wire``, parsed once by the source."""
 
-    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[dict[str, Any]]:
+    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[PlanAnswer]:
         """The restore plan of ``attempt`` and ``rank``'s record of its step, through that node's
-        store: a ``PlanAnswer`` on the wire (KeyError: no live store there)."""
+        store (KeyError: no live store there)."""
         ...
 
-    def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Found]:
-        """The shard (or the rank's full local copy) at ``address``, from that node's store; the
-        future fails if the store does. Its bytes may land in ``into()`` (an array of the
+    def get(
+        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None
+    ) -> Future[FoundShard | None]:
+        """The shard (or the rank's full local copy) at ``address``, from that node's store
+        (None: it holds none); the future fails if the store does, and with SnapshotFormatError
+        if the store's answer is malformed. Its bytes may land in ``into()`` (an array of the
         shard's size), unchecked; the answer's data is then that array."""
 
 
-def check_shard(found: Any, expected: ShardMeta) -> str | None:
+_NOT_HELD = "store no longer holds it"
+_MALFORMED = "malformed metadata"  # the store's answer did not parse (``FoundShard.from_wire``)
+
+
+def check_shard(found: FoundShard | None, expected: ShardMeta) -> str | None:
     """Why a fetched shard is unusable, or None if it matches its registered metadata."""
     if found is None:
-        return "store no longer holds it"
-    meta_dict, data = found
-    try:
-        meta = ShardMeta.from_dict(meta_dict)
-    except RayCkptError:
-        return "malformed metadata"
-    if meta != expected:
+        return _NOT_HELD
+    data = found.data
+    if found.meta != expected:
         return "metadata differs from the registry's"
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.size != expected.shard_size:
         return "wrong size"
@@ -146,8 +147,9 @@ def fetch_shards(
     Returns (shards by index, lost index -> reason). Fewer than k valid: InsufficientShardsError
     (naming rank, step and lost shards) only when that is proven, that is when more than m shards
     are gone for good (their node has no live store, the store answered that it no longer holds
-    them, or their bytes fail their checks); when shards whose live store did not answer in time
-    or failed a call could still make up k, ShardsUnreachableError: a slow store is no dead one."""
+    them or answered malformed metadata, or their bytes fail their checks); when shards whose
+    live store did not answer in time or failed a call could still make up k,
+    ShardsUnreachableError: a slow store is no dead one."""
     k, shard_size = record.data_shards, record.shard_size
     live = source.live(set(record.nodes.values()))
     lost: dict[int, str] = {}
@@ -157,7 +159,7 @@ def fetch_shards(
             candidates.append(index)
         else:
             lost[index] = f"node {record.nodes[index]} is dead or has no store"
-    pending: dict[Future[Found], int] = {}
+    pending: dict[Future[FoundShard | None], int] = {}
     valid: dict[int, np.ndarray] = {}
     deadline = time.monotonic() + timeout_s
 
@@ -183,20 +185,24 @@ def fetch_shards(
             index = pending.pop(future)
             try:
                 found = future.result()
+            except SnapshotFormatError:  # the store answered, with nothing usable: as a bad checksum
+                lost[index] = _MALFORMED
+                continue
             except Exception as error:  # a failed store call is an erasure for this read
                 lost[index] = f"store failed: {type(error).__name__}"
                 unanswered.add(index)
                 continue
-            reason = check_shard(found, record.metas[index])
-            if reason is not None:
+            if found is None:
+                lost[index] = _NOT_HELD
+            elif (reason := check_shard(found, record.metas[index])) is not None:
                 lost[index] = reason
             elif index < k:
                 slot = _slot(buffer, index, shard_size)
-                if not hostmem.same_memory(slot, found[1]):  # type: ignore[index]
-                    np.copyto(slot, found[1])  # type: ignore[index]
+                if not hostmem.same_memory(slot, found.data):
+                    np.copyto(slot, found.data)
                 valid[index] = slot
             else:
-                valid[index] = found[1]  # type: ignore[index]
+                valid[index] = found.data
         launch()
     if len(valid) < k:
         unanswered &= set(lost)
@@ -398,7 +404,7 @@ class Restorer(WithIdentity):
         from the registry itself when that store is gone or fails."""
         try:
             asked = self.stores.plan(self.node_id, self.job, self.attempt, self.rank)
-            answer = PlanAnswer.from_wire(asked.result(timeout=self._timeout_s()))
+            answer = asked.result(timeout=self._timeout_s())
         except Exception as error:  # no store here, it died, or it could not reach the registry
             logger.info(
                 "rank %d: asking this node's store for the plan failed (%s); asking the registry", self.rank, error
@@ -546,9 +552,9 @@ class Restorer(WithIdentity):
             found = asked.result(timeout=self._timeout_s())
         except Exception:  # an unreachable or failing store: fetch from peers instead
             return None
-        if check_shard(found, record.local) is not None:
+        if found is None or check_shard(found, record.local) is not None:  # a malformed answer raised above
             return None
-        data: np.ndarray = found[1]  # type: ignore[index]
+        data = found.data
         return data if data.flags.writeable else np.array(data, copy=True)  # tensors view it: writable, owned
 
     def _from_backup(self, plan: RestorePlan, t0: float) -> Restored | None:

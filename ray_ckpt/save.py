@@ -33,7 +33,7 @@ from ray_ckpt.core.identity import RankIdentity, WithIdentity
 from ray_ckpt.core.placement import place
 from ray_ckpt.core.protection import cluster_margin, rank_protection
 from ray_ckpt.core.shard import ShardMeta
-from ray_ckpt.core.wire import StageRequest, StageResult
+from ray_ckpt.core.wire import StageRequest
 from ray_ckpt.errors import RayCkptError, StoreUnavailableError, unwrap_remote
 from ray_ckpt.own_copies import OwnCopies
 from ray_ckpt.transport import metrics
@@ -323,8 +323,7 @@ class SavePipeline(WithIdentity):
         is gone or fails (a request the registry holds already is acknowledged, not doubled).
         True if the step committed; a refused stage raises its ray_ckpt error."""
         try:
-            answer = self.stores.stage(self.node_id, request).result(timeout=3 * settings.peer_timeout_s())
-            result = StageResult.from_wire(answer)
+            result = self.stores.stage(self.node_id, request).result(timeout=3 * settings.peer_timeout_s())
         except Exception as error:  # no store here, it died, or it could not reach the registry
             logger.info("rank %d: staging through this node's store failed (%s); staging directly", self.rank, error)
             result = self.registry.stage_batch([request])[0]

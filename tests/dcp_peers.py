@@ -21,7 +21,7 @@ from ray_ckpt.core import blob, snapshot
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
-from ray_ckpt.core.wire import RankRecord
+from ray_ckpt.core.wire import FoundRanges, RankRecord
 from ray_ckpt.errors import CommitTimeoutError, NoCheckpointError
 from ray_ckpt.integrations.peers import ReaderStep
 from ray_ckpt.ranges import RangeReader
@@ -122,5 +122,5 @@ class CodedStores:
         future: Future[Any] = Future()
         meta, shard = self.held[(node_id, address.rank)]
         self.peers.reads.extend((address.rank, a, b) for a, b in ranges)
-        future.set_result((meta.to_dict(), True, [shard[a:b] for a, b in ranges]))
+        future.set_result(FoundRanges(meta, True, tuple(shard[a:b] for a, b in ranges)))
         return future

@@ -23,7 +23,7 @@ from ray_ckpt.core.placement import Node
 from ray_ckpt.core.registry import Registry
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
 from ray_ckpt.core.store import ShardStore
-from ray_ckpt.core.wire import PlanAnswer, PlanQuery, RankLocation, RankRecord, StageRequest, StageResult
+from ray_ckpt.core.wire import FoundShard, PlanAnswer, PlanQuery, RankLocation, RankRecord, StageRequest, StageResult
 from ray_ckpt.reader import Reader
 
 
@@ -170,7 +170,7 @@ class StoreCalls:
 
     def get(self, node_id: str, address: ShardAddress, into: Any = None) -> Future[Any]:
         found = self.service.stores[node_id].get(address)  # a copy below: a store's memory is its own
-        return _done(None if found is None else (found[0].to_dict(), np.array(found[1], copy=True)))
+        return _done(None if found is None else FoundShard(found[0], np.array(found[1], copy=True)))
 
     def get_ranges(self, *args: Any, **kwargs: Any) -> Future[Any]:
         raise NotImplementedError("the in-process service reads whole shards only")

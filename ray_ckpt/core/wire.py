@@ -8,6 +8,8 @@ typed record. Nobody re-parses a dict by hand. Pure: no Ray import.
   code parameters and the protection derived from it.
 - ``RankLocation``: one rank's ``RankRecord`` of a committed step and the step's world size
   (a restoring rank's share of the registry's view, O(1) in the world size).
+- ``FoundShard`` / ``FoundRanges``: a store's answer to a read of a whole shard (or a rank's
+  local copy), and of byte ranges of one; their bytes are arrays, never parsed.
 - ``RestorePlan``: the step every rank of an attempt restores, and from where.
 - ``StoreHoldings``: what one store holds, for rebuilding the registry.
 - ``JobInfo``: one job's committed and staged steps and world size (``ray_ckpt.status()``'s
@@ -29,6 +31,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import msgpack
+import numpy as np
 
 from ray_ckpt import errors
 from ray_ckpt.config import MAX_SHARDS
@@ -129,6 +132,62 @@ class RankLocation:
         return cls(
             world_size=int(values["world_size"]), record=None if record is None else RankRecord.from_wire(record)
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundShard:
+    """A store's answer to a read of one whole shard (or a rank's local copy): the metadata the
+    store holds it under and its bytes as they arrived, unchecked (the reader checks both
+    against the registry's metadata: ``restore.check_shard``). On the wire ``[meta dict,
+    bytes]``, the bytes an array (through Ray's object store, or read over the store's socket)."""
+
+    meta: ShardMeta
+    data: np.ndarray
+
+    def to_wire(self) -> list[Any]:
+        return [self.meta.to_dict(), self.data]
+
+    @classmethod
+    def from_wire(cls, values: Sequence[Any]) -> FoundShard:
+        """Parse a store's answer; SnapshotFormatError if it is malformed (nothing usable was
+        read: an erasure, as a checksum mismatch is)."""
+        meta, data = _answer(values, 2)
+        return cls(ShardMeta.from_dict(meta), data)
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundRanges:
+    """A store's answer to a read of byte ranges of one shard (or local copy): the metadata the
+    store holds it under, whether the whole shard still matches its checksum there (``intact``,
+    which a reader of ranges cannot check itself; None where the store did not say) and the
+    bytes of each range asked, in order (``pieces``). On the wire ``[meta dict, intact,
+    [bytes, ...]]``."""
+
+    meta: ShardMeta
+    intact: bool | None
+    pieces: tuple[np.ndarray, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [self.meta.to_dict(), self.intact, list(self.pieces)]
+
+    @classmethod
+    def from_wire(cls, values: Sequence[Any]) -> FoundRanges:
+        """Parse a store's answer; SnapshotFormatError if it is malformed (as ``FoundShard``)."""
+        meta, intact, pieces = _answer(values, 3)
+        if intact is not None and not isinstance(intact, bool):
+            raise errors.SnapshotFormatError(f"a store's ranged read says intact={intact!r}, not a bool or None")
+        if not isinstance(pieces, (list, tuple)):
+            raise errors.SnapshotFormatError(
+                f"a store's ranged read holds {type(pieces).__name__}, not a list of bytes"
+            )
+        return cls(ShardMeta.from_dict(meta), intact, tuple(pieces))
+
+
+def _answer(values: Any, fields: int) -> Sequence[Any]:
+    """A store's answer of ``fields`` fields; SnapshotFormatError if it has not that many."""
+    if not isinstance(values, (list, tuple)) or len(values) != fields:
+        raise errors.SnapshotFormatError(f"a store's answer to a read must have {fields} fields, got {values!r:.200}")
+    return values
 
 
 PlanSource = Literal["peers", "backup"]  # the restore sources the registry plans (ray_ckpt.core.events.RestoreSource)

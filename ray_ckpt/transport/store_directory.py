@@ -3,7 +3,9 @@
 Handles are looked up once and cached (a save touches only the stores it uses, never every
 node of the cluster); ``live`` asks Ray afresh, so a restore never counts on a dead store.
 Calls return ``concurrent.futures.Future``s, which is what the save and restore paths (and
-their fakes in unit tests) wait on.
+their fakes in unit tests) wait on, of the typed records of ``ray_ckpt.core.wire``: a store's
+answer is parsed here, once (``FoundShard``, ``FoundRanges``, ``PlanAnswer``, ``StageResult``),
+and a malformed one fails its future with SnapshotFormatError.
 
 Reads (``get``, ``get_ranges``) and writes (``put``) go straight to the store's socket
 (``ray_ckpt.transport.direct_reads``; its Unix socket for the store on this rank's own node) when
@@ -18,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -26,13 +28,15 @@ import ray
 from ray_ckpt import settings
 from ray_ckpt.core.placement import Node
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
-from ray_ckpt.core.wire import StageRequest
+from ray_ckpt.core.wire import FoundRanges, FoundShard, PlanAnswer, StageRequest, StageResult
 from ray_ckpt.transport import direct_reads, naming, remote
 from ray_ckpt.transport.direct_reads import Endpoint, Landing
 
 logger = logging.getLogger(__name__)
 
 _DIRECT_THREADS = 16  # direct reads or writes in flight at once (a resharded restore reads every old rank)
+
+_Parsed = TypeVar("_Parsed")
 
 
 class StoreDirectory:
@@ -103,41 +107,42 @@ class StoreDirectory:
             ),
         )
 
-    def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Any]:
-        """The shard (or local copy) at ``address`` in that node's store: ``(meta dict, data)``
-        or None. Data read directly is writable, and lands in ``into()`` when that is a writable
-        uint8 array of the shard's size (``direct_reads.read``'s ``whole_into``: unchecked bytes;
-        the caller checks them)."""
+    def get(
+        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None
+    ) -> Future[FoundShard | None]:
+        """The shard (or local copy) at ``address`` in that node's store (None: it holds none).
+        Data read directly is writable, and lands in ``into()`` when that is a writable uint8
+        array of the shard's size (``direct_reads.read``'s ``whole_into``: unchecked bytes; the
+        caller checks them)."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
-            return handle.get.remote(address.to_wire()).future()
+            return _parsed(handle.get.remote(address.to_wire()).future(), _found_shard)
 
-        def whole() -> Any:
+        def whole() -> FoundShard | None:
             found = self._read(node_id, handle, address, None, None, into)
             if found is _THROUGH_RAY:
                 call = handle.get.remote(address.to_wire())
-                return remote.get(call, timeout=settings.peer_timeout_s())
-            return None if found is None else (found[0], found[2][0])
+                return _found_shard(remote.get(call, timeout=settings.peer_timeout_s()))
+            return None if found is None else FoundShard.from_wire([found[0], found[2][0]])
 
         return self._pool().submit(whole)
 
     def get_ranges(
         self, node_id: str, address: ShardAddress, ranges: list[tuple[int, int]], into: Landing | None = None
-    ) -> Future[Any]:
-        """Byte ranges of the shard (or local copy) at ``address`` in that node's store:
-        ``(meta dict, intact, pieces)`` or None. A direct read puts the pieces ``into`` its
-        arrays when the store vouches for them (``direct_reads.Landing``); the caller copies any
-        other piece."""
+    ) -> Future[FoundRanges | None]:
+        """Byte ranges of the shard (or local copy) at ``address`` in that node's store (None:
+        it holds none). A direct read puts the pieces ``into`` its arrays when the store vouches
+        for them (``direct_reads.Landing``); the caller copies any other piece."""
         handle = self._handle(node_id)
         if not settings.direct_reads():
-            return handle.get_ranges.remote(address.to_wire(), ranges).future()
+            return _parsed(handle.get_ranges.remote(address.to_wire(), ranges).future(), _found_ranges)
 
-        def spans() -> Any:
+        def spans() -> FoundRanges | None:
             found = self._read(node_id, handle, address, ranges, into)
             if found is _THROUGH_RAY:
                 call = handle.get_ranges.remote(address.to_wire(), ranges)
-                return remote.get(call, timeout=settings.peer_timeout_s())
-            return found
+                return _found_ranges(remote.get(call, timeout=settings.peer_timeout_s()))
+            return _found_ranges(found)
 
         return self._pool().submit(spans)
 
@@ -209,15 +214,15 @@ class StoreDirectory:
                 self._threads = ThreadPoolExecutor(max_workers=_DIRECT_THREADS, thread_name_prefix="ray_ckpt-direct")
             return self._threads
 
-    def stage(self, node_id: str, request: StageRequest) -> Future[dict[str, Any]]:
+    def stage(self, node_id: str, request: StageRequest) -> Future[StageResult]:
         """Stage through that node's store, which batches its ranks' stages into one registry
-        call; the future's result is a ``StageResult`` on the wire (KeyError: no live store)."""
-        return self._handle(node_id).stage.remote(request.to_wire()).future()
+        call (KeyError: no live store)."""
+        return _parsed(self._handle(node_id).stage.remote(request.to_wire()).future(), StageResult.from_wire)
 
-    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[dict[str, Any]]:
+    def plan(self, node_id: str, job: str, attempt: str | None, rank: int) -> Future[PlanAnswer]:
         """The restore plan of ``attempt`` and ``rank``'s record of its step, through that node's
-        store and the relay tree; a ``PlanAnswer`` on the wire (KeyError: no live store)."""
-        return self._handle(node_id).plan.remote(job, attempt, rank).future()
+        store and the relay tree (KeyError: no live store)."""
+        return _parsed(self._handle(node_id).plan.remote(job, attempt, rank).future(), PlanAnswer.from_wire)
 
     def forget(self, node_id: str) -> None:
         """Drop a cached handle (its store failed; a new one may take its place)."""
@@ -235,3 +240,26 @@ class StoreDirectory:
 
 
 _THROUGH_RAY = object()  # a read the store's Ray actor must serve
+
+
+def _found_shard(wire: Any) -> FoundShard | None:
+    return None if wire is None else FoundShard.from_wire(wire)
+
+
+def _found_ranges(wire: Any) -> FoundRanges | None:
+    return None if wire is None else FoundRanges.from_wire(wire)
+
+
+def _parsed(answer: Future[Any], parse: Callable[[Any], _Parsed]) -> Future[_Parsed]:
+    """``answer``'s result parsed by ``parse``, as a future that fails with ``answer``'s error
+    or the parse's."""
+    parsed: Future[_Parsed] = Future()
+
+    def done(call: Future[Any]) -> None:
+        try:
+            parsed.set_result(parse(call.result()))
+        except BaseException as error:  # the call's error (or the parse's) is the caller's to see
+            parsed.set_exception(error)
+
+    answer.add_done_callback(done)
+    return parsed

@@ -27,7 +27,7 @@ from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
-from ray_ckpt.core.wire import RankRecord
+from ray_ckpt.core.wire import FoundRanges, RankRecord
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, LayoutChangedError, ShardsUnreachableError
 from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.ranges import RangeReader
@@ -123,7 +123,7 @@ class FileStores:
                 if target is not None:
                     np.copyto(target, pieces[n])
                     pieces[n] = target
-        future.set_result((meta.to_dict(), intact, pieces))
+        future.set_result(FoundRanges(meta, intact, tuple(pieces)))
         return future
 
     def readers(self, timeout_s: float = 5.0) -> list[RangeReader]:

@@ -18,8 +18,14 @@ from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.codec import ReedSolomon
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.shard import ShardAddress, ShardMeta
-from ray_ckpt.core.wire import PlanAnswer, RankLocation, RankRecord, RestorePlan
-from ray_ckpt.errors import ConfigError, InsufficientShardsError, RayCkptError, ShardsUnreachableError
+from ray_ckpt.core.wire import FoundShard, PlanAnswer, RankLocation, RankRecord, RestorePlan
+from ray_ckpt.errors import (
+    ConfigError,
+    InsufficientShardsError,
+    RayCkptError,
+    ShardsUnreachableError,
+    SnapshotFormatError,
+)
 from ray_ckpt.process_copies import ProcessCopies
 from ray_ckpt.restore import Restorer
 from ray_ckpt.save import local_copy_meta
@@ -52,7 +58,9 @@ def encode(rank: int, step: int) -> tuple[np.ndarray, list[ShardMeta], list[np.n
 
 
 class FakeStores:
-    """Stores as dicts: ``dead`` nodes have none; ``failing`` nodes' calls raise."""
+    """Stores as dicts of what each answers on the wire, parsed as ``StoreDirectory`` parses
+    it (a malformed answer fails its call with SnapshotFormatError): ``dead`` nodes have none;
+    ``failing`` nodes' calls raise."""
 
     def __init__(self) -> None:
         self.held: dict[str, dict[tuple[str, int, int, int, bool], tuple[dict[str, Any], np.ndarray]]] = {
@@ -76,7 +84,7 @@ class FakeStores:
         future: Future[Any] = Future()
         plan = self.registry.plan
         located = {} if plan.step is None else {rank: self.registry.locate_rank(job, plan.step, rank)}
-        future.set_result(PlanAnswer(plan, located).to_wire())
+        future.set_result(PlanAnswer(plan, located))
         return future
 
     def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Any]:
@@ -95,7 +103,10 @@ class FakeStores:
                 target = into()
                 np.copyto(target, found[1])
                 found = (found[0], target)
-            future.set_result(found)
+            try:
+                future.set_result(None if found is None else FoundShard.from_wire(found))
+            except SnapshotFormatError as malformed:
+                future.set_exception(malformed)
         return future
 
 
@@ -204,6 +215,25 @@ def test_a_failing_store_and_a_missing_shard_are_erasures(pool: ThreadPoolExecut
     del stores.held["n3"][(JOB, 2, 1, 3, False)]
     restored, _ = restorer(registry, stores, pool).restore()
     assert restored is not None and digest(restored.state) == digest(state_of(1, 2))
+
+
+def test_stores_that_answer_malformed_metadata_are_erasures_for_good(pool: ThreadPoolExecutor) -> None:
+    """A store whose answer does not parse answered, with nothing usable: an erasure like a bad
+    checksum, not a store that did not answer. Two such: the restore succeeds from the other
+    three; three: InsufficientShardsError (proof), and the step is given up."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    for node, index in (("n0", 0), ("n1", 1)):
+        meta, shard = stores.held[node][(JOB, 2, 1, index, False)]
+        stores.held[node][(JOB, 2, 1, index, False)] = ({**meta, "checksum": "forged"}, shard)
+    restored, _ = restorer(registry, stores, pool).restore()
+    assert restored is not None and digest(restored.state) == digest(state_of(1, 2))
+    meta, shard = stores.held["n4"][(JOB, 2, 1, 4, False)]
+    stores.held["n4"][(JOB, 2, 1, 4, False)] = ({"job": JOB}, shard)
+    with pytest.raises(InsufficientShardsError) as raised:
+        restorer(registry, stores, pool).restore()
+    assert raised.value.lost == [0, 1, 4]
+    assert registry.unrestorable == [2]
 
 
 def test_more_than_m_erasures_mark_the_step_unrestorable_and_raise(pool: ThreadPoolExecutor) -> None:
