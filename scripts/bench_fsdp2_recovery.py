@@ -26,18 +26,24 @@ resume over the full restart's.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
 import ray.cloudpickle
 import train_example
-from benchutil import BenchError, add_json_flag, keep_ray_logs_unless, make_parser, private_ray_tmpdir, render_table
+from benchutil import (
+    BenchError,
+    add_json_flag,
+    add_steps_flags,
+    make_parser,
+    on_private_ray,
+    render_table,
+    write_json,
+)
 
 ray.cloudpickle.register_pickle_by_value(train_example)  # Ray workers cannot import this folder
 
@@ -47,44 +53,41 @@ KILLED_RANK = 2
 MODES: dict[str, dict[str, Any] | None] = {"full_restart": None, "in_place": {}}
 
 
+def job_arguments(steps: int) -> dict[str, Any]:
+    """``train_example.run``'s arguments every run of this benchmark shares."""
+    return {
+        "storage_path": tempfile.mkdtemp(),
+        "steps": steps,
+        "workers": WORKERS,
+        "checkpoint": {"data_shards": 2, "parity_shards": 2},
+        "fsdp2": True,
+        "fsdp2_per_layer": True,
+    }
+
+
 def run_mode(sim: Any, mode: str, args: Any, reference: str, seed: int) -> dict[str, Any]:
     """One killed run of ``mode``; its row."""
     example = train_example
     job = f"fsdp2-{mode.replace('_', '-')}"
     events = tempfile.mkdtemp()
     killed: dict[str, float] = {}
-    failures: list[BaseException] = []
 
     def fault() -> None:
-        try:
-            example.wait_committed(job, args.kill_after)
-            time.sleep(random.Random(seed).uniform(0.0, args.step_sleep_s))
-            node = example.rank_node(job, KILLED_RANK)
-            killed["time"] = time.time()
-            example.remove_node(sim, node)
-        except BaseException as error:  # reported below
-            failures.append(error)
+        example.wait_committed(job, args.kill_after)
+        time.sleep(random.Random(seed).uniform(0.0, args.step_sleep_s))
+        node = example.rank_node(job, KILLED_RANK)
+        killed["time"] = time.time()
+        example.remove_node(sim, node)
 
-    thread = threading.Thread(target=fault, daemon=True)
-    example.ABANDONED.clear()
-    thread.start()
-    try:
-        final = example.run(
-            name=job,
-            storage_path=tempfile.mkdtemp(),
-            events_dir=events,
-            steps=args.steps,
-            workers=WORKERS,
-            checkpoint={"data_shards": 2, "parity_shards": 2},
-            step_sleep_s=args.step_sleep_s,
-            max_failures=1,  # one node loss may use one failure, no more
-            in_place=MODES[mode],
-            fsdp2=True,
-            fsdp2_per_layer=True,
-        )
-    finally:
-        example.ABANDONED.set()
-        thread.join(timeout=5)
+    final, failures = example.run_beside(
+        fault,
+        name=job,
+        events_dir=events,
+        step_sleep_s=args.step_sleep_s,
+        max_failures=1,  # one node loss may use one failure, no more
+        in_place=MODES[mode],
+        **job_arguments(args.steps),
+    )
     if failures or "time" not in killed:
         raise BenchError(f"{mode}: the kill did not happen: {failures}")
     restores = example.read_restores(events)
@@ -125,61 +128,53 @@ def table(modes: dict[str, dict[str, Any]]) -> str:
     return render_table(lines)
 
 
+def measure_modes(args: Any) -> dict[str, dict[str, Any]]:
+    """On one simulated cluster: the reference run, then a killed run of each mode (a free node
+    added for the next); each mode's row."""
+    from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
+
+    with SimulatedCluster(WORKERS + 1, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
+        quiet.quiet_driver()  # Ray's messages about the killed nodes stay in its logs
+        print(
+            f"FSDP2 per layer, {WORKERS} workers, {args.steps} steps, "
+            f"rank {KILLED_RANK}'s node killed after step {args.kill_after} committed"
+        )
+        reference = train_example.run(
+            name="fsdp2-reference", events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **job_arguments(args.steps)
+        )["params_digest"]
+        modes = {}
+        for n, mode in enumerate(MODES):
+            modes[mode] = run_mode(sim, mode, args, str(reference), args.seed + n)
+            sim.add_workers(1)  # the next mode's free node
+    return modes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__, "See the module docstring for what is measured.")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
+    add_steps_flags(parser, 30, step_sleep_s=0.3)
     parser.add_argument("--kill-after", type=int, default=10, help="kill once this step committed (default 10)")
-    parser.add_argument("--step-sleep-s", type=float, default=0.3, help="extra seconds per step (default 0.3)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the kills' delays (default 1)")
     add_json_flag(parser, "the report")
     args = parser.parse_args(argv)
     if not 0 < args.kill_after < args.steps - 2:
         parser.error("--kill-after must be in 1..steps-3")
-    tmpdir = private_ray_tmpdir("rckf")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    from ray_ckpt.testing import SimulatedCluster
-    from ray_ckpt.tools import quiet
-
-    ok = False
-    try:
-        with SimulatedCluster(WORKERS + 1, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
-            quiet.quiet_driver()  # Ray's messages about the killed nodes stay in its logs
-            print(
-                f"FSDP2 per layer, {WORKERS} workers, {args.steps} steps, "
-                f"rank {KILLED_RANK}'s node killed after step {args.kill_after} committed"
-            )
-            reference = train_example.run(
-                name="fsdp2-reference",
-                storage_path=tempfile.mkdtemp(),
-                events_dir=tempfile.mkdtemp(),
-                steps=args.steps,
-                workers=WORKERS,
-                checkpoint={"data_shards": 2, "parity_shards": 2},
-                step_sleep_s=0.0,
-                fsdp2=True,
-                fsdp2_per_layer=True,
-            )["params_digest"]
-            modes = {}
-            for n, mode in enumerate(MODES):
-                modes[mode] = run_mode(sim, mode, args, str(reference), args.seed + n)
-                sim.add_workers(1)  # the next mode's free node
-        ok = all(row["bit_exact"] for row in modes.values())
-    finally:
-        keep_ray_logs_unless(ok, tmpdir)
+    modes = on_private_ray("rckf", lambda: measure_modes(args), clean=lambda m: all(r["bit_exact"] for r in m.values()))
+    if modes is None:
+        return 1
     ratio = modes["in_place"]["resume_s"] / modes["full_restart"]["resume_s"]
     print(table(modes))
     print(f"time to resume in place / full restart: {ratio:.2f}x")
-    if args.json:
-        document = {
-            "benchmark": "fsdp2_recovery",
-            "steps": args.steps,
-            "kill_after": args.kill_after,
-            "modes": modes,
-            "ratio": ratio,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2))
-    return 0 if ok else 1
+    document = {
+        "benchmark": "fsdp2_recovery",
+        "steps": args.steps,
+        "kill_after": args.kill_after,
+        "modes": modes,
+        "ratio": ratio,
+    }
+    write_json(args.json, document)
+    return 0 if all(row["bit_exact"] for row in modes.values()) else 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -293,6 +294,29 @@ def read_restores(events_dir: str) -> list[dict[str, Any]]:
         (json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("restore-*.json")),
         key=lambda r: (r["time"], r["rank"]),
     )
+
+
+def run_beside(fault: Callable[[], None], **run_args: Any) -> tuple[dict[str, Any], list[BaseException]]:
+    """``run(**run_args)`` with ``fault()`` on a thread beside it: rank 0's final record and what
+    ``fault`` raised (empty when nothing). ``ABANDONED`` is cleared when the run starts and set
+    when it ends, so that a fault still waiting on the run stops before the cluster goes."""
+    failures: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            fault()
+        except BaseException as error:  # handed to the caller
+            failures.append(error)
+
+    thread = threading.Thread(target=guarded, daemon=True)
+    ABANDONED.clear()
+    thread.start()
+    try:
+        final = run(**run_args)
+    finally:
+        ABANDONED.set()
+        thread.join(timeout=5)
+    return final, failures
 
 
 def run_with_kill(
