@@ -36,17 +36,16 @@ and the callers share one Python process with the driver's Ray client.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from benchutil import add_json_flag, make_parser, on_private_ray, write_json
 
 CALLERS = 32
 WORKERS = 2
@@ -98,7 +97,7 @@ def measure(path: Path, coordinator: Any, nodes: list[str], count: int) -> dict[
     import psutil
     import ray
 
-    from ray_ckpt.core.generations import JoinStatus, Member
+    from ray_ckpt.core.generations import Beat, JoinStatus, Member
 
     cpu = psutil.Process(ray.get(coordinator.__ray_call__.remote(lambda _actor: os.getpid())))
     cpu0 = sum(cpu.cpu_times()[:2])
@@ -143,7 +142,7 @@ def measure(path: Path, coordinator: Any, nodes: list[str], count: int) -> dict[
                 raise RuntimeError("the generation was superseded")
 
     def beat(slot: int, group: list[Any]) -> None:
-        path.send("beat", (), [(m.to_wire(), False, False) for m in group], slot)
+        path.send("beat", (), [Beat(m).to_wire() for m in group], slot)
 
     rounds, beat_rounds, cpus = [], [], []
     for _ in range(ROUNDS):
@@ -202,24 +201,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--members", default="256,1024,4096,8192", help="comma-separated member counts")
-    parser.add_argument("--paths", default="relay,direct", help="relay, direct or both (comma-separated)")
-    parser.add_argument("--json", type=pathlib.Path, help="write the rows here")
-    parser.add_argument("--quick", action="store_true", help="64 and 256 members, relay only (a smoke run)")
-    args = parser.parse_args(argv)
-    try:
-        counts = [64, 256] if args.quick else [int(x) for x in args.members.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--members must be comma-separated integers, got {args.members!r}")
-    paths = ["relay"] if args.quick else [p.strip() for p in args.paths.split(",") if p.strip()]
-    if not counts or min(counts) < 1:
-        parser.error("--members must be positive")
-    if not paths or set(paths) - {"relay", "direct"}:
-        parser.error(f"--paths takes relay and direct, got {args.paths!r}")
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rcrv")
-    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+def measure_all(counts: list[int], paths: list[str]) -> list[dict[str, Any]]:
+    """On one simulated cluster with the service started: ``measure`` for each path and member
+    count, with a new coordinator each; each row printed as it comes."""
+    import ray
     from ray_ckpt.actors.generation_coordinator import GenerationCoordinator
 
     from ray_ckpt import settings
@@ -239,13 +224,31 @@ def main(argv: list[str] | None = None) -> int:
                 row = measure(path, coordinator, nodes, count)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                import ray
-
                 ray.kill(coordinator)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    parser.add_argument("--members", default="256,1024,4096,8192", help="comma-separated member counts")
+    parser.add_argument("--paths", default="relay,direct", help="relay, direct or both (comma-separated)")
+    add_json_flag(parser)
+    parser.add_argument("--quick", action="store_true", help="64 and 256 members, relay only (a smoke run)")
+    args = parser.parse_args(argv)
+    try:
+        counts = [64, 256] if args.quick else [int(x) for x in args.members.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--members must be comma-separated integers, got {args.members!r}")
+    paths = ["relay"] if args.quick else [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not counts or min(counts) < 1:
+        parser.error("--members must be positive")
+    if not paths or set(paths) - {"relay", "direct"}:
+        parser.error(f"--paths takes relay and direct, got {args.paths!r}")
+    rows = on_private_ray("rcrv", lambda: measure_all(counts, paths))
+    if rows is None:
+        return 1
     print(format_table(rows))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
     return 0
 
 
