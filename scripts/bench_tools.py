@@ -25,10 +25,8 @@ Ray's own logs stay in the cluster's session folder (printed at the end).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pathlib
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,8 @@ import tempfile
 import time
 import uuid
 from typing import Any
+
+from benchutil import add_json_flag, make_parser, write_json
 
 # what each kind of process imports; heavy modules are reported when they come along
 IMPORTS = {
@@ -178,18 +178,16 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__)
     parser.add_argument("--nodes", type=int, default=5, help="one-CPU nodes besides the head (default 5)")
     parser.add_argument("--kills", type=int, default=2, help="kill-node runs, one node each (default 2)")
-    parser.add_argument("--json", type=pathlib.Path, help="also write the report as JSON here")
+    add_json_flag(parser, "the report")
     args = parser.parse_args(argv)
     if not 1 <= args.kills < args.nodes:
         parser.error("--kills must be at least 1 and less than --nodes (one node is kept for timing a crasher)")
     report = run(args.nodes, args.kills)
     print_report(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, sort_keys=True))
+    write_json(args.json, report, sort_keys=True)
     return 0
 
 
