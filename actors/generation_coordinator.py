@@ -29,6 +29,7 @@ from ray_ckpt.core.generations import (
     beat_interval_s,
     hang_bound_s,
 )
+from ray_ckpt.transport import naming
 
 T = TypeVar("T")
 
@@ -196,7 +197,7 @@ class GenerationCoordinator:
             await asyncio.sleep(self._watch_interval_s)
             now = time.time()
             try:
-                alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+                alive = naming.alive_node_ids()
             except Exception:  # the GCS is briefly unreachable: try again next tick
                 continue
             self._alive = alive

@@ -18,9 +18,10 @@ from typing import Any
 class RayNode:
     """One node as Ray reports it: ``node_id`` (``NodeID``), whether it is ``alive``
     (``Alive``), its ``host`` name (``NodeManagerHostname``) and ``address``
-    (``NodeManagerAddress``, its IP), its ``resources`` (``Resources``: name -> amount) and
-    ``labels`` (``Labels``: name -> value, e.g. a failure domain). Fields Ray left out are
-    None (host, address) or empty."""
+    (``NodeManagerAddress``, its IP), its raylet's port (``raylet_port``,
+    ``NodeManagerPort``), its ``resources`` (``Resources``: name -> amount) and ``labels``
+    (``Labels``: name -> value, e.g. a failure domain). Fields Ray left out are None (host,
+    address, raylet_port) or empty."""
 
     node_id: str
     alive: bool
@@ -28,11 +29,20 @@ class RayNode:
     address: str | None = None
     resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    raylet_port: int | None = None
+
+    @property
+    def raylet_address(self) -> str | None:
+        """Where its raylet serves calls ("address:port"), None if Ray did not say."""
+        if self.address is None or self.raylet_port is None:
+            return None
+        return f"{self.address}:{self.raylet_port}"
 
     @classmethod
     def from_ray(cls, record: Mapping[str, Any]) -> RayNode:
         """The record of one entry of ``ray.nodes()``."""
         host, address = record.get("NodeManagerHostname"), record.get("NodeManagerAddress")
+        port = record.get("NodeManagerPort")
         return cls(
             node_id=str(record["NodeID"]),
             alive=bool(record.get("Alive")),
@@ -40,4 +50,5 @@ class RayNode:
             address=None if address is None else str(address),
             resources=dict(record.get("Resources") or {}),
             labels=dict(record.get("Labels") or {}),
+            raylet_port=None if port is None else int(port),
         )

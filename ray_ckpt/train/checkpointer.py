@@ -112,7 +112,7 @@ class Checkpointer(checkpointer.Checkpointer):
             inplace.track(self)
             rejoin = inplace.take_rejoin()
             if rejoin is not None:
-                self._record("rejoin", **rejoin)
+                self._record("rejoin", **rejoin.to_wire())
 
     save = _shielded(checkpointer.Checkpointer.save)
     wait = _shielded(checkpointer.Checkpointer.wait)

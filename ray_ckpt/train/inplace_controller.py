@@ -6,18 +6,22 @@ the controller replaces only the failed workers. Its ``on_start`` makes the run'
 ``GenerationCoordinator`` (once, on the controller's node), begins a new epoch at a full start,
 and gives every started worker its ``_Role`` (``inplace_worker._become``) with a
 ``CoordinatorClient``; it never blocks on the workers' rendezvous. ``_WarmSpares`` keeps warm
-spare worker processes on free nodes. The worker side is ``ray_ckpt.train.inplace_worker``.
+spare worker processes on free nodes, from what each worker tells of itself (``WorkerFacts``)
+and the cluster's nodes (``naming.alive_nodes``). The worker side is
+``ray_ckpt.train.inplace_worker``.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import logging
 import math
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -27,6 +31,7 @@ from ray_ckpt import _ray_compat
 from ray_ckpt.actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt.core.generations import BEATS_PER_S, hang_bound_s
 from ray_ckpt.train.inplace_worker import WARM_HOOK, _become, _become_replacement, _Role
+from ray_ckpt.transport import naming
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
 
 if TYPE_CHECKING:
@@ -153,7 +158,7 @@ class _WarmSpares:
 
     def __init__(self) -> None:
         self.workers: dict[int, str] = {}  # world rank -> node id
-        self._facts: dict[str, Any] | None = None  # a worker's runtime env, job and resources
+        self._facts: WorkerFacts | None = None  # a worker's, for its runtime env, job and resources
         self._wanted = 0
         self._keep_alive_s = 600.0
         self._lock = threading.Lock()  # the fields above
@@ -179,11 +184,11 @@ class _WarmSpares:
 
     def _refresh(self, pending: list[Any], wanted: int, keep_alive_s: float, full_start: bool) -> None:
         try:
-            facts = ray.get(pending)
+            facts = [WorkerFacts.from_wire(wire) for wire in ray.get(pending)]
             with self._lock:
                 if full_start:
                     self.workers.clear()
-                self.workers.update({f["rank"]: f["node_id"] for f in facts})
+                self.workers.update({f.rank: f.node_id for f in facts})
                 self._facts, self._wanted, self._keep_alive_s = facts[0], wanted, keep_alive_s
                 renew, self._renewing = not self._renewing, True
             self._start_spares()
@@ -211,17 +216,13 @@ class _WarmSpares:
                 workers = dict(self.workers)
             if facts is None:
                 return
-            env, job, needs = facts["runtime_env"], facts["job_id"], facts["resources"]
+            env, job, needs = facts.runtime_env, facts.job_id, facts.resources
             busy = set(workers.values())
             per_node = _spares_per_node(workers)
-            room = {  # node id -> (its raylet's address, how many spares it keeps)
-                str(node["NodeID"]): (
-                    f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}",
-                    min(per_node, _fits(node.get("Resources", {}), needs)),
-                )
-                for node in ray.nodes()
-                if node.get("Alive") and str(node["NodeID"]) not in busy
-            }
+            room: dict[str, tuple[str, int]] = {}  # node id -> (its raylet's address, how many spares it keeps)
+            for alive in naming.alive_nodes():
+                if alive.node_id not in busy and alive.raylet_address is not None:
+                    room[alive.node_id] = (alive.raylet_address, min(per_node, _fits(alive.resources, needs)))
             room = {node: (address, keep) for node, (address, keep) in room.items() if keep > 0}
             waiting = {
                 node: _spares_waiting(job, env, node, address, keep_alive_s) for node, (address, _) in room.items()
@@ -252,7 +253,7 @@ def _spares_per_node(workers: dict[int, str]) -> int:
     return max(collections.Counter(workers.values()).values(), default=1)
 
 
-def _fits(resources: dict[str, float], needs: dict[str, float]) -> int:
+def _fits(resources: Mapping[str, float], needs: Mapping[str, float]) -> int:
     """How many workers needing ``needs`` fit in a node's ``resources``."""
     counts = [int(resources.get(name, 0) // need) for name, need in needs.items() if need > 0]
     return min(counts, default=1)
@@ -278,13 +279,40 @@ def _spares_waiting(job: str, env: str, node: str, raylet_address: str, keep_ali
     return sum(1 for pid in warmed & set(workers) if workers[pid])
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerFacts:
+    """What ``_WarmSpares`` needs of one worker, as the worker tells it (``_worker_facts``): its
+    world ``rank``, its ``node_id``, its ``runtime_env`` (Ray's serialized string), its Ray
+    ``job_id`` (hex) and the ``resources`` it was given (name -> amount; placement-group
+    bundles left out), which a spare must find on a node. On the wire a dict of these fields."""
+
+    rank: int
+    node_id: str
+    runtime_env: str
+    job_id: str
+    resources: Mapping[str, float]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "resources": dict(self.resources)}
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> WorkerFacts:
+        return cls(
+            rank=int(values["rank"]),
+            node_id=str(values["node_id"]),
+            runtime_env=str(values["runtime_env"]),
+            job_id=str(values["job_id"]),
+            resources={str(name): float(amount) for name, amount in values["resources"].items()},
+        )
+
+
 def _worker_facts() -> dict[str, Any]:
-    """What ``_WarmSpares`` needs of one worker: rank, node, runtime env, job, resources."""
+    """This worker's ``WorkerFacts`` on the wire (run in the worker by the controller)."""
     runtime = ray.get_runtime_context()
-    return {
-        "rank": ray.train.get_context().get_world_rank(),
-        "node_id": runtime.get_node_id(),
-        "runtime_env": runtime.get_runtime_env_string(),
-        "job_id": runtime.get_job_id(),
-        "resources": {k: v for k, v in runtime.get_assigned_resources().items() if "_group_" not in k},
-    }
+    return WorkerFacts(
+        rank=ray.train.get_context().get_world_rank(),
+        node_id=runtime.get_node_id(),
+        runtime_env=runtime.get_runtime_env_string(),
+        job_id=runtime.get_job_id(),
+        resources={k: v for k, v in runtime.get_assigned_resources().items() if "_group_" not in k},
+    ).to_wire()

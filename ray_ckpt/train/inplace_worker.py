@@ -111,6 +111,35 @@ class _Role:
     settings: _Settings
 
 
+@dataclasses.dataclass(frozen=True)
+class Rejoin:
+    """How this process entered its in-place generation, which the first Checkpointer of the
+    generation records as its ``rejoin`` event (``ray_ckpt.core.events``: the fields' meaning):
+    the ``role`` it joined in ("survivor" or "replacement"), the ``generation``, its ``pid``,
+    and the moments (Unix seconds; None where they do not apply) its process started, it
+    warmed up, its worker started, it detected the failure, it tore the failed generation
+    down, it joined, the round started, the generation formed and it was ready; ``lost``: the
+    members the generation before lost, (rank, how it was found lost)."""
+
+    role: str
+    generation: int
+    pid: int
+    process_started: float
+    warmed: float | None
+    worker_started: float
+    detected: float | None
+    torn_down: float | None
+    joined: float
+    round_started: float | None
+    formed: float
+    lost: tuple[tuple[int, str], ...]
+    ready: float
+
+    def to_wire(self) -> dict[str, Any]:
+        """The event's fields, in this order (``lost`` as lists of [rank, reason])."""
+        return {**dataclasses.asdict(self), "lost": [list(lost) for lost in self.lost]}
+
+
 @dataclasses.dataclass
 class ProcessState:
     """What this worker process keeps of in-place recovery outside any one run of the training
@@ -142,7 +171,7 @@ class ProcessState:
 
     role: _Role | None = None
     attempt: str | None = None
-    rejoin: dict[str, Any] | None = None
+    rejoin: Rejoin | None = None
     checkpointers: weakref.WeakSet[Any] = dataclasses.field(default_factory=weakref.WeakSet)
     gloo: GlooConnections | None = None
     warmed_at: float | None = None
@@ -218,7 +247,7 @@ def current_attempt() -> str | None:
     return PROCESS.attempt if PROCESS.role is not None else None
 
 
-def take_rejoin() -> dict[str, Any] | None:
+def take_rejoin() -> Rejoin | None:
     """How this process entered its generation (once; the first Checkpointer records it)."""
     rejoin, PROCESS.rejoin = PROCESS.rejoin, None
     return rejoin
@@ -496,21 +525,21 @@ class _Worker:
                 continue
             PROCESS.attempt = reply.attempt
             self._generation = reply.generation
-            PROCESS.rejoin = {
-                "role": role,
-                "generation": reply.generation,
-                "pid": self.member.pid,
-                "process_started": psutil.Process().create_time(),
-                "warmed": PROCESS.warmed_at,
-                "worker_started": self.started,
-                "detected": detected_at,
-                "torn_down": torn_down_at,
-                "joined": joined_at,
-                "round_started": reply.round_started,
-                "formed": reply.formed_at,
-                "lost": [list(lost) for lost in reply.lost],
-                "ready": time.time(),
-            }
+            PROCESS.rejoin = Rejoin(
+                role=role,
+                generation=reply.generation,
+                pid=self.member.pid,
+                process_started=psutil.Process().create_time(),
+                warmed=PROCESS.warmed_at,
+                worker_started=self.started,
+                detected=detected_at,
+                torn_down=torn_down_at,
+                joined=joined_at,
+                round_started=reply.round_started,
+                formed=reply.formed_at,
+                lost=tuple(reply.lost),
+                ready=time.time(),
+            )
             return sorted(replaced)
 
     def _read_ahead(self) -> None:

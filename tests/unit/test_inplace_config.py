@@ -14,6 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from ray_ckpt import _ray_compat, settings
+from ray_ckpt.core import events
 from ray_ckpt.core.generations import JoinReply, JoinStatus, Member
 from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
 from ray_ckpt.train import inplace, inplace_controller, inplace_worker
@@ -264,3 +265,41 @@ def test_only_a_raylet_parent_is_watched_for_the_nodes_end(monkeypatch: pytest.M
 
     monkeypatch.setattr(inplace_worker.psutil, "Process", Raylet)
     assert inplace_worker._raylet_parent() == os.getppid()
+
+
+def test_a_rejoin_is_recorded_with_the_fields_and_order_its_event_always_had() -> None:
+    """``Rejoin.to_wire`` is the ``rejoin`` event's fields, in the order dashboards and tests
+    read them, ``lost`` as [rank, reason] lists; the event is well formed."""
+    rejoin = inplace_worker.Rejoin(
+        role="survivor",
+        generation=2,
+        pid=100,
+        process_started=1.0,
+        warmed=None,
+        worker_started=2.0,
+        detected=3.0,
+        torn_down=3.5,
+        joined=4.0,
+        round_started=3.9,
+        formed=4.2,
+        lost=((1, "node dead"),),
+        ready=4.5,
+    )
+    fields = rejoin.to_wire()
+    assert list(fields) == [
+        "role",
+        "generation",
+        "pid",
+        "process_started",
+        "warmed",
+        "worker_started",
+        "detected",
+        "torn_down",
+        "joined",
+        "round_started",
+        "formed",
+        "lost",
+        "ready",
+    ]
+    assert fields["lost"] == [[1, "node dead"]] and fields["role"] == "survivor" and fields["ready"] == 4.5
+    events.check(events.event("rejoin", job="j", rank=0, attempt="run.g2", node_id="n0", **fields))

@@ -5,12 +5,12 @@ the GCS notes and the prestart call faked."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
+from ray_ckpt.core.nodes import RayNode
 from ray_ckpt.train import inplace_controller
-from ray_ckpt.train.inplace_controller import _fits, _spares_per_node, _spares_waiting, _WarmSpares
+from ray_ckpt.train.inplace_controller import WorkerFacts, _fits, _spares_per_node, _spares_waiting, _WarmSpares
 
 
 def test_a_free_node_keeps_as_many_spares_as_the_run_has_ranks_on_one_node() -> None:
@@ -88,24 +88,21 @@ def test_waiting_spares_are_the_noted_count_while_starting_then_the_idle_warmed_
     assert _spares_waiting("j", "e", "n", "n:1", 100.0) == 0
 
 
-def _nodes(*specs: tuple[str, float]) -> list[dict[str, Any]]:
-    return [
-        {"NodeID": node, "Alive": True, "NodeManagerAddress": node, "NodeManagerPort": 1, "Resources": {"CPU": cpus}}
-        for node, cpus in specs
-    ]
+def _nodes(*specs: tuple[str, float]) -> list[RayNode]:
+    return [RayNode(node, alive=True, address=node, raylet_port=1, resources={"CPU": cpus}) for node, cpus in specs]
 
 
 def test_a_renewal_tops_up_short_nodes_first_then_fills_new_ones_up_to_the_nodes_wanted(
     fake: FakeRay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        inplace_controller.ray,
-        "nodes",
+        inplace_controller.naming,
+        "alive_nodes",
         lambda: _nodes(("busy", 4.0), ("short", 4.0), ("full", 4.0), ("new", 4.0), ("tiny", 1.0)),
     )
     spares = _WarmSpares()
     spares.workers = {0: "busy", 1: "busy"}  # two ranks per node: free nodes keep two spares
-    spares._facts = {"runtime_env": "e", "job_id": "j", "resources": {"CPU": 1.0}}
+    spares._facts = WorkerFacts(rank=0, node_id="busy", runtime_env="e", job_id="j", resources={"CPU": 1.0})
     spares._wanted = 3
     old = time.time() - inplace_controller.SPARE_START_S - 1
     fake.notes.update(short=(old, 2), full=(old, 2))
@@ -117,3 +114,15 @@ def test_a_renewal_tops_up_short_nodes_first_then_fills_new_ones_up_to_the_nodes
     fake.prestarted.clear()
     spares._start_spares()  # everything just noted as starting: nothing more
     assert fake.prestarted == []
+
+
+def test_a_workers_facts_cross_to_the_controller_as_they_were_told() -> None:
+    facts = WorkerFacts(rank=3, node_id="n1", runtime_env='{"env_vars": {}}', job_id="01000000", resources={"CPU": 1.0})
+    assert WorkerFacts.from_wire(facts.to_wire()) == facts
+
+
+def test_a_nodes_raylet_address_is_read_from_rays_record() -> None:
+    """Where a spare is asked for: Ray's NodeManagerAddress and NodeManagerPort, or None."""
+    node = RayNode.from_ray({"NodeID": "n", "Alive": True, "NodeManagerAddress": "10.0.0.2", "NodeManagerPort": 6000})
+    assert node.raylet_address == "10.0.0.2:6000"
+    assert RayNode.from_ray({"NodeID": "m", "Alive": True, "NodeManagerAddress": "10.0.0.3"}).raylet_address is None
