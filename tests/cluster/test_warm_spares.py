@@ -63,17 +63,19 @@ def test_renewals_keep_two_spares_for_two_ranks_per_node_and_replace_one_that_di
     monkeypatch.setattr(inplace_controller, "WARM_STAGGER_S", 0.0)
     runtime = ray.get_runtime_context()
     spares = inplace_controller._WarmSpares()
-    spares._facts = {
-        "runtime_env": RuntimeEnv(env_vars={_ray_compat.SETUP_HOOK_ENV_VAR: inplace.WARM_HOOK}).serialize(),
-        "job_id": runtime.get_job_id(),
-        "resources": {"CPU": 1.0},
-    }
+    spares._facts = inplace_controller.WorkerFacts(
+        rank=0,
+        node_id="elsewhere",
+        runtime_env=RuntimeEnv(env_vars={_ray_compat.SETUP_HOOK_ENV_VAR: inplace.WARM_HOOK}).serialize(),
+        job_id=runtime.get_job_id(),
+        resources={"CPU": 1.0},
+    )
     spares._wanted, spares._keep_alive_s = 1, KEEP_ALIVE_S
     spares.workers = {0: "elsewhere", 1: "elsewhere"}  # the run's two ranks share a node
     node_id = four_cpu_node.node_id(0)
     node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
     raylet = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
-    job = spares._facts["job_id"]
+    job = spares._facts.job_id
 
     def two_spares_up() -> bool:  # their processes run and noted themselves after their warm-up
         found = spare_processes()
