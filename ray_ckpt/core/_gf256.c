@@ -97,140 +97,96 @@ static void dot_scalar(const uint8_t *coef, int rows, int cols, uint8_t *const *
  * every call (always inlined), so the G accumulators live in registers; a runtime G left them
  * on the stack, a load and a store per product (0.79x ISA-L's AVX2 kernel in cache). */
 #define INLINE static inline __attribute__((always_inline))
-#define GROUPS(body)                                                                        \
-    for (int r0 = 0; r0 < rows; r0 += GROUP) {                                              \
-        switch (rows - r0 < GROUP ? rows - r0 : GROUP) {                                    \
-            case 1: body(1); break;                                                         \
-            case 2: body(2); break;                                                         \
-            case 3: body(3); break;                                                         \
-            default: body(4); break;                                                        \
-        }                                                                                   \
+
+/* dot_<name>: the bytes of [start, stop) up to a whole number of STEP-byte blocks, through
+ * group_<name> for each group of up to GROUP outputs; returns where it stopped (the scalar
+ * kernel does the rest). */
+#define DOT_KERNEL(name, isa, STEP)                                                           \
+    __attribute__((target(isa))) static Py_ssize_t dot_##name(                              \
+        const uint8_t *coef, int rows, int cols, uint8_t *const *in, uint8_t *const *out,     \
+        Py_ssize_t start, Py_ssize_t stop) {                                                  \
+        Py_ssize_t end = start + ((stop - start) & ~(Py_ssize_t)((STEP) - 1));                \
+        for (int r0 = 0; r0 < rows; r0 += GROUP) {                                            \
+            switch (rows - r0 < GROUP ? rows - r0 : GROUP) {                                  \
+                case 1: group_##name(coef, r0, 1, cols, in, out, start, end); break;          \
+                case 2: group_##name(coef, r0, 2, cols, in, out, start, end); break;          \
+                case 3: group_##name(coef, r0, 3, cols, in, out, start, end); break;          \
+                default: group_##name(coef, r0, 4, cols, in, out, start, end); break;         \
+            }                                                                                 \
+        }                                                                                     \
+        return end;                                                                           \
     }
 
-__attribute__((target("avx2"))) INLINE void group_avx2(const uint8_t *coef, int r0, const int G, int cols,
-                                                        uint8_t *const *in, uint8_t *const *out,
-                                                        Py_ssize_t start, Py_ssize_t end) {
+/* A wide kernel: two VEC vectors (2 * WIDTH bytes) of every input per step, each read once for
+ * the whole group; per output and input, `PRODUCT(looked-up coefficient, x)` is XORed into that
+ * output's accumulators. Each coefficient is looked up (LOOKUP: its nibble table or its affine
+ * matrix, of type COEF) once per call, and 0 and 1 are no special case (their lookups give 0
+ * and x). LOAD, STORE, ZERO and XOR are the instruction set's, VEC its register type. */
+#define WIDE_KERNEL(name, isa, VEC, WIDTH, COEF, LOOKUP, PRODUCT, LOAD, STORE, ZERO, XOR)            \
+    __attribute__((target(isa))) INLINE void group_##name(const uint8_t *coef, int r0, const int G,  \
+                                                          int cols, uint8_t *const *in,              \
+                                                          uint8_t *const *out, Py_ssize_t start,     \
+                                                          Py_ssize_t end) {                          \
+        COEF looked_up[GROUP * MAX_SHARDS];                                                          \
+        for (int g = 0; g < G; g++)                                                                  \
+            for (int c = 0; c < cols; c++) looked_up[g * cols + c] = LOOKUP(coef[(r0 + g) * cols + c]); \
+        for (Py_ssize_t i = start; i < end; i += 2 * (WIDTH)) {                                      \
+            VEC acc_a[GROUP], acc_b[GROUP];                                                          \
+            for (int g = 0; g < G; g++) acc_a[g] = acc_b[g] = ZERO();                                \
+            for (int c = 0; c < cols; c++) {                                                         \
+                VEC xa = LOAD(in[c] + i), xb = LOAD(in[c] + i + (WIDTH));                            \
+                for (int g = 0; g < G; g++) {                                                        \
+                    acc_a[g] = XOR(acc_a[g], PRODUCT(looked_up[g * cols + c], xa));                  \
+                    acc_b[g] = XOR(acc_b[g], PRODUCT(looked_up[g * cols + c], xb));                  \
+                }                                                                                    \
+            }                                                                                        \
+            for (int g = 0; g < G; g++) {                                                            \
+                STORE(out[r0 + g] + i, acc_a[g]);                                                    \
+                STORE(out[r0 + g] + i + (WIDTH), acc_b[g]);                                          \
+            }                                                                                        \
+        }                                                                                            \
+    }                                                                                                \
+    DOT_KERNEL(name, isa, 2 * (WIDTH))
+
+#define NIBBLE_TABLE(k) ((const uint8_t *)nibble_tables[k])
+#define AFFINE_MATRIX(k) affine_matrices[k]
+
+__attribute__((target("avx2"))) INLINE __m256i load_256(const uint8_t *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+__attribute__((target("avx2"))) INLINE void store_256(uint8_t *p, __m256i v) {
+    _mm256_storeu_si256((__m256i *)p, v);
+}
+/* table times each byte of x: table_lo[x & 15] ^ table_hi[x >> 4], one shuffle per half */
+__attribute__((target("avx2"))) INLINE __m256i times_table_256(const uint8_t *table, __m256i x) {
     const __m256i low_mask = _mm256_set1_epi8(0x0f);
-    const uint8_t *tables[GROUP * MAX_SHARDS]; /* 0 and 1 need no case: their tables give 0 and x */
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < cols; c++) tables[g * cols + c] = nibble_tables[coef[(r0 + g) * cols + c]];
-    for (Py_ssize_t i = start; i < end; i += 64) {
-        __m256i acc_a[GROUP], acc_b[GROUP];
-        for (int g = 0; g < G; g++) {
-            acc_a[g] = _mm256_setzero_si256();
-            acc_b[g] = _mm256_setzero_si256();
-        }
-        for (int c = 0; c < cols; c++) {
-            __m256i xa = _mm256_loadu_si256((const __m256i *)(in[c] + i));
-            __m256i xb = _mm256_loadu_si256((const __m256i *)(in[c] + i + 32));
-            __m256i lo_a = _mm256_and_si256(xa, low_mask);
-            __m256i hi_a = _mm256_and_si256(_mm256_srli_epi64(xa, 4), low_mask);
-            __m256i lo_b = _mm256_and_si256(xb, low_mask);
-            __m256i hi_b = _mm256_and_si256(_mm256_srli_epi64(xb, 4), low_mask);
-            for (int g = 0; g < G; g++) {
-                const uint8_t *table = tables[g * cols + c];
-                __m256i t_lo = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)table));
-                __m256i t_hi = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(table + 16)));
-                acc_a[g] = _mm256_xor_si256(
-                    acc_a[g], _mm256_xor_si256(_mm256_shuffle_epi8(t_lo, lo_a), _mm256_shuffle_epi8(t_hi, hi_a)));
-                acc_b[g] = _mm256_xor_si256(
-                    acc_b[g], _mm256_xor_si256(_mm256_shuffle_epi8(t_lo, lo_b), _mm256_shuffle_epi8(t_hi, hi_b)));
-            }
-        }
-        for (int g = 0; g < G; g++) {
-            _mm256_storeu_si256((__m256i *)(out[r0 + g] + i), acc_a[g]);
-            _mm256_storeu_si256((__m256i *)(out[r0 + g] + i + 32), acc_b[g]);
-        }
-    }
+    __m256i lo = _mm256_and_si256(x, low_mask);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi64(x, 4), low_mask);
+    __m256i t_lo = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)table));
+    __m256i t_hi = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(table + 16)));
+    return _mm256_xor_si256(_mm256_shuffle_epi8(t_lo, lo), _mm256_shuffle_epi8(t_hi, hi));
+}
+__attribute__((target("gfni,avx2"))) INLINE __m256i times_matrix_256(uint64_t matrix, __m256i x) {
+    return _mm256_gf2p8affine_epi64_epi8(x, _mm256_set1_epi64x((long long)matrix), 0);
+}
+__attribute__((target("avx512f"))) INLINE __m512i load_512(const uint8_t *p) {
+    return _mm512_loadu_si512((const void *)p);
+}
+__attribute__((target("avx512f"))) INLINE void store_512(uint8_t *p, __m512i v) {
+    _mm512_storeu_si512((void *)p, v);
+}
+__attribute__((target("gfni,avx512f,avx512bw"))) INLINE __m512i times_matrix_512(uint64_t matrix, __m512i x) {
+    return _mm512_gf2p8affine_epi64_epi8(x, _mm512_set1_epi64((long long)matrix), 0);
 }
 
-__attribute__((target("avx2"))) static Py_ssize_t dot_avx2(
-    const uint8_t *coef, int rows, int cols, uint8_t *const *in, uint8_t *const *out,
-    Py_ssize_t start, Py_ssize_t stop) {
-    Py_ssize_t end = start + ((stop - start) & ~(Py_ssize_t)63);
-#define BODY(G) group_avx2(coef, r0, G, cols, in, out, start, end)
-    GROUPS(BODY)
-#undef BODY
-    return end;
-}
+WIDE_KERNEL(avx2, "avx2", __m256i, 32, const uint8_t *, NIBBLE_TABLE, times_table_256, load_256,
+            store_256, _mm256_setzero_si256, _mm256_xor_si256)
+WIDE_KERNEL(gfni_avx2, "gfni,avx2", __m256i, 32, uint64_t, AFFINE_MATRIX, times_matrix_256, load_256,
+            store_256, _mm256_setzero_si256, _mm256_xor_si256)
+WIDE_KERNEL(gfni_avx512, "gfni,avx512f,avx512bw", __m512i, 64, uint64_t, AFFINE_MATRIX, times_matrix_512,
+            load_512, store_512, _mm512_setzero_si512, _mm512_xor_si512)
 
-__attribute__((target("gfni,avx512f,avx512bw"))) INLINE void group_gfni_avx512(
-    const uint8_t *coef, int r0, const int G, int cols, uint8_t *const *in, uint8_t *const *out,
-    Py_ssize_t start, Py_ssize_t end) {
-    uint64_t matrices[GROUP * MAX_SHARDS]; /* 0 and 1 need no case: their matrices give 0 and x */
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < cols; c++) matrices[g * cols + c] = affine_matrices[coef[(r0 + g) * cols + c]];
-    for (Py_ssize_t i = start; i < end; i += 128) {
-        __m512i acc_a[GROUP], acc_b[GROUP];
-        for (int g = 0; g < G; g++) {
-            acc_a[g] = _mm512_setzero_si512();
-            acc_b[g] = _mm512_setzero_si512();
-        }
-        for (int c = 0; c < cols; c++) {
-            __m512i xa = _mm512_loadu_si512((const void *)(in[c] + i));
-            __m512i xb = _mm512_loadu_si512((const void *)(in[c] + i + 64));
-            for (int g = 0; g < G; g++) {
-                __m512i matrix = _mm512_set1_epi64((long long)matrices[g * cols + c]);
-                acc_a[g] = _mm512_xor_si512(acc_a[g], _mm512_gf2p8affine_epi64_epi8(xa, matrix, 0));
-                acc_b[g] = _mm512_xor_si512(acc_b[g], _mm512_gf2p8affine_epi64_epi8(xb, matrix, 0));
-            }
-        }
-        for (int g = 0; g < G; g++) {
-            _mm512_storeu_si512((void *)(out[r0 + g] + i), acc_a[g]);
-            _mm512_storeu_si512((void *)(out[r0 + g] + i + 64), acc_b[g]);
-        }
-    }
-}
-
-__attribute__((target("gfni,avx512f,avx512bw"))) static Py_ssize_t dot_gfni_avx512(
-    const uint8_t *coef, int rows, int cols, uint8_t *const *in, uint8_t *const *out,
-    Py_ssize_t start, Py_ssize_t stop) {
-    Py_ssize_t end = start + ((stop - start) & ~(Py_ssize_t)127);
-#define BODY(G) group_gfni_avx512(coef, r0, G, cols, in, out, start, end)
-    GROUPS(BODY)
-#undef BODY
-    return end;
-}
-
-__attribute__((target("gfni,avx2"))) INLINE void group_gfni_avx2(const uint8_t *coef, int r0, const int G,
-                                                                  int cols, uint8_t *const *in,
-                                                                  uint8_t *const *out, Py_ssize_t start,
-                                                                  Py_ssize_t end) {
-    uint64_t matrices[GROUP * MAX_SHARDS]; /* 0 and 1 need no case: their matrices give 0 and x */
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < cols; c++) matrices[g * cols + c] = affine_matrices[coef[(r0 + g) * cols + c]];
-    for (Py_ssize_t i = start; i < end; i += 64) {
-        __m256i acc_a[GROUP], acc_b[GROUP];
-        for (int g = 0; g < G; g++) {
-            acc_a[g] = _mm256_setzero_si256();
-            acc_b[g] = _mm256_setzero_si256();
-        }
-        for (int c = 0; c < cols; c++) {
-            __m256i xa = _mm256_loadu_si256((const __m256i *)(in[c] + i));
-            __m256i xb = _mm256_loadu_si256((const __m256i *)(in[c] + i + 32));
-            for (int g = 0; g < G; g++) {
-                __m256i matrix = _mm256_set1_epi64x((long long)matrices[g * cols + c]);
-                acc_a[g] = _mm256_xor_si256(acc_a[g], _mm256_gf2p8affine_epi64_epi8(xa, matrix, 0));
-                acc_b[g] = _mm256_xor_si256(acc_b[g], _mm256_gf2p8affine_epi64_epi8(xb, matrix, 0));
-            }
-        }
-        for (int g = 0; g < G; g++) {
-            _mm256_storeu_si256((__m256i *)(out[r0 + g] + i), acc_a[g]);
-            _mm256_storeu_si256((__m256i *)(out[r0 + g] + i + 32), acc_b[g]);
-        }
-    }
-}
-
-__attribute__((target("gfni,avx2"))) static Py_ssize_t dot_gfni_avx2(
-    const uint8_t *coef, int rows, int cols, uint8_t *const *in, uint8_t *const *out,
-    Py_ssize_t start, Py_ssize_t stop) {
-    Py_ssize_t end = start + ((stop - start) & ~(Py_ssize_t)63);
-#define BODY(G) group_gfni_avx2(coef, r0, G, cols, in, out, start, end)
-    GROUPS(BODY)
-#undef BODY
-    return end;
-}
-
+/* SSSE3: one 16-byte vector per step, coefficients looked up as they come (0 skipped, 1 XORed) */
 __attribute__((target("ssse3"))) INLINE void group_ssse3(const uint8_t *coef, int r0, const int G, int cols,
                                                           uint8_t *const *in, uint8_t *const *out,
                                                           Py_ssize_t start, Py_ssize_t end) {
@@ -257,16 +213,7 @@ __attribute__((target("ssse3"))) INLINE void group_ssse3(const uint8_t *coef, in
         for (int g = 0; g < G; g++) _mm_storeu_si128((__m128i *)(out[r0 + g] + i), acc[g]);
     }
 }
-
-__attribute__((target("ssse3"))) static Py_ssize_t dot_ssse3(
-    const uint8_t *coef, int rows, int cols, uint8_t *const *in, uint8_t *const *out,
-    Py_ssize_t start, Py_ssize_t stop) {
-    Py_ssize_t end = start + ((stop - start) & ~(Py_ssize_t)15);
-#define BODY(G) group_ssse3(coef, r0, G, cols, in, out, start, end)
-    GROUPS(BODY)
-#undef BODY
-    return end;
-}
+DOT_KERNEL(ssse3, "ssse3", 16)
 #endif
 
 static void dot_dispatch(const uint8_t *coef, int rows, int cols, uint8_t *const *in,
