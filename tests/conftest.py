@@ -8,9 +8,9 @@ import sys
 import tempfile
 from typing import Any
 
-import pace
 import pytest
 from hypothesis import Phase, settings
+from support import pace
 
 # Short Unix socket paths: Ray's socket names must stay under ~107 bytes.
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rck"))

@@ -12,9 +12,9 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import pace
 import pytest
 import ray
+from support import pace
 
 from ray_ckpt.tools.cli import format_status, main, parse_bytes
 from ray_ckpt.transport import naming

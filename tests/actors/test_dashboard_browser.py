@@ -17,9 +17,8 @@ import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
 
-import pace
 import pytest
-import recorded_events
+from support import pace, recorded_events
 
 from ray_ckpt.core import timeline
 

@@ -11,10 +11,10 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import pace
 import pytest
 import ray
 import torch
+from support import pace
 
 import ray_ckpt
 from ray_ckpt import CheckpointConfig

@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pace
 import pytest
 import ray
+from support import pace
 
 from ray_ckpt import _ray_compat
 

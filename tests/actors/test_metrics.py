@@ -10,10 +10,10 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 
-import pace
 import pytest
 import ray
 import torch
+from support import pace
 
 import ray_ckpt
 from ray_ckpt import CheckpointConfig

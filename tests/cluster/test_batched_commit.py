@@ -15,11 +15,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pace
 import pytest
 import ray
-from conftest import SimCluster
-from sim import SAVERS, digest, make_state, on_node, restore_rank
+from support import pace
+from support.cluster_ranks import SAVERS, digest, make_state, on_node, restore_rank
+from support.sim_cluster import SimCluster
 
 import ray_ckpt
 from ray_ckpt.checkpointer import Checkpointer

@@ -8,9 +8,9 @@ import pathlib
 import subprocess
 from typing import Any
 
-import pace
 import pytest
-from scripts_under_test import run_quick, run_script
+from support import pace
+from support.scripts_under_test import run_quick, run_script
 
 
 def _run(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
-import pace
 import pytest
-from scripts_under_test import run_quick, run_script
+from support import pace
+from support.scripts_under_test import run_quick, run_script
 
 FIELDS = {"size_bytes", "restore_s", "raw_transfer_s", "ratio", "object_pull_s", "fan_in_s"}
 

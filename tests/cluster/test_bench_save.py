@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
-import pace
 import pytest
-from scripts_under_test import run_quick, run_script
+from support import pace
+from support.scripts_under_test import run_quick, run_script
 
 FIELDS = {"size_bytes", "impl", "blocking_s"}
 IMPLS = {"ray_ckpt", "ray_ckpt_back_to_back", "memcpy", "torch_save", "dcp_async_save", "ray_train_report"}

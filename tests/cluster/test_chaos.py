@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-import pace
 import pytest
 import ray
-from conftest import SimCluster
-from sim import on_node, save_steps
+from support import pace
+from support.cluster_ranks import on_node, save_steps
+from support.sim_cluster import SimCluster
 
 from ray_ckpt.errors import ConfigError
 from ray_ckpt.tools import chaos

@@ -7,7 +7,7 @@ import signal
 from typing import Any
 
 import pytest
-from conftest import SimCluster
+from support.sim_cluster import SimCluster
 
 from ray_ckpt.tools import chaos, faults
 from ray_ckpt.tools.faults import NodeCrash

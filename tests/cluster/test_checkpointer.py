@@ -11,11 +11,21 @@ import sys
 import tempfile
 import time
 
-import pace
 import pytest
 import ray
-from conftest import SimCluster
-from sim import SAVERS, TrainingRank, digest, linear_state, make_state, on_node, restore_rank, save_steps, shard_nodes
+from support import pace
+from support.cluster_ranks import (
+    SAVERS,
+    TrainingRank,
+    digest,
+    linear_state,
+    make_state,
+    on_node,
+    restore_rank,
+    save_steps,
+    shard_nodes,
+)
+from support.sim_cluster import SimCluster
 
 import ray_ckpt
 from ray_ckpt import backup

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 
-import pace
 import pytest
 import ray
-from conftest import SimCluster
-from sim import digest, make_state, on_node, restore_rank, save_steps
+from support import pace
+from support.cluster_ranks import digest, make_state, on_node, restore_rank, save_steps
+from support.sim_cluster import SimCluster
 
 import ray_ckpt
 from ray_ckpt import service, settings

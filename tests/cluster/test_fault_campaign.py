@@ -7,8 +7,8 @@ import pathlib
 import subprocess
 import sys
 
-import pace
 import pytest
+from support import pace
 
 pytestmark = pytest.mark.cluster
 

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pace
 import psutil
 import pytest
 import ray
-from conftest import idle_warm_spares
+from support import pace
+from support.warm_spares import idle_warm_spares
 
 import ray_ckpt
 from ray_ckpt.core import timeline

@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pace
 import pytest
 import ray
-from conftest import idle_warm_spares
+from support import pace
+from support.warm_spares import idle_warm_spares
 
 import ray_ckpt
 from ray_ckpt.testing import SimulatedCluster

@@ -9,11 +9,11 @@ import sys
 import uuid
 
 import numpy as np
-import pace
 import pytest
 import ray
-from conftest import SimCluster
-from sim import digest, make_state, on_node, restore_rank, save_steps
+from support import pace
+from support.cluster_ranks import digest, make_state, on_node, restore_rank, save_steps
+from support.sim_cluster import SimCluster
 
 import ray_ckpt
 from ray_ckpt.transport import naming
@@ -106,10 +106,10 @@ def test_store_actor_survives_malformed_requests(sim_cluster: SimCluster) -> Non
 
 TOKEN_AUTH_SCRIPT = """
 import sys, uuid
-import ray, sim
+import ray
+from support import cluster_ranks as sim  # registered with Ray's pickler by value
 from ray_ckpt.transport import naming
 from ray_ckpt.testing import SimulatedCluster
-ray.cloudpickle.register_pickle_by_value(sim)
 code = {"data_shards": 2, "parity_shards": 1, "keep_committed": 1, "local_copy": False}
 simulated = SimulatedCluster(3, store_budget_bytes=64 << 20, namespace="auth")
 cluster, workers = simulated.cluster, simulated.workers
@@ -132,10 +132,10 @@ def test_everything_works_with_token_authentication(ray_tmpdir: str) -> None:
     """With RAY_AUTH_MODE=token (a fresh process, so every Ray component starts with it):
     deploy, save, hard-kill a shard holder and restore bit-exact."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex, "RAY_TMPDIR": ray_tmpdir}
-    here = pathlib.Path(__file__).parent
+    tests = pathlib.Path(__file__).parents[1]  # the script imports support.cluster_ranks
     done = subprocess.run(
         [sys.executable, "-c", TOKEN_AUTH_SCRIPT],
-        cwd=here,
+        cwd=tests,
         env=env,
         capture_output=True,
         text=True,

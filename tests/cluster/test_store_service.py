@@ -6,11 +6,20 @@ import time
 from typing import Any
 
 import numpy as np
-import pace
 import pytest
 import ray
-from conftest import SimCluster
-from sim import SAVERS, close_every_socket, digest, make_state, on_node, restore_rank, save_steps, shard_nodes
+from support import pace
+from support.cluster_ranks import (
+    SAVERS,
+    close_every_socket,
+    digest,
+    make_state,
+    on_node,
+    restore_rank,
+    save_steps,
+    shard_nodes,
+)
+from support.sim_cluster import SimCluster
 
 import ray_ckpt
 from ray_ckpt import service

@@ -8,7 +8,7 @@ uninterrupted run's."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_script
+from support.scripts_under_test import load_script
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -21,7 +21,7 @@ def test_a_run_that_loses_a_node_resumes_from_peers_bit_exact(
     script: str, framework: str, steps: int, kill_at: int, ray_tmpdir: str
 ) -> None:
     pytest.importorskip(framework)
-    report = load_script(script).run_example(steps=steps, kill_at=kill_at)
+    report = load_script(script, by_value=True).run_example(steps=steps, kill_at=kill_at)
     assert len(report["killed"]) == 1, report["killed"]
     assert report["error"] is None, report["error"]
     assert report["resumed"]["step"] == steps

@@ -10,11 +10,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-import pace
 import psutil
 import pytest
 import ray
 from ray.runtime_env import RuntimeEnv
+from support import pace
 
 from ray_ckpt import _ray_compat
 from ray_ckpt.testing import SimulatedCluster

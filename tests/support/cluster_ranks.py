@@ -1,8 +1,11 @@
-"""Helpers for cluster tests: deterministic states, ranks as Ray tasks, shard lookups; ``digest``
-(from ``ray_ckpt.testing``) compares restored states."""
+"""Ranks of the cluster tests as Ray tasks and actors: deterministic states, saves, restores,
+shard lookups; ``digest`` (from ``ray_ckpt.testing``) compares restored states.
+
+Registered with Ray's pickler by value on import: Ray workers cannot import the tests folder."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import ray
@@ -13,6 +16,8 @@ import ray_ckpt
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.testing import digest
 from ray_ckpt.transport import naming
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def make_state(rank: int, step: int, size: int = 50_000) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load_script(name: str, *, module_name: str | None = None, by_value: bool = False) -> ModuleType:

@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 import torch
-from memory_states import MemoryStates
 
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+from support.memory_states import MemoryStates
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 
 
 class NodeLost(RuntimeError):

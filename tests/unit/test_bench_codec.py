@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from scripts_under_test import run_script
+from support.scripts_under_test import run_script
 
 CODES = {(4, 1), (4, 2), (8, 2), (6, 3)}
 FIELDS = {"impl", "k", "m", "size_bytes", "encode_gbps", "decode_gbps", "threads"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from scripts_under_test import run_script
+from support.scripts_under_test import run_script
 
 from ray_ckpt.core import _gf256
 

@@ -4,7 +4,7 @@ ratio line, and its command line's checks (the cluster run itself is the benchma
 from __future__ import annotations
 
 import pytest
-from scripts_under_test import load_script
+from support.scripts_under_test import load_script
 
 bench = load_script("bench_rendezvous", module_name="bench_rendezvous_under_test")
 

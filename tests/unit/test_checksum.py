@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from save_pipelines import lone_pipeline
+from support.save_pipelines import lone_pipeline
 
 from ray_ckpt import save as save_module
 from ray_ckpt.core.checksum import checksum, combined, of_parts, verify

@@ -1,5 +1,5 @@
 """The DCP storage backend without Ray: real ``dcp.save`` / ``dcp.async_save`` / ``dcp.load``
-against a folder standing in for peer memory (tests/dcp_peers.py: real snapshot blobs, coded
+against a folder standing in for peer memory (tests/support/dcp_peers.py: real snapshot blobs, coded
 RS(2, 1), read through the real ReaderStep and RangeReader). Round trips are bit-exact and equal
 DCP's own FileSystemReader's; a 2-rank save driven through DCP's planner by hand shows the
 two-phase commit (nothing loads before ``finish``); FSDP2 + Adam saved by 2 gloo ranks loads
@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from dcp_peers import FolderPeers
-from fsdp_model import fsdp_model
-from gloo_ranks import run_rank
+from support.dcp_peers import FolderPeers
+from support.fsdp_model import fsdp_model
+from support.gloo_ranks import run_rank
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata

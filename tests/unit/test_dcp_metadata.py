@@ -17,7 +17,7 @@ import msgpack
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from dcp_peers import FolderPeers
+from support.dcp_peers import FolderPeers
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from direct_port import authenticated, shard_meta
+from support.direct_port import authenticated, shard_meta
 
 from ray_ckpt.core import store as store_module
 from ray_ckpt.core.checksum import checksum

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from direct_port import authenticated, shard_meta
+from support.direct_port import authenticated, shard_meta
 
 from ray_ckpt.core.identity import JOB_MAX_BYTES, RankIdentity
 from ray_ckpt.core.shard import ShardAddress

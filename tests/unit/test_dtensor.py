@@ -14,8 +14,8 @@ import msgpack
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_model import fsdp_model
-from gloo_ranks import run_rank
+from support.fsdp_model import fsdp_model
+from support.gloo_ranks import run_rank
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor

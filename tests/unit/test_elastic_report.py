@@ -7,7 +7,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from scripts_under_test import load_script
+from support.scripts_under_test import load_script
 
 
 def example() -> ModuleType:

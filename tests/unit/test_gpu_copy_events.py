@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from save_pipelines import lone_pipeline
+from support.save_pipelines import lone_pipeline
 
 from ray_ckpt.core import snapshot
 from ray_ckpt.save import SavePipeline, record_copies

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from save_pipelines import lone_pipeline
+from support.save_pipelines import lone_pipeline
 
 from ray_ckpt.core import blob, snapshot
 from ray_ckpt.restore import load

@@ -1,5 +1,5 @@
 """docs/transformers.md: its blocks run as written (Ray Train's prepare_trainer and the
-Checkpointer replaced by stand-ins, tests/memory_states.py), and the guide's train_func, lost at
+Checkpointer replaced by stand-ins, tests/support/memory_states.py), and the guide's train_func, lost at
 step 7 and run again, ends bit-exact with an uninterrupted run; train_plain resumes too."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from memory_states import MemoryStates
-from trainer_runs import LosingStates, NodeLost, assert_equal_tree, guide_blocks
+from support.memory_states import MemoryStates
+from support.trainer_runs import LosingStates, NodeLost, assert_equal_tree, guide_blocks
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

@@ -1,5 +1,5 @@
 """The Transformers integration without Ray: a tiny random-init Llama (dropout on) trained by
-HF's Trainer with PeerMemoryCallback over a stand-in for peer memory (tests/memory_states.py:
+HF's Trainer with PeerMemoryCallback over a stand-in for peer memory (tests/support/memory_states.py:
 real snapshots). A run that loses its process at step 7 (saves every 3 steps) and is resumed by
 a fresh process (new Trainer, model initialised from another seed) through resume_from_peers
 ends with the parameters, optimizer state, scheduler state and log entries of an uninterrupted
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from memory_states import MemoryStates
-from trainer_runs import LosingStates, NodeLost, assert_equal_tree
+from support.memory_states import MemoryStates
+from support.trainer_runs import LosingStates, NodeLost, assert_equal_tree
 
 from ray_ckpt.errors import ConfigError
 

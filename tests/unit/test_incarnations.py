@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from shard_metas import shard_metas
+from support.shard_metas import shard_metas
 
 from ray_ckpt.core.registry import CommitDecision, Registry
 from ray_ckpt.core.shard import ShardMeta

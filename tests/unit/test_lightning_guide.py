@@ -1,5 +1,5 @@
 """docs/lightning.md: its blocks run as written (Ray's strategy, environment, prepare_trainer and
-the plugin's Checkpointer replaced by stand-ins, tests/memory_states.py), and the guide's
+the plugin's Checkpointer replaced by stand-ins, tests/support/memory_states.py), and the guide's
 train_func, lost at step 12 and resumed from step 10 (the first epoch's last batch) into the
 second epoch, ends bit-exact with an uninterrupted run."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from memory_states import MemoryStates
-from trainer_runs import LosingStates, NodeLost, assert_equal_tree, guide_blocks
+from support.memory_states import MemoryStates
+from support.trainer_runs import LosingStates, NodeLost, assert_equal_tree, guide_blocks
 
 pytest.importorskip("lightning")
 pytest.importorskip("torchdata")

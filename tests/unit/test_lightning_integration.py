@@ -1,7 +1,7 @@
 """The Lightning integration without Ray: the example's tiny LightningModule
 (scripts/lightning_example.py: Adam, a per-step StepLR) fed by a StatefulDataLoader with an
 epoch-seeded sampler, checkpointed through PeerMemoryCheckpointIO and SaveToPeers into a
-stand-in for peer memory (tests/memory_states.py: real snapshots). A run that loses its process
+stand-in for peer memory (tests/support/memory_states.py: real snapshots). A run that loses its process
 at step 7 (kept every 3 steps) and is resumed by a fresh process (new Trainer, module
 initialised from another seed) with ``fit(ckpt_path=io.resume_path())`` ends bit-exact with an
 uninterrupted run, across an epoch boundary. Paths, conversions and refusals say what to
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from memory_states import MemoryStates
-from scripts_under_test import load_script
-from trainer_runs import LosingStates, NodeLost, assert_equal_tree
+from support.memory_states import MemoryStates
+from support.scripts_under_test import load_script
+from support.trainer_runs import LosingStates, NodeLost, assert_equal_tree
 
 from ray_ckpt.errors import ConfigError, UnsupportedLeafError
 

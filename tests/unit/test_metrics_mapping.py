@@ -6,8 +6,8 @@ import collections
 from typing import Any
 
 import pytest
-import recorded_events
-from shard_metas import shard_metas
+from support import recorded_events
+from support.shard_metas import shard_metas
 
 from ray_ckpt.core import timeline
 from ray_ckpt.core.wire import RankRecord, StoreStats

@@ -1,9 +1,9 @@
-"""tests/pace.py: the unit of the test bounds that depend on the machine's speed."""
+"""tests/support/pace.py: the unit of the test bounds that depend on the machine's speed."""
 
 from __future__ import annotations
 
-import pace
 import pytest
+from support import pace
 
 
 @pytest.fixture

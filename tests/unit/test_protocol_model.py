@@ -14,7 +14,7 @@ import os
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from protocol_sim import World
+from support.protocol_sim import World
 
 NODES = 5
 EXAMPLES = int(os.environ.get("RAY_CKPT_PROTOCOL_EXAMPLES", "2000"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from protocol_sim import JOB, World
-from shard_metas import shard_metas
+from support.protocol_sim import JOB, World
+from support.shard_metas import shard_metas
 
 from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.registry import Registry

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from in_process_service import Service
+from support.in_process_service import Service
 
 from ray_ckpt import ConfigError, InsufficientShardsError, NoCheckpointError
 from ray_ckpt.checkpointer import Checkpointer

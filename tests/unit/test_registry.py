@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from shard_metas import shard_metas
+from support.shard_metas import shard_metas
 
 from ray_ckpt.core.registry import CommitDecision, Registry
 from ray_ckpt.core.shard import ShardMeta

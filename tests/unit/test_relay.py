@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shard_metas import shard_metas
+from support.shard_metas import shard_metas
 
 from ray_ckpt.core.batcher import Batcher
 from ray_ckpt.core.registry import Registry

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from in_process_service import Service
+from support.in_process_service import Service
 
 from ray_ckpt import ConfigError, RayCkptError
 from ray_ckpt.errors import StaleAttemptError

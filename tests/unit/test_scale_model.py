@@ -9,7 +9,7 @@ import math
 import pathlib
 
 import pytest
-from scripts_under_test import load_script
+from support.scripts_under_test import load_script
 
 sm = load_script("scale_model", module_name="scale_model_under_test")
 

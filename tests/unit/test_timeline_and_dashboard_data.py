@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-import recorded_events
+from support import recorded_events
 
 from ray_ckpt.core import events, timeline
 from ray_ckpt.core.nodes import RayNode

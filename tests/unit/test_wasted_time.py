@@ -5,7 +5,7 @@ the kill and not counting twice the first step after the restore, which redoes a
 from __future__ import annotations
 
 import pytest
-from scripts_under_test import load_script
+from support.scripts_under_test import load_script
 
 demo = load_script("demo", module_name="demo_under_test")
 STEP = 5.0

@@ -1,0 +1,110 @@
+"""The cluster tests' simulated cluster (``ray_ckpt.testing.SimulatedCluster`` plus the lookup
+of shard holders that picks victims) and the pool that hands one module's cluster to its tests
+in turn (the ``sim_cluster`` fixture, tests/cluster/conftest.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import ray
+
+from ray_ckpt import service
+from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.transport import naming
+from support import pace
+
+
+class SimCluster(SimulatedCluster):
+    """The harness's cluster, plus the shard-holder lookup the tests pick victims with."""
+
+    namespace: str
+
+    def worker_holders(self, shards: dict[int, str], count: int, indices: list[int] | None = None) -> list[str]:
+        """``count`` distinct worker nodes holding the given shard indices (default: any), in
+        index order (data shards first); the head node is never a victim."""
+        workers = {str(n.node_id) for n in self.workers}
+        chosen: list[str] = []
+        for index in indices if indices is not None else sorted(shards):
+            node_id = shards[index]
+            if node_id in workers and node_id not in chosen:
+                chosen.append(node_id)
+        if len(chosen) < count:
+            raise ValueError(f"fewer than {count} worker nodes hold shards {indices}: {shards}")
+        return chosen[:count]
+
+
+class ClusterPool:
+    """One module's simulated cluster, handed to its tests in turn.
+
+    Starting a cluster of N nodes costs about 20 s here, most of a cluster test. Each test gets
+    the same Ray nodes with a clean slate: the previous test's ray_ckpt service (registry and
+    stores, with their checkpoints) is killed, its driver disconnected (which ends its tasks and
+    actors), the live workers topped up or cut down to the count the test asks for, and a new
+    namespace with a new service. A test that failed takes the cluster with it, so the next
+    test starts on a fresh one."""
+
+    def __init__(self) -> None:
+        self.cluster: SimCluster | None = None
+
+    def take(self, count: int) -> SimCluster:
+        """The cluster with ``count`` live workers and a fresh service in a new namespace."""
+        namespace = f"test-{uuid.uuid4().hex[:8]}"
+        if self.cluster is not None:
+            try:
+                return self._reuse(self.cluster, count, namespace)
+            except Exception:
+                self.close()
+        self.cluster = SimCluster(count, namespace=namespace, **CLUSTER_ARGS)
+        return self.cluster
+
+    def _reuse(self, cluster: SimCluster, count: int, namespace: str) -> SimCluster:
+        ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
+        alive = naming.alive_node_ids()
+        for node in list(cluster.cluster.worker_nodes):  # killed behind the Cluster's back (chaos)
+            if str(node.node_id) not in alive:
+                cluster.cluster.remove_node(node, allow_graceful=False)
+        cluster.workers = [node for node in cluster.workers if str(node.node_id) in alive]
+        for node in cluster.workers[count:]:  # a hard kill: Ray declares it dead within seconds
+            cluster.cluster.remove_node(node, allow_graceful=False)
+            cluster.workers.remove(node)
+        if len(cluster.workers) < count:
+            cluster.add_workers(count - len(cluster.workers))
+        wait_alive(count + 1)
+        cluster.namespace = namespace
+        cluster.start_service(CLUSTER_ARGS["store_budget_bytes"])
+        return cluster
+
+    def give_back(self, failed: bool) -> None:
+        """End the test's use: drop its service and driver; on failure, the whole cluster."""
+        if self.cluster is None:
+            return
+        if failed or not ray.is_initialized():
+            self.close()
+            return
+        try:
+            service.shutdown(namespace=self.cluster.namespace)
+        finally:
+            ray.shutdown()
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+
+CLUSTER_ARGS: dict[str, Any] = {
+    "store_budget_bytes": 256 << 20,
+    "head_object_store_bytes": 200 << 20,
+    "worker_object_store_bytes": 150 << 20,
+}
+
+
+def wait_alive(nodes: int, timeout_s: float = pace.bound(60.0)) -> None:
+    """Wait until Ray counts exactly ``nodes`` alive nodes (removed ones declared dead)."""
+    deadline = time.monotonic() + timeout_s
+    while len(naming.alive_nodes()) != nodes:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ray did not settle on {nodes} alive nodes within {timeout_s} s")
+        time.sleep(0.2)
