@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -45,33 +45,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class SaveOrigin(TypedDict):
+    """What every shard's metadata of one save names, alike for its k+m shards and its local
+    copy: the job, step and rank, the world size, the worker group's attempt and the writer."""
+
+    job: str
+    step: int
+    rank: int
+    world_size: int
+    attempt: str
+    writer: str
+
+
 def shard_metas(
     shards: list[np.ndarray],
     payload_size: int,
     *,
     data_shards: int,
-    job: str,
-    step: int,
-    rank: int,
-    world_size: int,
-    attempt: str,
-    writer: str,
+    **origin: Unpack[SaveOrigin],
 ) -> list[ShardMeta]:
     """The metadata of one save's k+m shards (index order), with their checksums."""
     return [
         ShardMeta(
-            job=job,
-            step=step,
-            rank=rank,
+            **origin,
             index=i,
-            world_size=world_size,
             data_shards=data_shards,
             parity_shards=len(shards) - data_shards,
             payload_size=payload_size,
             shard_size=shard.size,
             checksum=checksum(shard),
-            attempt=attempt,
-            writer=writer,
         )
         for i, shard in enumerate(shards)
     ]
@@ -80,31 +82,20 @@ def shard_metas(
 def local_copy_meta(
     body: np.ndarray,
     data_metas: Sequence[ShardMeta],
-    *,
-    job: str,
-    step: int,
-    rank: int,
-    world_size: int,
-    attempt: str,
-    writer: str,
+    **origin: Unpack[SaveOrigin],
 ) -> ShardMeta:
     """The metadata of a rank's full local copy of a save: one "shard" of a k=1, m=0 code. Its
     checksum combines the checksums of the save's data shards ``data_metas`` (slices of the
     same buffer, ``checksum.of_parts``), so the state is not hashed a second time."""
     digests = [m.checksum for m in data_metas]
     return ShardMeta(
-        job=job,
-        step=step,
-        rank=rank,
+        **origin,
         index=0,
-        world_size=world_size,
         data_shards=1,
         parity_shards=0,
         payload_size=body.size,
         shard_size=body.size,
         checksum=combined(digests),
-        attempt=attempt,
-        writer=writer,
         checksum_parts=len(digests),
     )
 
@@ -331,7 +322,7 @@ class SavePipeline(WithIdentity):
         return result.committed
 
     def _scatter(
-        self, shards: list[np.ndarray], metas: list[ShardMeta], body: np.ndarray, common: dict[str, Any]
+        self, shards: list[np.ndarray], metas: list[ShardMeta], body: np.ndarray, common: SaveOrigin
     ) -> tuple[list[str], ShardMeta | None]:
         """Put every shard into the store of its node (and the local copy into this node's
         store). A store that dies or times out meanwhile is left out and the shards are placed
@@ -387,16 +378,16 @@ class SavePipeline(WithIdentity):
         except KeyError:
             return None
 
-    def _common(self, step: int) -> dict[str, Any]:
-        """What every shard's metadata of ``step`` names: job, step, rank, world size, attempt, writer."""
-        return {
-            "job": self.job,
-            "step": step,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "attempt": self.attempt or "",
-            "writer": self.writer,
-        }
+    def _common(self, step: int) -> SaveOrigin:
+        """What every shard's metadata of ``step`` names."""
+        return SaveOrigin(
+            job=self.job,
+            step=step,
+            rank=self.rank,
+            world_size=self.world_size,
+            attempt=self.attempt or "",
+            writer=self.writer,
+        )
 
     def _note_protection(self, targets: list[str], stores: int) -> None:
         """Keep the protection of the placement just chosen, warning once when it drops below
