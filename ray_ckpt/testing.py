@@ -8,6 +8,8 @@
   told otherwise. It is a context manager: leaving it (or ``shutdown()``) disconnects and stops
   every node. Set ``RAY_TMPDIR`` to a short folder of your own before building one.
 - ``digest(state)``: a hash of a state's snapshot bytes; equal digests mean bit-exact states.
+  ``params_digest(model)``: the same promise for a torch model's parameters (a DTensor
+  gathered first); ``busy(seconds)``: CPU compute standing in for a training step's.
 - ``BenchRank`` and ``rank_actor()``: one training rank as a Ray actor, holding a generated
   state, saving and restoring it through a ``Checkpointer`` and timing it (the benchmarks);
   ``RawSink`` and ``sink_actor()``: what it pushes bare bytes to, the floor of a save's scatter.
@@ -199,6 +201,30 @@ def digest(state: Any) -> str:
 
     header, payload = snapshot.snapshot(state)
     return hashlib.sha256(header + payload.tobytes()).hexdigest()
+
+
+def params_digest(model: Any) -> str:
+    """SHA-256 of a torch model's full parameters, in ``state_dict`` order: equal digests mean
+    bit-exact models. A DTensor is gathered first, so every rank of a sharded model must call
+    this."""
+    import torch
+
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        digest.update(full.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def busy(seconds: float) -> None:
+    """A long compute made of short torch operations, on a tensor of its own (no model is
+    touched): a training step's CPU work, during which a checkpointer's threads compete."""
+    import torch
+
+    deadline = time.monotonic() + seconds
+    x = torch.ones(128, 128)
+    while time.monotonic() < deadline:
+        x = torch.tanh(x @ x * 1e-3)
 
 
 # ---- the benchmarks' states and rank ----------------------------------------------------------

@@ -29,7 +29,6 @@ models equal the uninterrupted run's, bit for bit.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -100,25 +99,6 @@ def batch(data: Any, step: int, rank: int) -> tuple[Any, Any]:
     return x, y
 
 
-def params_digest(model: Any) -> str:
-    import torch
-
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def busy(seconds: float) -> None:
-    """A long compute made of short torch operations, on a tensor of its own (the model is untouched)."""
-    import torch
-
-    deadline = time.monotonic() + seconds
-    x = torch.ones(128, 128)
-    while time.monotonic() < deadline:
-        x = torch.tanh(x @ x * 1e-3)
-
-
 def train_loop(config: dict[str, Any]) -> None:
     """One worker: restore, then train; checkpoint with ray_ckpt or, as the baseline, the
     Ray Train way (torch.save + ray.train.report) every ``baseline_every`` steps."""
@@ -130,6 +110,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
     import ray_ckpt
     from ray_ckpt.core import events
+    from ray_ckpt.testing import busy, params_digest
     from ray_ckpt.transport import naming
 
     torch.set_num_threads(1)

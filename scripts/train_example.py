@@ -16,7 +16,6 @@ reshards the committed step from peer memory into the new sharding (``run_elasti
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import pathlib
@@ -34,7 +33,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import ray_ckpt
-from ray_ckpt.testing import SimulatedCluster
+from ray_ckpt.testing import SimulatedCluster, busy, params_digest
 from ray_ckpt.tools import quiet
 from ray_ckpt.transport import naming
 
@@ -53,23 +52,6 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(step * 1009 + rank)
     x = torch.randn(64, 32, generator=generator)
     return x, x.sum(dim=1, keepdim=True).sin()
-
-
-def params_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of the full parameters (a DTensor is gathered: every rank must call this)."""
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        digest.update(full.detach().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def busy(seconds: float) -> None:
-    """A long compute made of short operations (on a tensor of its own: the model is untouched)."""
-    deadline = time.monotonic() + seconds
-    x = torch.ones(128, 128)
-    while time.monotonic() < deadline:
-        x = torch.tanh(x @ x * 1e-3)
 
 
 def fsdp2_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
