@@ -290,27 +290,25 @@ def test_dashboard_renders_recorded_recoveries(chromium: str, dashboard_url: str
     _screenshot(chromium, tmp_path / "profile-shot", dashboard_url, "dashboard.png")
 
 
-def test_exported_report_renders_without_a_server(chromium: str, tmp_path: pathlib.Path) -> None:
-    events_file = recorded_events.write(tmp_path / "events.jsonl")
-    report = tmp_path / "report.html"
+def _export_report(events_file: pathlib.Path, report: pathlib.Path) -> str:
+    """``ray-ckpt dashboard --events events_file --export report``, asserting that it exited 0;
+    what it printed."""
+    command = ["dashboard", "--events", str(events_file), "--export", str(report)]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ray_ckpt.tools.cli",
-            "dashboard",
-            "--events",
-            str(events_file),
-            "--export",
-            str(report),
-        ],
+        [sys.executable, "-m", "ray_ckpt.tools.cli", *command],
         capture_output=True,
         text=True,
         timeout=pace.bound(120),
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 recoveries, 1 failed" in done.stdout
+    return done.stdout
+
+
+def test_exported_report_renders_without_a_server(chromium: str, tmp_path: pathlib.Path) -> None:
+    events_file = recorded_events.write(tmp_path / "events.jsonl")
+    report = tmp_path / "report.html"
+    assert "2 recoveries, 1 failed" in _export_report(events_file, report)
     dumped = _run_chromium(chromium, tmp_path / "profile", "--dump-dom", report.as_uri())
     assert dumped.returncode == 0, dumped.stderr[-3000:]
     _check_page(dumped.stdout, dumped.stderr)
@@ -323,23 +321,7 @@ def test_single_point_charts_have_axes_around_the_point(chromium: str, tmp_path:
     records = recorded_events.single_point_records()
     events_file = recorded_events.write(tmp_path / "events.jsonl", records)
     report = tmp_path / "report.html"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ray_ckpt.tools.cli",
-            "dashboard",
-            "--events",
-            str(events_file),
-            "--export",
-            str(report),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=pace.bound(120),
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    _export_report(events_file, report)
     dumped = _run_chromium(chromium, tmp_path / "profile", "--dump-dom", report.as_uri())
     assert dumped.returncode == 0, dumped.stderr[-3000:]
     page = _Dom(dumped.stdout).root

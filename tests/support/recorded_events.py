@@ -181,6 +181,35 @@ def _status(time: float, step: int, attempt: str, alive: list[int], job: str = J
     )
 
 
+def _kill(time: float, node: int, mode: str = "node") -> dict[str, Any]:
+    return events.event("kill", time=time, node_id=NODES[node], mode=mode, by="ray-ckpt kill-node")
+
+
+def _dead(time: float, node: int) -> dict[str, Any]:
+    return events.event("node_dead", time=time, node_id=NODES[node])
+
+
+def _recovered(
+    attempt: str, step: int, steps_lost: int, times: list[tuple[float, float]], **per_rank: Any
+) -> list[dict[str, Any]]:
+    """Every rank's restore of ``step`` in ``attempt``: rank r's ``(time, started)`` is
+    ``times[r]``; each other field is a function of the rank."""
+    return [
+        _restore(attempt, rank, time, started, step, steps_lost=steps_lost, **{k: f(rank) for k, f in per_rank.items()})
+        for rank, (time, started) in enumerate(times)
+    ]
+
+
+def _saved(attempt: str, steps_at: list[tuple[int, float]], alive: list[int]) -> list[dict[str, Any]]:
+    """Every rank's save of each step at its base time (rank r 0.1 s after it), then the status
+    snapshot of its commit 0.35 s after the base."""
+    out = []
+    for step, base in steps_at:
+        out += [_save(attempt, rank, step, T0 + base + 0.1 * rank) for rank in range(RANKS)]
+        out.append(_status(T0 + base + 0.35, step, attempt, alive))
+    return out
+
+
 def records() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     everyone = list(range(8))
@@ -197,70 +226,47 @@ def records() -> list[dict[str, Any]]:
             out.append(_save("a1", rank, step, T0 + 4.0 + 0.5 * step + 0.02 * rank, wait))
         out.append(_status(T0 + 4.0 + 0.5 * step + 0.11, step, "a1", everyone))
     # failure 1: node 5
-    out.append(events.event("kill", time=T0 + 20.0, node_id=NODES[5], mode="node", by="ray-ckpt kill-node"))
-    out.append(events.event("node_dead", time=T0 + 22.1, node_id=NODES[5]))
-    for rank in range(RANKS):
-        out.append(
-            _restore(
-                "a2",
-                rank,
-                T0 + 26.0 + 0.2 * rank,
-                T0 + 25.0 + 0.1 * rank,
-                30,
-                source="local" if rank == 0 else "peers",
-                steps_lost=3,
-                bytes=0 if rank == 0 else 4 * SHARD_BYTES,
-                phases_s={
-                    "locate": 0.012 + 0.001 * rank,
-                    "fetch": 0.4 + 0.1 * rank,
-                    "decode": 0.15 + 0.02 * rank,
-                    "load": 0.08 + 0.01 * rank,
-                },
-            )
-        )
-    for step, base in ((31, 28.0), (40, 32.0), (50, 37.0)):
-        for rank in range(RANKS):
-            out.append(_save("a2", rank, step, T0 + base + 0.1 * rank))
-        out.append(_status(T0 + base + 0.35, step, "a2", [0, 1, 2, 3, 4, 6, 7]))
+    out += [_kill(T0 + 20.0, 5), _dead(T0 + 22.1, 5)]
+    out += _recovered(
+        "a2",
+        30,
+        3,
+        [(T0 + 26.0 + 0.2 * rank, T0 + 25.0 + 0.1 * rank) for rank in range(RANKS)],
+        source=lambda rank: "local" if rank == 0 else "peers",
+        bytes=lambda rank: 0 if rank == 0 else 4 * SHARD_BYTES,
+        phases_s=lambda rank: {
+            "locate": 0.012 + 0.001 * rank,
+            "fetch": 0.4 + 0.1 * rank,
+            "decode": 0.15 + 0.02 * rank,
+            "load": 0.08 + 0.01 * rank,
+        },
+    )
+    out += _saved("a2", [(31, 28.0), (40, 32.0), (50, 37.0)], [0, 1, 2, 3, 4, 6, 7])
     # failure 2: nodes 4 and 6, 0.8 s apart
-    out.append(events.event("kill", time=T0 + 60.0, node_id=NODES[4], mode="node", by="ray-ckpt kill-node"))
-    out.append(events.event("kill", time=T0 + 60.8, node_id=NODES[6], mode="node", by="ray-ckpt kill-node"))
-    out.append(events.event("node_dead", time=T0 + 62.0, node_id=NODES[4]))
-    out.append(events.event("node_dead", time=T0 + 62.6, node_id=NODES[6]))
-    for rank in range(RANKS):
-        out.append(
-            _restore(
-                "a3",
-                rank,
-                T0 + 66.5 + 0.1 * rank,
-                T0 + 65.0 + 0.1 * rank,
-                50,
-                source="peers",
-                steps_lost=2,
-                bytes=4 * SHARD_BYTES,
-                phases_s={
-                    "locate": 0.02 + 0.001 * rank,
-                    "fetch": 0.9 + 0.05 * rank,
-                    "decode": 0.3 + 0.01 * rank,
-                    "load": 0.09 + 0.01 * rank,
-                },
-            )
-        )
-    for step, base in ((51, 69.0), (60, 74.0)):
-        for rank in range(RANKS):
-            out.append(_save("a3", rank, step, T0 + base + 0.1 * rank))
-        out.append(_status(T0 + base + 0.35, step, "a3", SURVIVORS))
+    out += [_kill(T0 + 60.0, 4), _kill(T0 + 60.8, 6), _dead(T0 + 62.0, 4), _dead(T0 + 62.6, 6)]
+    out += _recovered(
+        "a3",
+        50,
+        2,
+        [(T0 + 66.5 + 0.1 * rank, T0 + 65.0 + 0.1 * rank) for rank in range(RANKS)],
+        source=lambda rank: "peers",
+        bytes=lambda rank: 4 * SHARD_BYTES,
+        phases_s=lambda rank: {
+            "locate": 0.02 + 0.001 * rank,
+            "fetch": 0.9 + 0.05 * rank,
+            "decode": 0.3 + 0.01 * rank,
+            "load": 0.09 + 0.01 * rank,
+        },
+    )
+    out += _saved("a3", [(51, 69.0), (60, 74.0)], SURVIVORS)
     # a store-only kill: no restart follows
-    out.append(events.event("kill", time=T0 + 90.0, node_id=NODES[3], mode="store", by="ray-ckpt kill-node"))
+    out.append(_kill(T0 + 90.0, 3, mode="store"))
     return out
 
 
 def failed_restart_records() -> list[dict[str, Any]]:
     """Failure 3, after ``records()``: node 2; the job comes back with 3 ranks and every restore raises."""
-    out = [
-        events.event("kill", time=T0 + 100.0, node_id=NODES[2], mode="node", by="ray-ckpt kill-node"),
-        events.event("node_dead", time=T0 + 102.0, node_id=NODES[2]),
-    ]
+    out = [_kill(T0 + 100.0, 2), _dead(T0 + 102.0, 2)]
     for rank in range(3):
         out.append(
             _restore(
@@ -299,8 +305,7 @@ def single_point_records() -> list[dict[str, Any]]:
         for rank in range(2)
     ]
     out += [_save("a1", rank, 0, T0 + 3.0 + 0.01 * rank, job=TINY) for rank in range(2)]
-    out.append(events.event("kill", time=T0 + 10.0, node_id=NODES[1], mode="node", by="ray-ckpt kill-node"))
-    out.append(events.event("node_dead", time=T0 + 11.0, node_id=NODES[1]))
+    out += [_kill(T0 + 10.0, 1), _dead(T0 + 11.0, 1)]
     phases = {"locate": 0.01, "fetch": 0.2, "decode": 0.05, "load": 0.03}
     out += [
         _restore("a2", r, T0 + 14.0, T0 + 13.0, 0, job=TINY, source="peers", steps_lost=0, bytes=1, phases_s=phases)
