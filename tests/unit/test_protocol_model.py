@@ -10,6 +10,7 @@ and without an attempt or a restore, and checks every invariant after each event
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -19,6 +20,28 @@ from support.protocol_sim import World
 NODES = 5
 EXAMPLES = int(os.environ.get("RAY_CKPT_PROTOCOL_EXAMPLES", "2000"))
 STEPS = int(os.environ.get("RAY_CKPT_PROTOCOL_STEPS", "40"))
+
+
+def _node_event(name: str, doc: str | None = None) -> Any:
+    """A rule that applies the ``World``'s event ``name`` to one of the nodes."""
+
+    def event(self: CommitProtocol, node: int) -> None:
+        getattr(self.world, name)(f"n{node}")
+
+    event.__name__ = event.__qualname__ = name  # hypothesis names the rule by it in a trace
+    event.__doc__ = doc
+    return rule(node=st.integers(0, NODES - 1))(event)
+
+
+def _world_event(name: str, doc: str | None = None) -> Any:
+    """A rule that applies the ``World``'s event ``name`` (no argument)."""
+
+    def event(self: CommitProtocol) -> None:
+        getattr(self.world, name)()
+
+    event.__name__ = event.__qualname__ = name
+    event.__doc__ = doc
+    return rule()(event)
 
 
 class CommitProtocol(RuleBasedStateMachine):
@@ -86,44 +109,21 @@ class CommitProtocol(RuleBasedStateMachine):
     def new_incarnation(self, with_attempt: bool, restores_first: bool) -> None:
         self.world.start_incarnation(with_attempt=with_attempt, restores_first=restores_first)
 
-    @rule(node=st.integers(0, NODES - 1))
-    def kill_node(self, node: int) -> None:
-        self.world.kill_node(f"n{node}")
-
-    @rule(node=st.integers(0, NODES - 1))
-    def revive_node(self, node: int) -> None:
-        self.world.revive_node(f"n{node}")
-
-    @rule(node=st.integers(0, NODES - 1))
-    def restart_store(self, node: int) -> None:
-        self.world.restart_store(f"n{node}")
-
     @rule(rank=st.integers(0, 2))
     def outside_read(self, rank: int) -> None:
         """An evaluation sidecar reads a rank's newest committed step while the job runs."""
         self.world.read(rank % self.world.world_size)
 
-    @rule(node=st.integers(0, NODES - 1))
-    def pause_store(self, node: int) -> None:
-        """A store stops answering while alive (a frozen process): slow, not dead."""
-        self.world.pause_store(f"n{node}")
-
-    @rule(node=st.integers(0, NODES - 1))
-    def resume_store(self, node: int) -> None:
-        self.world.resume_store(f"n{node}")
-
-    @rule()
-    def run_short_of_memory(self) -> None:
-        """The next restore fails with MemoryError (the old workers still exiting)."""
-        self.world.run_short_of_memory()
-
-    @rule()
-    def restart_registry(self) -> None:
-        self.world.restart_registry()
-
-    @rule()
-    def push_marks(self) -> None:
-        self.world.push_marks()
+    kill_node = _node_event("kill_node")
+    revive_node = _node_event("revive_node")
+    restart_store = _node_event("restart_store")
+    pause_store = _node_event("pause_store", "A store stops answering while alive (a frozen process): slow, not dead.")
+    resume_store = _node_event("resume_store")
+    run_short_of_memory = _world_event(
+        "run_short_of_memory", "The next restore fails with MemoryError (the old workers still exiting)."
+    )
+    restart_registry = _world_event("restart_registry")
+    push_marks = _world_event("push_marks")
 
     @invariant()
     def protocol_holds(self) -> None:

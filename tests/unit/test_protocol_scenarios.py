@@ -20,16 +20,36 @@ def world(**options: object) -> World:
     return World(nodes=5, world_size=2, k=2, m=1, seed=3, **options)  # type: ignore[arg-type]
 
 
-def test_a_new_incarnation_that_saves_before_restoring_keeps_its_step() -> None:
-    """Incarnation A's rank 0 stages step 0 and A dies; B's ranks save step 0 without calling
-    restore(). B's first stage joins its attempt, which discards A's torn step 0: the stores
-    drop A's shards of it, never B's own (put just before), and step 0 commits restorable."""
+def restore_every_live_rank(sim: World) -> None:
+    for process in sim.live():
+        sim.restore(process)
+
+
+def save_with_every_live_rank(sim: World, steps: int = 1) -> None:
+    """``steps`` saves, each put and staged by every live rank in turn."""
+    for _ in range(steps):
+        for process in sim.live():
+            sim.put(process)
+            sim.stage(process)
+
+
+def a_torn_step_0_then_a_new_group() -> World:
+    """Group a0 (with an attempt, no restore first) whose rank 0 puts and stages step 0 and dies
+    there; then the next group starts, also saving before it restores."""
     sim = world()
     sim.start_incarnation(with_attempt=True, restores_first=False)
     a0 = sim.live()[0]
     sim.put(a0)
     sim.stage(a0)
     sim.start_incarnation(with_attempt=True, restores_first=False)
+    return sim
+
+
+def test_a_new_incarnation_that_saves_before_restoring_keeps_its_step() -> None:
+    """Incarnation A's rank 0 stages step 0 and A dies; B's ranks save step 0 without calling
+    restore(). B's first stage joins its attempt, which discards A's torn step 0: the stores
+    drop A's shards of it, never B's own (put just before), and step 0 commits restorable."""
+    sim = a_torn_step_0_then_a_new_group()
     b0, b1 = sim.live()
     sim.put(b0)
     sim.put(b1)
@@ -38,8 +58,7 @@ def test_a_new_incarnation_that_saves_before_restoring_keeps_its_step() -> None:
     assert sim.registry.committed_steps(JOB) == [0]
     sim.check()  # invariant 1: the committed step is in the stores
     sim.start_incarnation(with_attempt=True)
-    for process in sim.live():
-        sim.restore(process)
+    restore_every_live_rank(sim)
     assert {rank: step for rank, step in next(iter(sim.restores.values())).items()} == {0: 0, 1: 0}
 
 
@@ -56,11 +75,8 @@ def test_two_incarnations_halves_never_commit_as_one_step() -> None:
         if step < 5:
             sim.stage(a1)
     sim.start_incarnation(with_attempt=True)
-    for process in sim.live():
-        sim.restore(process)
-    for process in sim.live():
-        sim.put(process)
-        sim.stage(process)
+    restore_every_live_rank(sim)
+    save_with_every_live_rank(sim)
     assert sim.commits[5] == {0: "w1-0", 1: "w1-1"}
     if a1.alive:  # A's rank 1 lingered with its save of step 5 in flight
         sim.stage(a1)
@@ -75,12 +91,8 @@ def test_ranks_without_an_attempt_agree_on_one_step() -> None:
     rank 0 loaded, is not rolled back."""
     sim = world(local_copy=False)
     sim.start_incarnation(with_attempt=False)
-    for process in sim.live():
-        sim.restore(process)
-    for _ in range(3):
-        for process in sim.live():
-            sim.put(process)
-            sim.stage(process)
+    restore_every_live_rank(sim)
+    save_with_every_live_rank(sim, steps=3)
     assert sim.registry.committed_steps(JOB)[-1] == 2
     sim.start_incarnation(with_attempt=False)
     r0, r1 = sim.live()
@@ -149,12 +161,8 @@ def test_a_registry_restart_keeps_the_attempt_history_and_the_plan() -> None:
     loaded; a zombie of the superseded attempt a0 is still refused."""
     sim = world(local_copy=False)
     sim.start_incarnation(with_attempt=True)
-    for process in sim.live():
-        sim.restore(process)
-    for _ in range(2):
-        for process in sim.live():
-            sim.put(process)
-            sim.stage(process)
+    restore_every_live_rank(sim)
+    save_with_every_live_rank(sim, steps=2)
     sim.start_incarnation(with_attempt=True)
     r0, r1 = sim.live()
     sim.restore(r0)
@@ -184,17 +192,14 @@ def test_a_zombie_whose_shards_were_all_discarded_stays_refused_after_a_registry
     sim.put(a1)  # its stage is still in flight
     sim.start_incarnation(with_attempt=False)
     a1.alive = True  # a zombie with a save in flight
-    for process in sim.live():
-        sim.restore(process)
+    restore_every_live_rank(sim)
     assert not any(m.attempt == "a0" for store in sim.stores.values() for m in store.inventory())
     sim.restart_registry()
     sim.stage(a1)
     assert not a1.alive  # refused: StaleAttemptError
     with pytest.raises(Exception, match="superseded"):
         sim.registry.join(JOB, "a0")
-    for process in sim.live():
-        sim.put(process)
-        sim.stage(process)
+    save_with_every_live_rank(sim)
     assert sim.registry.committed_steps(JOB) == [0]
     assert {w[:2] for w in sim.commits[0].values()} == {"w1"}
     sim.check()
@@ -206,12 +211,7 @@ def test_a_zombies_first_stage_never_drops_a_later_groups_unstaged_shards() -> N
     discards a0's torn step 0, dropping the shards of the attempts it knows superseded (a0), never
     a2's, which it has not heard of yet. a2's stages then commit step 0, restorable (found by
     scripts/protocol_campaign.py --seed 23)."""
-    sim = world()
-    sim.start_incarnation(with_attempt=True, restores_first=False)
-    a0 = sim.live()[0]
-    sim.put(a0)
-    sim.stage(a0)
-    sim.start_incarnation(with_attempt=True, restores_first=False)
+    sim = a_torn_step_0_then_a_new_group()
     b0 = sim.live()[0]
     sim.put(b0)
     sim.start_incarnation(with_attempt=True, restores_first=False)
@@ -234,11 +234,8 @@ def test_a_step_a_rebuilt_registry_holds_every_ranks_shards_of_is_never_called_t
     pending, not torn; rank 1's stage then commits it (invariant 7: a torn step never commits)."""
     sim = World(nodes=5, world_size=2, k=2, m=1, seed=0)
     sim.start_incarnation(with_attempt=False, restores_first=False)
-    for process in sim.live():
-        sim.restore(process)
-    for process in sim.live():
-        sim.put(process)
-        sim.stage(process)
+    restore_every_live_rank(sim)
+    save_with_every_live_rank(sim)
     rank0, rank1 = sim.live()
     sim.put(rank0)
     sim.put(rank1)
@@ -259,11 +256,8 @@ def _a_committed_step_0_and_a_later_groups_unstaged_save_of_it() -> World:
     restoring and both its ranks put step 0, neither stages it yet (found by the model test)."""
     sim = World(nodes=5, world_size=2, k=2, m=1, seed=0)
     sim.start_incarnation(with_attempt=False, restores_first=False)
-    for process in sim.live():
-        sim.restore(process)
-    for process in sim.live():
-        sim.put(process)
-        sim.stage(process)
+    restore_every_live_rank(sim)
+    save_with_every_live_rank(sim)
     assert sim.commits[0] == {0: "w0-0", 1: "w0-1"}
     sim.start_incarnation(with_attempt=True, restores_first=False)
     for process in sim.live():
