@@ -18,11 +18,9 @@ from typing import Any
 import pytest
 import ray
 from support import pace
-from support.cluster_ranks import SAVERS, digest, make_state, on_node, restore_rank
+from support.cluster_ranks import SAVERS, digest, make_state, on_node, rank_checkpointer, restore_rank
 from support.sim_cluster import SimCluster
 
-import ray_ckpt
-from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.transport import naming
 from ray_ckpt.transport.registry_client import RegistryClient
 
@@ -48,14 +46,7 @@ def save_and_wait(namespace: str, job: str, rank: int, world_size: int, steps: i
     """Save steps 0..steps-1 as one rank (of the worker group ``SAVERS``), waiting up to
     ``wait_s`` for each commit; the steps this rank saw commit."""
     seen = []
-    with Checkpointer(
-        job=job,
-        rank=rank,
-        world_size=world_size,
-        config=ray_ckpt.CheckpointConfig(**CODE),
-        namespace=namespace,
-        attempt=SAVERS,
-    ) as checkpointer:
+    with rank_checkpointer(namespace, job, rank, world_size, CODE, SAVERS) as checkpointer:
         for step in range(steps):
             checkpointer.save(step, make_state(rank, step, 2_000)).wait(timeout_s=wait_s)
             seen.append(step)

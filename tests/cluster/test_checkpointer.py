@@ -21,6 +21,7 @@ from support.cluster_ranks import (
     linear_state,
     make_state,
     on_node,
+    rank_checkpointer,
     restore_rank,
     save_steps,
     shard_nodes,
@@ -43,14 +44,7 @@ OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
 def save_then_crash(namespace: str, job: str, rank: int, world_size: int, step: int, config: dict) -> None:
     """Start saving ``step`` (as a rank of the worker group ``save_steps`` saves with) and kill
     this process while the save runs in the background."""
-    checkpointer = Checkpointer(
-        job=job,
-        rank=rank,
-        world_size=world_size,
-        config=ray_ckpt.CheckpointConfig(**config),
-        namespace=namespace,
-        attempt=SAVERS,
-    )
+    checkpointer = rank_checkpointer(namespace, job, rank, world_size, config, SAVERS)
     checkpointer.save(step, make_state(rank, step))
     os._exit(1)
 

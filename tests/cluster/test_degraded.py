@@ -9,7 +9,7 @@ import time
 import pytest
 import ray
 from support import pace
-from support.cluster_ranks import digest, make_state, on_node, restore_rank, save_steps
+from support.cluster_ranks import digest, make_state, on_node, rank_checkpointer, restore_rank, save_steps
 from support.sim_cluster import SimCluster
 
 import ray_ckpt
@@ -92,9 +92,7 @@ def test_a_shrinking_cluster_keeps_saving_with_real_protection_and_recovers_full
 @ray.remote(num_cpus=1, max_retries=0)
 def _restore_into(namespace: str, job: str, rank: int, world_size: int, config: dict) -> Exception | None:
     """``restore(into=...)`` of a plain state at ``world_size``; the error it raised, if any."""
-    with Checkpointer(
-        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**config), namespace=namespace
-    ) as checkpointer:
+    with rank_checkpointer(namespace, job, rank, world_size, config) as checkpointer:
         try:
             checkpointer.restore(into=make_state(rank, 0, 1000))
         except Exception as error:

@@ -9,16 +9,7 @@ import numpy as np
 import pytest
 import ray
 from support import pace
-from support.cluster_ranks import (
-    SAVERS,
-    close_every_socket,
-    digest,
-    make_state,
-    on_node,
-    restore_rank,
-    save_steps,
-    shard_nodes,
-)
+from support.cluster_ranks import SAVERS, make_state, on_node, rank_checkpointer, restore_rank, save_steps, shard_nodes
 from support.sim_cluster import SimCluster
 
 import ray_ckpt
@@ -26,6 +17,7 @@ from ray_ckpt import service
 from ray_ckpt.checkpointer import Checkpointer
 from ray_ckpt.core.shard import ShardAddress
 from ray_ckpt.errors import InsufficientShardsError, StoreFullError
+from ray_ckpt.testing import digest
 from ray_ckpt.transport import naming
 
 pytestmark = pytest.mark.cluster
@@ -129,17 +121,15 @@ def test_corrupted_shard_bytes_are_detected_and_routed_around(sim_cluster: SimCl
 @ray.remote(num_cpus=1, max_retries=0)
 def _restore_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int) -> dict:
     """Restore one rank as a reader to which every store's socket is closed."""
-    with Checkpointer(
-        job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**CODE), namespace=namespace
-    ) as checkpointer:
-        close_every_socket(checkpointer, namespace, job)
+    with rank_checkpointer(namespace, job, rank, world_size, CODE, sockets_closed=True) as checkpointer:
         restored = checkpointer.restore()
     return {"step": restored.step, "digest": digest(restored.state)}
 
 
-def _direct_reads_served(namespace: str) -> int:
+def _stores_count(namespace: str, counter: str) -> int:
+    """The sum of a counter of the stores' stats over every store (``direct_reads``, ``direct_writes``)."""
     handles = naming.store_handles(namespace).values()
-    return sum(stats["direct_reads"] for stats in ray.get([h.stats.remote() for h in handles], timeout=pace.bound(30)))
+    return sum(stats[counter] for stats in ray.get([h.stats.remote() for h in handles], timeout=pace.bound(30)))
 
 
 def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is_closed(
@@ -149,7 +139,7 @@ def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is
     (the stores count each read); a reader that cannot reach those sockets reads through Ray instead,
     bit-exact, and no store serves it a direct read."""
     save_all(sim_cluster, [0], world_size=2)
-    before = _direct_reads_served(sim_cluster.namespace)
+    before = _stores_count(sim_cluster.namespace, "direct_reads")
     results = ray.get(  # each rank on its own node, which holds none of its shards (7 nodes >= k+m)
         [
             restore_rank.options(scheduling_strategy=on_node(sim_cluster.node_id(rank))).remote(
@@ -159,32 +149,19 @@ def test_restores_read_each_store_through_its_socket_or_through_ray_when_that_is
         ]
     )
     assert [r["digest"] for r in results] == [digest(make_state(r, 0)) for r in range(2)]
-    served = _direct_reads_served(sim_cluster.namespace)
+    served = _stores_count(sim_cluster.namespace, "direct_reads")
     assert served - before == 2 * CODE["data_shards"]
     result = ray.get(_restore_with_unreachable_sockets.remote(sim_cluster.namespace, JOB, 1, 2))
     assert result == {"step": 0, "digest": digest(make_state(1, 0))}
-    assert _direct_reads_served(sim_cluster.namespace) == served
+    assert _stores_count(sim_cluster.namespace, "direct_reads") == served
 
 
 @ray.remote(num_cpus=1, max_retries=0)
 def _save_with_unreachable_sockets(namespace: str, job: str, rank: int, world_size: int, step: int) -> None:
     """Save one step as a rank (of the worker group ``save_steps`` saves with) to which every
     store's socket is closed: its shards must go through Ray."""
-    with Checkpointer(
-        job=job,
-        rank=rank,
-        world_size=world_size,
-        config=ray_ckpt.CheckpointConfig(**CODE),
-        namespace=namespace,
-        attempt=SAVERS,
-    ) as checkpointer:
-        close_every_socket(checkpointer, namespace, job)
+    with rank_checkpointer(namespace, job, rank, world_size, CODE, SAVERS, sockets_closed=True) as checkpointer:
         checkpointer.save(step, make_state(rank, step)).staged(timeout_s=60)
-
-
-def _direct_writes_stored(namespace: str) -> int:
-    handles = naming.store_handles(namespace).values()
-    return sum(stats["direct_writes"] for stats in ray.get([h.stats.remote() for h in handles], timeout=pace.bound(30)))
 
 
 def test_saves_write_each_shard_through_its_stores_socket_or_through_ray_when_that_is_closed(
@@ -194,7 +171,7 @@ def test_saves_write_each_shard_through_its_stores_socket_or_through_ray_when_th
     write); a saver that cannot reach those sockets puts them through Ray instead, no store
     counts a write, and both steps restore bit-exact."""
     save_all(sim_cluster, [0], world_size=2)
-    written = _direct_writes_stored(sim_cluster.namespace)
+    written = _stores_count(sim_cluster.namespace, "direct_writes")
     assert written == 2 * (CODE["data_shards"] + CODE["parity_shards"])
     ray.get(
         [
@@ -204,7 +181,7 @@ def test_saves_write_each_shard_through_its_stores_socket_or_through_ray_when_th
             for rank in range(2)
         ]
     )
-    assert _direct_writes_stored(sim_cluster.namespace) == written
+    assert _stores_count(sim_cluster.namespace, "direct_writes") == written
     results = restore_all(sim_cluster, world_size=2)
     assert [(r["step"], r["digest"]) for r in results] == [(1, digest(make_state(r, 1))) for r in range(2)]
 
@@ -332,14 +309,7 @@ def test_checkpointer_rejects_bad_input_at_the_call_and_loses_nothing(sim_cluste
 @ray.remote(num_cpus=1, max_retries=0)
 def _save_step(namespace: str, rank: int, world_size: int, step: int, config: dict) -> None:
     """Save make_state(rank, step) as one rank of the worker group "group-1"."""
-    with Checkpointer(
-        job=JOB,
-        rank=rank,
-        world_size=world_size,
-        config=ray_ckpt.CheckpointConfig(**config),
-        namespace=namespace,
-        attempt="group-1",
-    ) as checkpointer:
+    with rank_checkpointer(namespace, JOB, rank, world_size, config, "group-1") as checkpointer:
         checkpointer.save(step, make_state(rank, step)).wait(timeout_s=60)
 
 

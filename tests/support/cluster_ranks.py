@@ -33,6 +33,36 @@ def make_state(rank: int, step: int, size: int = 50_000) -> dict[str, Any]:
     }
 
 
+def rank_checkpointer(
+    namespace: str,
+    job: str,
+    rank: int,
+    world_size: int,
+    config: dict[str, Any],
+    attempt: str | None = None,
+    *,
+    sockets_closed: bool = False,
+) -> Checkpointer:
+    """One rank's ``Checkpointer`` on the test's service; ``config`` holds ``CheckpointConfig``'s
+    keywords (a dict crosses to a Ray task as is). ``sockets_closed``: every store's socket is
+    unreachable to it (``close_every_socket``), so its shards go through Ray."""
+    checkpointer = Checkpointer(
+        job=job,
+        rank=rank,
+        world_size=world_size,
+        config=ray_ckpt.CheckpointConfig(**config),
+        namespace=namespace,
+        attempt=attempt,
+    )
+    if sockets_closed:
+        try:
+            close_every_socket(checkpointer, namespace, job)
+        except BaseException:
+            checkpointer.close()
+            raise
+    return checkpointer
+
+
 SAVERS = "savers"
 """The attempt of the ranks a test saves with (``save_steps``): without one, a rank that saves
 without restoring first is refused where there is more than one rank."""
@@ -52,14 +82,7 @@ def save_steps(
     """Save make_state(rank, s) for each step as one rank would, without restoring first, as a
     rank of the worker group ``attempt`` (every call of a test, unless told; a restore by the
     test's ranks opens another attempt, which supersedes it); returns the rank's node id."""
-    with Checkpointer(
-        job=job,
-        rank=rank,
-        world_size=world_size,
-        config=ray_ckpt.CheckpointConfig(**config),
-        namespace=namespace,
-        attempt=attempt,
-    ) as checkpointer:
+    with rank_checkpointer(namespace, job, rank, world_size, config, attempt) as checkpointer:
         for step in steps:
             handle = checkpointer.save(step, make_state(rank, step, size))
         handle.staged(timeout_s=60)
@@ -81,9 +104,7 @@ class TrainingRank:
 
     def __init__(self, namespace: str, job: str, rank: int, world_size: int, config: dict) -> None:
         self.rank = rank
-        self.checkpointer = Checkpointer(
-            job=job, rank=rank, world_size=world_size, config=ray_ckpt.CheckpointConfig(**config), namespace=namespace
-        )
+        self.checkpointer = rank_checkpointer(namespace, job, rank, world_size, config)
         self.checkpointer.restore()
 
     def save(self, step: int) -> str | None:
@@ -95,13 +116,7 @@ class TrainingRank:
 @ray.remote(num_cpus=1, max_retries=0)
 def restore_rank(namespace: str, job: str, rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     """Restore one rank in a fresh process; returns step, source, digest and phases."""
-    with Checkpointer(
-        job=job,
-        rank=rank,
-        world_size=world_size,
-        config=ray_ckpt.CheckpointConfig(**config),
-        namespace=namespace,
-    ) as checkpointer:
+    with rank_checkpointer(namespace, job, rank, world_size, config) as checkpointer:
         restored = checkpointer.restore()
     if restored is None:
         return {"step": None}
