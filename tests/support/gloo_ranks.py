@@ -1,8 +1,10 @@
-"""The body of a spawned rank process of the DTensor tests: a gloo group, the work, a clean end."""
+"""Spawned rank processes of the DTensor tests: each joins a gloo group, does its work, and ends
+cleanly (``run_rank``); ``spawn_ranks`` starts them and gathers what they found."""
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import sys
 from typing import Any, NoReturn
@@ -35,3 +37,23 @@ def run_rank(rank: int, world: int, store_path: str, results: Any, work: Any, *a
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def spawn_ranks(world: int, store_path: str, work: Any, *args: Any) -> list[Any]:
+    """Run ``work(rank, world, results, *args)`` in ``world`` spawned processes (``run_rank``, a
+    FileStore at ``store_path``) and assert that each exited 0; what the ranks put on the
+    results queue, in rank order (each result is its rank, or a tuple that starts with it)."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    procs = [
+        context.Process(target=run_rank, args=(rank, world, store_path, results, work, *args)) for rank in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        outcome = sorted((results.get(timeout=240) for _ in procs), key=lambda r: r if isinstance(r, int) else r[0])
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+    assert [proc.exitcode for proc in procs] == [0] * world
+    return outcome

@@ -9,7 +9,6 @@ crafted step (metadata or a value that would run code when unpickled) is refused
 from __future__ import annotations
 
 import io
-import multiprocessing
 import pathlib
 import pickle
 import warnings
@@ -22,7 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from support.dcp_peers import FolderPeers
 from support.fsdp_model import fsdp_model
-from support.gloo_ranks import run_rank
+from support.gloo_ranks import spawn_ranks
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -373,19 +372,7 @@ def _load_rank(rank: int, world: int, results: Any, folder: pathlib.Path) -> Non
 
 
 def spawn(world: int, folder: pathlib.Path, work: Any) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    store = str(folder / f"group-{world}-{work.__name__}")
-    procs = [context.Process(target=run_rank, args=(r, world, store, results, work, folder)) for r in range(world)]
-    for proc in procs:
-        proc.start()
-    try:
-        outcome = sorted((results.get(timeout=240) for _ in procs), key=lambda r: r if isinstance(r, int) else r[0])
-    finally:
-        for proc in procs:
-            proc.join(timeout=60)
-    assert [proc.exitcode for proc in procs] == [0] * world
-    return outcome
+    return spawn_ranks(world, str(folder / f"group-{world}-{work.__name__}"), work, folder)
 
 
 @pytest.fixture(scope="module")

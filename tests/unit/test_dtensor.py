@@ -5,7 +5,6 @@ fail clearly and change nothing."""
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support.fsdp_model import fsdp_model
-from support.gloo_ranks import run_rank
+from support.gloo_ranks import spawn_ranks
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -204,16 +203,5 @@ def _four_ranks(rank: int, world: int, results: Any) -> None:
 
 
 def test_four_ranks_fsdp2_and_a_2d_mesh_restore_every_global_tensor_bit_exact(tmp_path: pathlib.Path) -> None:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    procs = [
-        context.Process(target=run_rank, args=(rank, 4, str(tmp_path / "store"), results, _four_ranks))
-        for rank in range(4)
-    ]
-    for proc in procs:
-        proc.start()
-    outcome = sorted(results.get(timeout=240) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
-    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    outcome = spawn_ranks(4, str(tmp_path / "store"), _four_ranks)
     assert outcome == [(0, True, (0, 0)), (1, True, (0, 1)), (2, True, (1, 0)), (3, True, (1, 1))]

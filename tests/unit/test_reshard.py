@@ -5,7 +5,6 @@ bit-identical, per-rank values come back per old rank, and per-rank plain state 
 
 from __future__ import annotations
 
-import multiprocessing
 import pathlib
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -16,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support.fsdp_model import fsdp_model
-from support.gloo_ranks import run_rank
+from support.gloo_ranks import spawn_ranks
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -177,22 +176,7 @@ def _restore_other_mesh(rank: int, world: int, results: Any, folder: pathlib.Pat
 
 
 def spawn(world: int, folder: pathlib.Path, work: Any, *args: Any) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    store = str(folder / f"group-{world}-{work.__name__}")
-    procs = [
-        context.Process(target=run_rank, args=(rank, world, store, results, work, folder, *args))
-        for rank in range(world)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        outcome = sorted((results.get(timeout=240) for _ in procs), key=lambda r: r if isinstance(r, int) else r[0])
-    finally:
-        for proc in procs:
-            proc.join(timeout=60)
-    assert [proc.exitcode for proc in procs] == [0] * world
-    return outcome
+    return spawn_ranks(world, str(folder / f"group-{world}-{work.__name__}"), work, folder, *args)
 
 
 @pytest.fixture(scope="module")
