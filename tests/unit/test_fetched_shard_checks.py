@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.direct_port import shard_meta
 
-from ray_ckpt.core.checksum import checksum
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.core.wire import FoundShard
 from ray_ckpt.errors import SnapshotFormatError
 from ray_ckpt.restore import check_shard
 
 DATA = np.arange(1000, dtype=np.uint8)
-META = ShardMeta(
-    job="j",
-    step=3,
-    rank=0,
-    index=1,
-    world_size=2,
-    data_shards=2,
-    parity_shards=1,
-    payload_size=2000,
-    shard_size=1000,
-    checksum=checksum(DATA),
-)
+META = shard_meta(DATA, step=3, rank=0, index=1)  # job "j", RS(2,1) of a 2000-byte payload
 
 
 def test_an_intact_shard_is_accepted() -> None:
