@@ -165,23 +165,24 @@ def test_a_marker_size_that_is_not_the_files_is_corrupt_before_anything_is_alloc
     read_fast(written, 2, 0)
 
 
-def test_a_marker_moved_to_another_step_is_corrupt_not_that_steps_data(
-    tmp_path: pathlib.Path, written: ArrowBackup
+@pytest.mark.parametrize(
+    ("source", "target", "moved"),
+    [((1, 0), (2, 0), True), ((2, 0), (2, 1), False)],
+    ids=["moved-to-another-step", "copied-to-another-rank"],
+)
+def test_a_marker_moved_to_another_step_or_copied_to_another_rank_is_corrupt_not_that_ones_data(
+    tmp_path: pathlib.Path, written: ArrowBackup, source: tuple[int, int], target: tuple[int, int], moved: bool
 ) -> None:
-    """Step 1's files replayed into step 2's folder: never a restore of step 1 as step 2."""
+    """Step 1's files replayed into step 2's folder, or rank 0's copied over rank 1's: never a
+    restore of the one as the other."""
     for suffix in ("blob", "json"):
-        old = marker_path(tmp_path, "job", 1, 0).with_suffix(f".{suffix}")
-        old.replace(marker_path(tmp_path, "job", 2, 0).with_suffix(f".{suffix}"))
-    read_fast(written, 2, 0)
-
-
-def test_a_marker_copied_to_another_rank_is_corrupt_not_that_ranks_data(
-    tmp_path: pathlib.Path, written: ArrowBackup
-) -> None:
-    for suffix in ("blob", "json"):
-        rank0 = marker_path(tmp_path, "job", 2, 0).with_suffix(f".{suffix}")
-        marker_path(tmp_path, "job", 2, 1).with_suffix(f".{suffix}").write_bytes(rank0.read_bytes())
-    read_fast(written, 2, 1)
+        old = marker_path(tmp_path, "job", *source).with_suffix(f".{suffix}")
+        new = marker_path(tmp_path, "job", *target).with_suffix(f".{suffix}")
+        if moved:
+            old.replace(new)
+        else:
+            new.write_bytes(old.read_bytes())
+    read_fast(written, *target)
 
 
 @pytest.mark.parametrize("world_size", [3, 1, 0, "2", 2.0])

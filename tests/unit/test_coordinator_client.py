@@ -146,19 +146,28 @@ def test_through_the_nodes_store_every_per_rank_call_names_the_run_the_coordinat
     assert ray.cloudpickle.loads(ray.cloudpickle.dumps(client)).store is None  # each process finds its own
 
 
-def test_a_store_that_fails_is_dropped_and_the_call_goes_to_the_coordinator(
-    fake: Coordinator, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def client_with_a_failing_store(
+    fake: Coordinator, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> CoordinatorClient:
+    """A client (world size 4) with a node's store whose every call raises ``error``; the
+    coordinator's calls are answered as ever."""
     original = fake.get
 
     def get(ref: tuple[str, tuple[Any, ...]], *, timeout: float | None) -> Any:
         if ref[0] == "coordinate":
-            raise ray.exceptions.RayActorError()
+            raise error
         return original(ref, timeout=timeout)
 
     monkeypatch.setattr(remote, "get", get)
     client = CoordinatorClient(Handle(), world_size=4)
     client.store = Store()
+    return client
+
+
+def test_a_store_that_fails_is_dropped_and_the_call_goes_to_the_coordinator(
+    fake: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = client_with_a_failing_store(fake, monkeypatch, ray.exceptions.RayActorError())
     assert client.beat(Beat(MEMBER), timeout_s=0.25) is False
     assert client.store is None and [method for method, _, _ in fake.calls] == ["beat_many"]
 
@@ -183,16 +192,7 @@ def test_a_store_that_stops_answering_is_dropped_after_a_few_calls_and_the_rank_
     fake: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stuck store must not leave the rank silent (taken for lost, killed as hung)."""
-    original = fake.get
-
-    def get(ref: tuple[str, tuple[Any, ...]], *, timeout: float | None) -> Any:
-        if ref[0] == "coordinate":
-            raise ray.exceptions.GetTimeoutError("store stopped")
-        return original(ref, timeout=timeout)
-
-    monkeypatch.setattr(remote, "get", get)
-    client = CoordinatorClient(Handle(), world_size=4)
-    client.store = Store()
+    client = client_with_a_failing_store(fake, monkeypatch, ray.exceptions.GetTimeoutError("store stopped"))
     for _ in range(STORE_MISSES):
         with pytest.raises(CoordinatorTimeoutError, match="through this node's store"):
             client.beat(Beat(MEMBER), timeout_s=0.1)

@@ -166,6 +166,12 @@ def test_read_skips_junk_lines_and_a_truncated_last_line(tmp_path) -> None:
 # ---- recovery timelines -------------------------------------------------------------------
 
 
+ONE_FAILURE_PHASES = [  # attempt B's restores in one_failure(), rank 0's and rank 1's
+    {"locate": 0.1, "fetch": 2.0, "decode": 0.5, "load": 1.0},
+    {"locate": 0.2, "fetch": 1.5, "decode": 0.7, "load": 0.8},
+]
+
+
 def one_failure() -> list[dict[str, Any]]:
     """Attempt A saves; nodes n1, n2 are killed 0.3 s apart and declared dead; attempt B restores on 2 ranks."""
     return [
@@ -178,26 +184,8 @@ def one_failure() -> list[dict[str, Any]]:
         dead(14, "n1"),
         dead(15, "n2"),
         dead(16, "n-unrelated"),  # not killed by the tool: no part of the detect phase
-        restore(
-            30,
-            0,
-            "B",
-            started=20,
-            steps_lost=1,
-            nbytes=1000,
-            source="peers",
-            phases={"locate": 0.1, "fetch": 2.0, "decode": 0.5, "load": 1.0},
-        ),
-        restore(
-            31,
-            1,
-            "B",
-            started=21,
-            steps_lost=2,
-            nbytes=2000,
-            source="local",
-            phases={"locate": 0.2, "fetch": 1.5, "decode": 0.7, "load": 0.8},
-        ),
+        restore(30, 0, "B", started=20, steps_lost=1, nbytes=1000, source="peers", phases=ONE_FAILURE_PHASES[0]),
+        restore(31, 1, "B", started=21, steps_lost=2, nbytes=2000, source="local", phases=ONE_FAILURE_PHASES[1]),
         save(35, 0, 21, "B"),
         save(36, 1, 21, "B"),
         save(40, 0, 22, "B"),  # a later save: not the first step

@@ -122,19 +122,27 @@ def test_a_step_that_is_not_due_still_checks_the_step_number() -> None:
     ckpt._background.shutdown()
 
 
+def a_save_that_waits_for_the_gate(ckpt: Checkpointer, saves: FakeSaves, step: int, what: str) -> Any:
+    """``ckpt.save(step)`` called on a thread while the running save holds ``saves``' gate: the
+    call must still wait 0.3 s later (``what`` names the step if not); then the gate opens and
+    the call's handle is returned."""
+    returned: list[Any] = []
+    caller = threading.Thread(target=lambda: returned.append(ckpt.save(step, STATE)))
+    caller.start()
+    caller.join(0.3)
+    assert caller.is_alive() and returned == [], f"{what} did not wait for the running save"
+    saves.gate.set()
+    caller.join(30)
+    (handle,) = returned
+    return handle
+
+
 def test_auto_saves_every_warm_up_step_waiting_for_a_save_still_running() -> None:
     ckpt, saves, _ = wired(CheckpointConfig(every="auto"))
     saves.gate.clear()
     first = ckpt.save(0, STATE)
     assert not first.skipped
-    returned: list[Any] = []
-    caller = threading.Thread(target=lambda: returned.append(ckpt.save(1, STATE)))
-    caller.start()
-    caller.join(0.3)
-    assert caller.is_alive() and returned == [], "step 1 of the warm-up did not wait for the running save"
-    saves.gate.set()
-    caller.join(30)
-    (second,) = returned
+    second = a_save_that_waits_for_the_gate(ckpt, saves, 1, "step 1 of the warm-up")
     assert not second.skipped and saves.completed[:1] == [0]
     ckpt._background.shutdown()
 
@@ -188,15 +196,8 @@ def test_after_warm_up_a_rank_still_saving_waits_for_it_on_a_step_of_the_grid() 
     first = (step // interval + 1) * interval
     saves.gate.clear()
     assert not ckpt.save(first, STATE).skipped
-    returned: list[Any] = []
     following = (first // ckpt.interval + 1) * ckpt.interval  # the interval the first save left
-    caller = threading.Thread(target=lambda: returned.append(ckpt.save(following, STATE)))
-    caller.start()
-    caller.join(0.3)
-    assert caller.is_alive() and returned == [], "the next step of the grid did not wait for the running save"
-    saves.gate.set()
-    caller.join(30)
-    (second,) = returned
+    second = a_save_that_waits_for_the_gate(ckpt, saves, following, "the next step of the grid")
     assert not second.skipped and first in saves.completed
     ckpt._background.shutdown()
 

@@ -6,7 +6,6 @@ import collections
 import contextlib
 import gc
 import math
-import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.exact_states import assert_tree_exact
 
 from ray_ckpt import settings as settings_knobs
 from ray_ckpt.core import snapshot as snap
@@ -45,26 +45,22 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
 
 def assert_same(expected: Any, actual: Any, path: str = "state") -> None:
     """Equal structure, exact types, key order, tensor dtype/shape/bytes and float bits."""
+    assert_tree_exact(expected, actual, _same_type_and_tensor, path)
+
+
+def _same_type_and_tensor(expected: Any, actual: Any, path: str) -> bool:
+    """The exact type (a Parameter comes back a plain tensor); a tensor's dtype, shape and bytes,
+    on the CPU and without grad."""
     assert type(actual) is type(expected) or (type(expected) is torch.nn.Parameter and type(actual) is torch.Tensor), (
         f"{path}: {type(expected).__name__} came back as {type(actual).__name__}"
     )
-    if isinstance(expected, torch.Tensor):
-        assert actual.dtype == expected.dtype, path
-        assert actual.shape == expected.shape, path
-        assert actual.device.type == "cpu" and not actual.requires_grad, path
-        assert tensor_bytes(actual) == tensor_bytes(expected), path
-    elif isinstance(expected, dict):
-        assert [(type(k), k) for k in actual] == [(type(k), k) for k in expected], path
-        for key in expected:
-            assert_same(expected[key], actual[key], f"{path}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), path
-        for i, (e, a) in enumerate(zip(expected, actual)):
-            assert_same(e, a, f"{path}[{i}]")
-    elif isinstance(expected, float):
-        assert struct.pack("<d", actual) == struct.pack("<d", expected), path
-    else:
-        assert actual == expected, path
+    if not isinstance(expected, torch.Tensor):
+        return False
+    assert actual.dtype == expected.dtype, path
+    assert actual.shape == expected.shape, path
+    assert actual.device.type == "cpu" and not actual.requires_grad, path
+    assert tensor_bytes(actual) == tensor_bytes(expected), path
+    return True
 
 
 def round_trip(state: Any, **kwargs: Any) -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import random
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support.exact_states import assert_tree_exact
 
 from ray_ckpt.core import snapshot as snap
 from ray_ckpt.errors import SnapshotFormatError
@@ -36,6 +36,12 @@ def version_of(state: Any) -> int:
 def assert_exact(expected: Any, actual: Any, path: str = "state") -> None:
     """Same types all the way down, same key order, numpy dtype (byte order included), shape and
     bytes, float bits, tensor dtype, shape and bytes."""
+    assert_tree_exact(expected, actual, _same_type_and_bytes, path)
+
+
+def _same_type_and_bytes(expected: Any, actual: Any, path: str) -> bool:
+    """The exact type; a numpy array's or scalar's dtype (byte order included), shape and bytes;
+    a tensor's dtype, shape and bytes."""
     assert type(actual) is type(expected), f"{path}: {type(expected).__name__} came back as {type(actual).__name__}"
     if isinstance(expected, np.ndarray):
         assert actual.dtype.str == expected.dtype.str and actual.shape == expected.shape, path
@@ -45,18 +51,9 @@ def assert_exact(expected: Any, actual: Any, path: str = "state") -> None:
     elif isinstance(expected, torch.Tensor):
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, path
         assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8)), path
-    elif isinstance(expected, dict):
-        assert [(type(k), k) for k in actual] == [(type(k), k) for k in expected], path
-        for key in expected:
-            assert_exact(expected[key], actual[key], f"{path}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), path
-        for i, (e, a) in enumerate(zip(expected, actual)):
-            assert_exact(e, a, f"{path}[{i}]")
-    elif isinstance(expected, float):
-        assert struct.pack("<d", actual) == struct.pack("<d", expected), path
     else:
-        assert actual == expected, path
+        return False
+    return True
 
 
 # ---- RNG states: restored, the generator draws what it would have drawn -------------------------
