@@ -3,8 +3,9 @@
 - ``cluster_ranks``: ranks of the cluster tests as Ray tasks and actors (states, saves, restores, shard lookups).
 - ``dcp_peers``: a folder standing in for peer memory in the DCP backend's tests.
 - ``direct_port``: a shard's metadata for given bytes and a connection past a store port's hello.
+- ``exact_states``: a bit-exact walk of a restored state against the saved one (leaf checks the caller's).
 - ``fsdp_model``: a small FSDP2 model with Adam for the DTensor tests.
-- ``gloo_ranks``: the body of a spawned rank process of the DTensor tests (a gloo group, a clean end).
+- ``gloo_ranks``: spawned rank processes of the DTensor tests (a gloo group, the work, a clean end).
 - ``in_process_service``: the ray_ckpt service (registry and stores) in one process, without Ray.
 - ``memory_states``: a dict standing in for peer memory in the trainer integrations' tests.
 - ``pace``: this machine's speed, the unit of every test bound that depends on it.
