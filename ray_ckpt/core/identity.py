@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ray_ckpt.core.forwarded import Forwarded
 from ray_ckpt.core.shard import SAVE_ID_MAX
 from ray_ckpt.errors import ConfigError
 
@@ -81,22 +82,8 @@ class WithIdentity:
 
     identity: RankIdentity
 
-    @property
-    def job(self) -> str:
-        return self.identity.job
-
-    @property
-    def rank(self) -> int:
-        return self.identity.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.identity.world_size
-
-    @property
-    def attempt(self) -> str | None:
-        return self.identity.attempt
-
-    @property
-    def node_id(self) -> str:
-        return self.identity.node_id
+    job = Forwarded[str]("identity")
+    rank = Forwarded[int]("identity")
+    world_size = Forwarded[int]("identity")
+    attempt = Forwarded[str | None]("identity")
+    node_id = Forwarded[str]("identity")

@@ -35,6 +35,7 @@ import numpy as np
 
 from ray_ckpt import errors
 from ray_ckpt.config import MAX_SHARDS
+from ray_ckpt.core.forwarded import Forwarded
 from ray_ckpt.core.protection import rank_protection
 from ray_ckpt.core.shard import SAVE_ID_MAX, ShardMeta
 
@@ -53,25 +54,12 @@ class RankRecord:
     def first(self) -> ShardMeta:
         return next(iter(self.metas.values()))
 
-    @property
-    def data_shards(self) -> int:
-        return self.first.data_shards
-
-    @property
-    def parity_shards(self) -> int:
-        return self.first.parity_shards
-
-    @property
-    def payload_size(self) -> int:
-        return self.first.payload_size
-
-    @property
-    def shard_size(self) -> int:
-        return self.first.shard_size
-
-    @property
-    def world_size(self) -> int:
-        return self.first.world_size
+    # the code and sizes, alike in every shard's metadata
+    data_shards = Forwarded[int]("first")
+    parity_shards = Forwarded[int]("first")
+    payload_size = Forwarded[int]("first")
+    shard_size = Forwarded[int]("first")
+    world_size = Forwarded[int]("first")
 
     def holders(self) -> set[str]:
         """The nodes holding these shards or the local copy."""

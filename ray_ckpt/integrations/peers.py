@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from ray_ckpt import reshard
+from ray_ckpt.core.forwarded import Forwarded
 from ray_ckpt.errors import ConfigError, NoCheckpointError
 from ray_ckpt.ranges import RangeReader
 
@@ -91,13 +92,8 @@ class CheckpointerPeers:
                 found = cls._by_checkpointer[checkpointer] = cls(checkpointer)
             return found
 
-    @property
-    def rank(self) -> int:
-        return self.checkpointer.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.checkpointer.world_size
+    rank = Forwarded[int]("checkpointer")
+    world_size = Forwarded[int]("checkpointer")
 
     def save(self, step: int, state: dict[str, Any], *, last: bool) -> None:
         with self._lock:
