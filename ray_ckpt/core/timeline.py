@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from ray_ckpt.core.events import valid
+from ray_ckpt.core.record_dict import fields_dict
 
 BURST_S = 2.0
 RESTORE_PHASES = ("locate", "fetch", "decode", "load")
@@ -95,25 +96,7 @@ class Recovery:
 
     def as_dict(self) -> dict[str, Any]:
         """The record as a JSON-able dict of its fields (the dashboard's and the scripts' JSON)."""
-        return {
-            "job": self.job,
-            "attempt": self.attempt,
-            "kill_time": self.kill_time,
-            "killed_nodes": list(self.killed_nodes),
-            "step": self.step,
-            "phases_s": dict(self.phases_s),
-            "time_to_resume_s": self.time_to_resume_s,
-            "steps_lost": self.steps_lost,
-            "bytes_moved": self.bytes_moved,
-            "sources": dict(self.sources),
-            "failed": self.failed,
-            "error": self.error,
-            "errors": dict(self.errors),
-            "mode": self.mode,
-            "survivor_pids": dict(self.survivor_pids),
-            "replacement_pids": dict(self.replacement_pids),
-            "warm_replacements": dict(self.warm_replacements),
-        }
+        return fields_dict(self)
 
 
 def recoveries(events: Iterable[dict[str, Any]]) -> list[Recovery]:

@@ -37,6 +37,7 @@ from ray_ckpt import errors
 from ray_ckpt.config import MAX_SHARDS
 from ray_ckpt.core.forwarded import Forwarded
 from ray_ckpt.core.protection import rank_protection
+from ray_ckpt.core.record_dict import fields_dict
 from ray_ckpt.core.shard import SAVE_ID_MAX, ShardMeta
 
 
@@ -303,15 +304,7 @@ class StoreStats:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, as ``ray_ckpt.status()`` shows a node's store."""
-        return {
-            "node_id": self.node_id,
-            "budget_bytes": self.budget_bytes,
-            "used_bytes": self.used_bytes,
-            "data_bytes": self.data_bytes,
-            "metadata_bytes": self.metadata_bytes,
-            "shards": self.shards,
-            "jobs": dict(self.jobs),
-        }
+        return fields_dict(self)
 
 
 @dataclasses.dataclass(frozen=True)

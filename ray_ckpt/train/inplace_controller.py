@@ -30,6 +30,7 @@ import ray.train
 from ray_ckpt import _ray_compat
 from ray_ckpt.actors.generation_coordinator import GenerationCoordinator
 from ray_ckpt.core.generations import BEATS_PER_S, hang_bound_s
+from ray_ckpt.core.record_dict import fields_dict
 from ray_ckpt.train.inplace_worker import WARM_HOOK, _become, _become_replacement, _Role
 from ray_ckpt.transport import naming
 from ray_ckpt.transport.coordinator_client import CoordinatorClient
@@ -293,7 +294,7 @@ class WorkerFacts:
     resources: Mapping[str, float]
 
     def to_wire(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "resources": dict(self.resources)}
+        return fields_dict(self)
 
     @classmethod
     def from_wire(cls, values: Mapping[str, Any]) -> WorkerFacts:
