@@ -249,6 +249,21 @@ static int get_buffers(PyObject *seq, Py_buffer *views, Py_ssize_t count, int wr
     return 0;
 }
 
+/* Each buffer's start, once it is checked to hold at least `stop` bytes; -1 (a ValueError set)
+ * if one holds fewer. */
+static int get_pointers(const Py_buffer *views, uint8_t **pointers, int count, Py_ssize_t stop,
+                        const char *what) {
+    for (int i = 0; i < count; i++) {
+        if (views[i].len < stop) {
+            PyErr_Format(PyExc_ValueError, "%s[%d] holds %zd bytes, fewer than stop=%zd", what, i,
+                         views[i].len, stop);
+            return -1;
+        }
+        pointers[i] = (uint8_t *)views[i].buf;
+    }
+    return 0;
+}
+
 static PyObject *py_dot(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer coef_view;
@@ -283,22 +298,8 @@ static PyObject *py_dot(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "need 0 <= start <= stop");
         goto done;
     }
-    for (int c = 0; c < cols; c++) {
-        if (in_views[c].len < stop) {
-            PyErr_Format(PyExc_ValueError, "inputs[%d] holds %zd bytes, fewer than stop=%zd", c,
-                         in_views[c].len, stop);
-            goto done;
-        }
-        in_ptrs[c] = (uint8_t *)in_views[c].buf;
-    }
-    for (int r = 0; r < rows; r++) {
-        if (out_views[r].len < stop) {
-            PyErr_Format(PyExc_ValueError, "outputs[%d] holds %zd bytes, fewer than stop=%zd", r,
-                         out_views[r].len, stop);
-            goto done;
-        }
-        out_ptrs[r] = (uint8_t *)out_views[r].buf;
-    }
+    if (get_pointers(in_views, in_ptrs, cols, stop, "inputs") != 0) goto done;
+    if (get_pointers(out_views, out_ptrs, rows, stop, "outputs") != 0) goto done;
     Py_BEGIN_ALLOW_THREADS
     dot_dispatch((const uint8_t *)coef_view.buf, rows, cols, in_ptrs, out_ptrs, start, stop);
     Py_END_ALLOW_THREADS
