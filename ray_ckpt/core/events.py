@@ -205,34 +205,36 @@ def _check_status(record: dict[str, Any]) -> None:
             f"status event field {name!r} must be {what}, got {_short(value)}", field=name, kind="status"
         )
 
-    placement = record.get("placement")
-    if placement is not None:
-        if not isinstance(placement, dict):
-            raise fail("placement", "an object of rank -> list of node ids, or null", placement)
-        for rank, held in placement.items():
-            gone = delta and held is None
-            if not _is_rank_key(rank) or not (
-                gone or (isinstance(held, list) and all(n is None or isinstance(n, str) for n in held))
-            ):
-                raise fail("placement", "an object of rank -> list of node ids (or null)", {rank: held})
-    local = record.get("local")
-    if local is not None:
-        if not isinstance(local, dict):
-            raise fail("local", "an object of rank -> node id", local)
-        for rank, node in local.items():
-            if not _is_rank_key(rank) or not (isinstance(node, str) or (delta and node is None)):
-                raise fail("local", "an object of rank -> node id", {rank: node})
-    nodes = record.get("nodes")
-    if nodes is not None:
-        if not isinstance(nodes, dict):
-            raise fail("nodes", "an object of node id -> its row", nodes)
-        for node_id, row in nodes.items():
-            if not isinstance(node_id, str) or not (isinstance(row, dict) or (delta and row is None)):
-                raise fail("nodes", "an object of node id -> its row", {node_id: row})
-            for name, value in (row or {}).items():
-                test = _NODE_FIELDS.get(name)
-                if test is not None and not test[0](value):
-                    raise fail(f"nodes.{name}", test[1], value)
+    def entries(name: str, what: str, key_ok: Callable[[Any], bool], value_ok: Callable[[Any], bool]) -> dict[Any, Any]:
+        """``record[name]`` ({} when absent): a dict whose every key passes ``key_ok`` and every
+        value ``value_ok`` (or is null, in a delta)."""
+        field = record.get(name)
+        if field is None:
+            return {}
+        if not isinstance(field, dict):
+            raise fail(name, what, field)
+        for key, value in field.items():
+            if not key_ok(key) or not (value_ok(value) or (delta and value is None)):
+                raise fail(name, what, {key: value})
+        return field
+
+    def node_ids(held: Any) -> bool:
+        return isinstance(held, list) and all(n is None or isinstance(n, str) for n in held)
+
+    def is_str(value: Any) -> bool:
+        return isinstance(value, str)
+
+    def is_dict(value: Any) -> bool:
+        return isinstance(value, dict)
+
+    entries("placement", "an object of rank -> list of node ids (or null)", _is_rank_key, node_ids)
+    entries("local", "an object of rank -> node id", _is_rank_key, is_str)
+    rows = entries("nodes", "an object of node id -> its row", is_str, is_dict)
+    for row in rows.values():
+        for name, value in (row or {}).items():
+            test = _NODE_FIELDS.get(name)
+            if test is not None and not test[0](value):
+                raise fail(f"nodes.{name}", test[1], value)
 
 
 def valid(record: Any) -> bool:
