@@ -334,6 +334,25 @@
     return text.length > n ? text.slice(0, n - 1) + "…" : text;
   }
 
+  // the x scale of a horizontal bar chart of seconds W wide: a label column of labelW, then the
+  // bars from 0 to max (maxTotal rounded up to a tick), then totalW for each bar's total
+  function secondsScale(maxTotal, W, labelW, totalW) {
+    var xt = ticks(0, maxTotal, Math.max(2, Math.floor((W - labelW - totalW) / 90)));
+    var max = Math.max(maxTotal, xt.values[xt.values.length - 1]);
+    return { ticks: xt, max: max, x: function (v) { return labelW + (v / max) * (W - labelW - totalW); } };
+  }
+
+  // that scale's axis: a grid line from top down to the tick labels at each tick, for a chart H high
+  function secondsAxis(scale, top, H) {
+    var axis = svg("g", { "class": "axis" });
+    scale.ticks.values.forEach(function (v) {
+      axis.appendChild(svg("line", { "class": "gridline", x1: scale.x(v), x2: scale.x(v), y1: top, y2: H - 26 }));
+      axis.appendChild(svg("text", { x: scale.x(v), y: H - 12, "text-anchor": "middle",
+        text: fmtTickSeconds(v, scale.ticks.step) }));
+    });
+    return axis;
+  }
+
   function renderRecoveries(data) {
     var body = document.querySelector("#panel-recoveries .body");
     var recs = data.recoveries || [];
@@ -345,16 +364,9 @@
     var maxTotal = Math.max.apply(null, recs.map(function (r) {
       return (r.phases_total_s || 0) + (isNum(r.other_s) ? r.other_s : 0);
     })) || 1;
-    var xt = ticks(0, maxTotal, Math.max(2, Math.floor((W - labelW - totalW) / 90)));
-    var xMax = Math.max(maxTotal, xt.values[xt.values.length - 1]);
-    function sx(v) { return labelW + (v / xMax) * (W - labelW - totalW); }
+    var scale = secondsScale(maxTotal, W, labelW, totalW), sx = scale.x;
     var root = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, id: "recovery-bars" });
-    var axis = svg("g", { "class": "axis" });
-    xt.values.forEach(function (v) {
-      axis.appendChild(svg("line", { "class": "gridline", x1: sx(v), x2: sx(v), y1: top, y2: H - 26 }));
-      axis.appendChild(svg("text", { x: sx(v), y: H - 12, "text-anchor": "middle", text: fmtTickSeconds(v, xt.step) }));
-    });
-    root.appendChild(axis);
+    root.appendChild(secondsAxis(scale, top, H));
     recs.forEach(function (r, i) {
       var y = top + i * rowH;
       var g = svg("g", {
@@ -458,17 +470,10 @@
     var W = width(body, 900), rowH = 30, labelW = 260, totalW = 90, top = 6;
     var H = top + recs.length * rowH + 30;
     var maxTotal = Math.max.apply(null, recs.map(function (r) { return r.restore_total_s || 0; })) || 0.001;
-    var xt = ticks(0, maxTotal, Math.max(2, Math.floor((W - labelW - totalW) / 90)));
-    var xMax = Math.max(maxTotal, xt.values[xt.values.length - 1]);
-    function sx(v) { return labelW + (v / xMax) * (W - labelW - totalW); }
+    var scale = secondsScale(maxTotal, W, labelW, totalW), sx = scale.x;
     var root = svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, id: "restore-bars",
-      "data-x-max": xMax });
-    var axis = svg("g", { "class": "axis" });
-    xt.values.forEach(function (v) {
-      axis.appendChild(svg("line", { "class": "gridline", x1: sx(v), x2: sx(v), y1: top, y2: H - 26 }));
-      axis.appendChild(svg("text", { x: sx(v), y: H - 12, "text-anchor": "middle", text: fmtTickSeconds(v, xt.step) }));
-    });
-    root.appendChild(axis);
+      "data-x-max": scale.max });
+    root.appendChild(secondsAxis(scale, top, H));
     recs.forEach(function (r, i) {
       var y = top + i * rowH;
       var g = svg("g", { "class": "restore" + (r.failed ? " failed" : ""), "data-index": r.index,
