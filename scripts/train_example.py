@@ -139,6 +139,10 @@ def train_loop(config: dict[str, Any]) -> None:
                 }
                 (events / f"step-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
         ckpt.save(step, state)
+        if config.get("log_steps"):  # when each step ended, per rank and process (read_steps)
+            line = json.dumps({"rank": rank, "step": step, "pid": os.getpid(), "time": time.time()})
+            with (events / f"steps-{rank}-{os.getpid()}.jsonl").open("a") as log:
+                log.write(line + "\n")
         time.sleep(config["step_sleep_s"])
         while (events / PAUSE_FILE).exists():  # a test holds the run between steps
             time.sleep(0.1)
@@ -167,6 +171,7 @@ def run(
     compute_s: float = 0.0,
     steps_after_grow: int | None = None,
     rank0_after_s: float = 0.0,
+    log_steps: bool = False,
 ) -> dict[str, Any]:
     """Run the job on the connected cluster; returns rank 0's final record (params digest).
     ``in_place``: recover in place with ``ray_ckpt.train.InPlaceRecovery(**in_place)``.
@@ -179,6 +184,7 @@ def run(
     after it (an elastic run that grew back has shown its reshard).
     ``rank0_after_s``: rank 0 works that much longer after training (a final evaluation) while
     the other ranks' functions have returned.
+    ``log_steps``: every rank records when each of its steps ended (``read_steps``).
     While ``events_dir/PAUSE_FILE`` exists, every rank waits after its step."""
     recovery = None if in_place is None else ray_ckpt.train.InPlaceRecovery(**in_place)
     trainer = TorchTrainer(
@@ -195,6 +201,7 @@ def run(
             "compute_s": compute_s,
             "steps_after_grow": steps_after_grow,
             "rank0_after_s": rank0_after_s,
+            "log_steps": log_steps,
         },
         # a (min, max) pair: elastic, the group restarts at another size as nodes come and go
         scaling_config=ScalingConfig(num_workers=workers, elastic_resize_monitor_interval_s=2.0),
@@ -269,6 +276,17 @@ def read_computes(events_dir: str) -> list[dict[str, Any]]:
     """The long steps' records (rank, pid, started, seconds), oldest first."""
     records = [json.loads(p.read_text()) for p in pathlib.Path(events_dir).glob("compute-*.json")]
     return sorted(records, key=lambda r: r["started"])
+
+
+def read_steps(events_dir: str) -> list[dict[str, Any]]:
+    """With ``log_steps``: every step's end (rank, step, pid, time), in time order."""
+    records = [
+        json.loads(line)
+        for path in pathlib.Path(events_dir).glob("steps-*.jsonl")
+        for line in path.read_text().splitlines()
+        if line
+    ]
+    return sorted(records, key=lambda r: r["time"])
 
 
 def read_restores(events_dir: str) -> list[dict[str, Any]]:

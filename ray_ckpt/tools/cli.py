@@ -41,8 +41,8 @@ import ray
 
 from ray_ckpt import service, settings
 from ray_ckpt.core.wire import KillResult
-from ray_ckpt.errors import CliError, RayCkptError, unwrap_remote
-from ray_ckpt.tools import chaos, faults, quiet
+from ray_ckpt.errors import CliError, ConfigError, RayCkptError, unwrap_remote
+from ray_ckpt.tools import chaos, faults, link_faults, quiet
 from ray_ckpt.transport import naming
 
 PROG = "ray-ckpt"
@@ -422,10 +422,26 @@ def _add_kill_node(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     kill.add_argument(
         "--fault",
-        choices=sorted(faults.FAULTS),
+        choices=sorted(faults.FAULTS) + sorted(link_faults.LAB_FAULTS),
         default="node",
-        help="what a kill does: node = crash the whole node (default); store = kill only its ray_ckpt "
-        "store actor, the node stays alive",
+        help="what a kill does: node (or kill) = crash the whole node, its sockets close (default); store = kill "
+        "only its ray_ckpt store actor, the node stays alive. On a network lab's nodes only (scripts/lab.py): "
+        "power = link down and processes frozen, nothing closes; partition = cut from the head (--side peers: "
+        "from its peers); slow = the link at --fraction of its rate for --duration; flap = the link down for "
+        "--duration, processes running",
+    )
+    kill.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        help="lab faults: how long it lasts (slow: default 30; flap: default 3; partition: 0 = until the lab "
+        "heals it; power: kill the frozen processes after S, 0 = leave them frozen); the command waits it out",
+    )
+    kill.add_argument(
+        "--side", choices=("head", "peers"), default="head", help="--fault partition: what the node is cut from"
+    )
+    kill.add_argument(
+        "--fraction", type=float, metavar="F", help="--fault slow: the share of its rate the link keeps (default 0.01)"
     )
     kill.add_argument("--store-only", action="store_true", help="the same as --fault store")
     kill.add_argument("--seed", type=int, help="random seed (victims, gaps)")
@@ -526,12 +542,36 @@ def confirm_head_kill(head: str, *, yes: bool) -> None:
         raise CliError("the head node was not killed (not confirmed)")
 
 
+def _fault_of(args: argparse.Namespace) -> faults.Fault:
+    """The fault ``--fault`` names, with the lab faults' options."""
+    lab_only = [(args.duration is not None, "--duration"), (args.fraction is not None, "--fraction"),
+                (args.side != "head", "--side")]  # fmt: skip
+    if args.store_only or args.fault not in link_faults.LAB_FAULTS:
+        for given, option in lab_only:
+            if given:
+                raise CliError(f"{option} goes with a lab fault (--fault {'/'.join(link_faults.LAB_FAULTS)})")
+        return faults.FAULTS["store" if args.store_only else args.fault]()
+    options: dict[str, Any] = {} if args.duration is None else {"duration_s": args.duration}
+    if args.fault == "partition":
+        options["side"] = args.side
+    elif args.side != "head":
+        raise CliError("--side goes with --fault partition")
+    if args.fault == "slow" and args.fraction is not None:
+        options["fraction"] = args.fraction
+    elif args.fraction is not None:
+        raise CliError("--fraction goes with --fault slow")
+    try:
+        return link_faults.LAB_FAULTS[args.fault](**options)
+    except ConfigError as error:
+        raise CliError(str(error)) from None
+
+
 def _cmd_kill_node(args: argparse.Namespace) -> int:
     _check_kill_args(args)
     namespace = _namespace(args)
     progress = None if args.json else _kill_progress
     common: dict[str, Any] = {"namespace": namespace, "wait_dead_s": args.wait_dead or None, "progress": progress}
-    fault = faults.FAULTS["store" if args.store_only else args.fault]()
+    fault = _fault_of(args)
     if args.during_save is not None:
         found = chaos.kill_during_save(
             args.during_save, fault=fault, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
@@ -556,6 +596,10 @@ def _cmd_kill_node(args: argparse.Namespace) -> int:
         else:
             victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
         results = chaos.inject(fault, victims, allow_head=args.allow_head, **common)
+    if isinstance(fault, link_faults.LabFault) and fault.duration_s:
+        if not args.json:
+            print(f"waiting {fault.duration_s:g} s for the {fault.mode} fault to end", flush=True)
+        time.sleep(fault.duration_s + 0.5)
     if args.json:
         print(json.dumps([r.to_wire() for r in results], indent=2, sort_keys=True, default=str))
         return 0

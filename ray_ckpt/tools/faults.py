@@ -250,5 +250,5 @@ class StoreKill(Fault):
         return node_ids - naming.store_node_ids(namespace)
 
 
-FAULTS: dict[str, type[Fault]] = {"node": NodeCrash, "store": StoreKill}
+FAULTS: dict[str, type[Fault]] = {"node": NodeCrash, "kill": NodeCrash, "store": StoreKill}
 """The fault kinds the command line offers (``ray-ckpt kill-node --fault NAME``)."""
