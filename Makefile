@@ -25,7 +25,9 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: lint
-	PYTHONFAULTHANDLER=1 $(PY) -m pytest --durations=25  # a native crash prints every thread's stack; the slowest tests are listed
+	# two processes: one runs the tests that start Ray, one after the other; the other runs the rest
+	# (tests/conftest.py). A native crash prints every thread's stack; the slowest tests are listed.
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest -n 2 --dist loadgroup --durations=25
 
 bench: $(STAMP)
 	$(PY) scripts/bench_codec.py --json artifacts/bench_codec.json

@@ -1,11 +1,11 @@
-"""The cluster tests' fixtures and hooks: a simulated multi-node cluster per module, handed to its
-tests in turn (``support.sim_cluster``), and a failed test's report with its cluster's logs."""
+"""The cluster tests' fixtures and hooks: one simulated multi-node cluster handed in turn to the
+tests of every module that uses ``sim_cluster`` (``support.sim_cluster``), and a failed test's
+report with its cluster's logs."""
 
 from __future__ import annotations
 
 import os
 import pathlib
-import tempfile
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -15,17 +15,35 @@ from support.ray_logs import ray_log_excerpt
 from support.scripts_under_test import load_script
 from support.sim_cluster import ClusterPool, SimCluster
 
+_POOL = ClusterPool()
 
-@pytest.fixture(scope="module")
+
+def _uses_pool(item: pytest.Item | None) -> bool:
+    return item is not None and "cluster_pool" in getattr(item, "fixturenames", ())
+
+
+@pytest.fixture(scope="session")
 def cluster_pool() -> Iterator[ClusterPool]:
-    """The module's shared cluster (own RAY_TMPDIR), stopped after its last test."""
-    pool = ClusterPool()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="rck"))
-        try:
-            yield pool
-        finally:
-            pool.close()
+    """The cluster shared by every module that uses ``sim_cluster`` (its own RAY_TMPDIR):
+    those modules run back to back (``pytest_collection_modifyitems``), and the cluster stops
+    after the last of their tests (``pytest_runtest_teardown``), or at the end."""
+    try:
+        yield _POOL
+    finally:
+        _POOL.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules whose tests share the pool's cluster first, in their order, then the rest
+    in theirs (a stable sort that keeps each module's tests together and in order)."""
+    pooled = {item.module for item in items if _uses_pool(item)}  # type: ignore[attr-defined]
+    items.sort(key=lambda item: getattr(item, "module", None) not in pooled)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared cluster after the last test that uses it."""
+    if _uses_pool(item) and not _uses_pool(nextitem):
+        _POOL.close()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -45,11 +63,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def sim_cluster(cluster_pool: ClusterPool, request: pytest.FixtureRequest) -> Iterator[SimCluster]:
     """A head with no CPUs plus N one-CPU workers (N from @pytest.mark.nodes(N), default 7),
     the ray_ckpt service started on all of them with a 256 MiB budget per store, in a namespace
-    of this test's own. The nodes are the module's (see ClusterPool)."""
+    of this test's own. The nodes are shared with the tests before (see ClusterPool)."""
     marker = request.node.get_closest_marker("nodes")
     cluster = cluster_pool.take(marker.args[0] if marker else 7)
     try:
-        yield cluster
+        with pytest.MonkeyPatch.context() as patch:  # where a failed test's report finds the logs
+            patch.setenv("RAY_TMPDIR", cluster_pool.tmpdir)
+            yield cluster
     finally:
         failed = any(getattr(getattr(request.node, f"rep_{when}", None), "failed", False) for when in ("setup", "call"))
         cluster_pool.give_back(failed)

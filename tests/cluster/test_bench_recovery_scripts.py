@@ -1,5 +1,5 @@
 """The benchmark scripts (bench_recovery, bench_memory, bench_goodput, bench_overhead, bench_dcp):
-quick runs write JSON of the documented shape; --help works without a cluster."""
+quick runs write JSON of the documented shape (their --help: tests/unit/test_bench_scripts_help.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support import pace
-from support.scripts_under_test import run_quick, run_script
+from support.scripts_under_test import run_quick
 
 
 def _run(
@@ -173,26 +173,3 @@ def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
         loads = document["loads"][pair]
         assert list(loads) == ["ray_ckpt restore", "dcp.load <- peers", "dcp.load <- disk"]
         assert all(_positive(t) for times in loads.values() for t in times), loads
-
-
-@pytest.mark.parametrize(
-    "script, options",
-    [
-        ("bench_recovery.py", ("--sizes-mib", "--quick", "--json", "--plots")),
-        ("bench_memory.py", ("--state-mib", "--quick", "--json", "--plots")),
-        ("bench_goodput.py", ("--steps", "--mtbf-steps", "--seed", "--quick", "--json", "--plots")),
-        ("scale_model.py", ("--calibration", "--nodes", "--quick", "--json", "--plots")),
-        ("bench_reshard.py", ("--state-mib", "--repeats", "--quick", "--json")),
-        (
-            "bench_overhead.py",
-            ("--steps", "--every", "--state-mib", "--compute-s", "--shapes", "--modes", "--quick", "--json"),
-        ),
-        ("bench_dcp.py", ("--state-mib", "--repeats", "--quick", "--json")),
-        ("bench_fsdp2_recovery.py", ("--steps", "--kill-after", "--step-sleep-s", "--seed", "--json")),
-    ],
-)
-def test_help(script: str, options: tuple[str, ...]) -> None:
-    result = run_script(script, "--help", timeout=pace.bound(120))
-    assert result.returncode == 0, result.stderr
-    for option in options:
-        assert option in result.stdout

@@ -4,6 +4,8 @@ in turn (the ``sim_cluster`` fixture, tests/cluster/conftest.py)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 import uuid
 from typing import Any
@@ -35,28 +37,49 @@ class SimCluster(SimulatedCluster):
         return chosen[:count]
 
 
+def _ray_ckpt_env() -> dict[str, str]:
+    """The RAY_CKPT_* settings in this process's environment: a node started now passes them
+    to every process it starts (the service's actors, the ranks' workers)."""
+    return {key: value for key, value in os.environ.items() if key.startswith("RAY_CKPT_")}
+
+
 class ClusterPool:
-    """One module's simulated cluster, handed to its tests in turn.
+    """A simulated cluster, handed to tests in turn (the modules' that use ``sim_cluster``).
 
     Starting a cluster of N nodes costs about 20 s here, most of a cluster test. Each test gets
     the same Ray nodes with a clean slate: the previous test's ray_ckpt service (registry and
     stores, with their checkpoints) is killed, its driver disconnected (which ends its tasks and
     actors), the live workers topped up or cut down to the count the test asks for, and a new
     namespace with a new service. A test that failed takes the cluster with it, so the next
-    test starts on a fresh one."""
+    test starts on a fresh one; so does a test whose RAY_CKPT_* settings differ from those the
+    cluster was started with (its nodes hand those to every process they start). Each cluster
+    gets a Ray temp dir of its own."""
 
     def __init__(self) -> None:
         self.cluster: SimCluster | None = None
+        self._env: dict[str, str] = {}
+        self.tmpdir = ""  # the cluster's Ray temp dir
 
     def take(self, count: int) -> SimCluster:
         """The cluster with ``count`` live workers and a fresh service in a new namespace."""
         namespace = f"test-{uuid.uuid4().hex[:8]}"
+        if self.cluster is not None and self._env != _ray_ckpt_env():
+            self.close()
         if self.cluster is not None:
             try:
                 return self._reuse(self.cluster, count, namespace)
             except Exception:
                 self.close()
-        self.cluster = SimCluster(count, namespace=namespace, **CLUSTER_ARGS)
+        previous = os.environ.get("RAY_TMPDIR")
+        self.tmpdir = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rck")
+        try:
+            self.cluster = SimCluster(count, namespace=namespace, **CLUSTER_ARGS)
+        finally:
+            if previous is None:
+                os.environ.pop("RAY_TMPDIR", None)
+            else:
+                os.environ["RAY_TMPDIR"] = previous
+        self._env = _ray_ckpt_env()
         return self.cluster
 
     def _reuse(self, cluster: SimCluster, count: int, namespace: str) -> SimCluster:
