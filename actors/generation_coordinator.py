@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -32,8 +33,30 @@ from ray_ckpt.core.generations import (
 from ray_ckpt.transport import naming
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
+PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
+UNREACHABLE = "node unreachable"  # the loss reason whose worker is ended through the GCS
+
+
+async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether something at ``address`` ("ip:port", a raylet) accepts a TCP connection within
+    ``timeout_s``. A refusal is an answer (the host is up): True. Only silence is False, as a
+    node that lost power, its link, or its route to this process gives."""
+    host, _, port = address.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # no route, network unreachable: the host cannot be reached either
+        return False
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+    return True
 
 
 def _kill_pid(pid: int) -> None:
@@ -55,6 +78,11 @@ class GenerationCoordinator:
         self._killed: list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
         self._alive: set[str] | None = None  # alive node ids as of the watcher's last tick
+        self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
+        self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
+        self._probing: set[str] = set()
+        self._actors: dict[str, Any] = {}  # incarnation -> its worker's actor handle (``adopt``)
+        self._ended: set[str] = set()  # incarnations whose actor was ended through the GCS
 
     def _try_form(self, now: float) -> None:
         """Form the next generation if every rank joined from a live process (caller holds
@@ -99,7 +127,15 @@ class GenerationCoordinator:
         """Heartbeats (``Beat.to_wire``); True for each member that must leave its generation
         now (``Generations.must_leave``: a peer is lost or a round to replace the generation is
         open without it)."""
-        return self._gens.beat_many([Beat.from_wire(beat) for beat in beats], time.time(), self._alive)
+        return self._gens.beat_many(
+            [Beat.from_wire(beat) for beat in beats], time.time(), self._alive, self._unreachable
+        )
+
+    async def adopt(self, incarnation: str, actor: Any) -> None:
+        """A worker hands over its own actor: if its node becomes unreachable, the actor is
+        ended through the GCS (``ray.kill``), which tells Ray Train at once that the worker is
+        gone, instead of after Ray's own health checks declare the node dead (a minute)."""
+        self._actors[incarnation] = actor
 
     async def finish(self, member: Member) -> None:
         """``member``'s training function returned: its beats stop and that is no loss."""
@@ -191,20 +227,67 @@ class GenerationCoordinator:
             pending=tuple(sorted(self._gens.pending)),
         )
 
+    def _probe(self, silent: list[Member]) -> None:
+        """Probe the raylet of each silent member's node (in the background, each node once at
+        a time); a node whose members all beat again leaves the unreachable set."""
+        nodes = {member.node_id for member in silent}
+        self._unreachable &= nodes
+        for node_id in nodes - self._probing:
+            address = self._raylets.get(node_id)
+            if address is not None:
+                self._probing.add(node_id)
+                asyncio.get_running_loop().create_task(self._probe_node(node_id, address))
+
+    async def _probe_node(self, node_id: str, address: str) -> None:
+        try:
+            if await reachable(address):
+                self._unreachable.discard(node_id)
+            else:
+                self._unreachable.add(node_id)
+        finally:
+            self._probing.discard(node_id)
+
+    def _end_unreachable(self) -> None:
+        """End, through the GCS, the worker actor of every member lost because its node became
+        unreachable: its process cannot be reached to be killed, and Ray Train replaces it only
+        once Ray says it is dead."""
+        for record in self._gens.lost.values():
+            if record["reason"] != UNREACHABLE:
+                continue
+            member = self._gens.current.members.get(record["rank"]) if self._gens.current else None
+            if member is None or member.incarnation in self._ended:
+                continue
+            self._ended.add(member.incarnation)
+            actor = self._actors.get(member.incarnation)
+            if actor is None:  # a worker that did not hand its actor over: Ray's health checks end it
+                logger.warning("rank %d's node is unreachable and its actor unknown", record["rank"])
+                continue
+            logger.warning("rank %d's node is unreachable: ending its worker's actor", record["rank"])
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+
     async def _watch(self) -> None:
         """Form a generation when its round is complete; kill hung members."""
         while True:
             await asyncio.sleep(self._watch_interval_s)
             now = time.time()
             try:
-                alive = naming.alive_node_ids()
+                nodes = naming.alive_nodes()
             except Exception:  # the GCS is briefly unreachable: try again next tick
                 continue
+            alive = {node.node_id for node in nodes}
             self._alive = alive
+            self._raylets = {node.node_id: node.raylet_address for node in nodes if node.raylet_address}
             async with self._changed:
-                self._gens.find_lost(now, alive)
+                self._probe(self._gens.silent(now))
+                self._gens.find_lost(now, alive, self._unreachable)
+                self._end_unreachable()
                 self._try_form(now)
-                hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]
+                hung = [
+                    m
+                    for m in self._gens.hung(now, self._hang_s)
+                    if m.node_id in alive and m.incarnation not in self._ended
+                ]
             for member in hung:
                 if any(k["incarnation"] == member.incarnation for k in self._killed):
                     continue

@@ -20,7 +20,10 @@ worker process outlives the raylet a moment, and can still beat), once its node 
 (``find_lost``), or once it has gone silent while its peers kept beating: it missed
 ``SILENT_BEATS`` beats in a row (and at least ``SILENT_MIN_S``) after a peer reported one of
 its gloo connections closed (a process that dies closes its sockets), ``QUIET_BEATS`` (and at
-least ``QUIET_MIN_S``) without such a report. Each member reports, once per generation, its
+least ``QUIET_MIN_S``) without such a report, or ``SILENT_BEATS`` (and ``SILENT_MIN_S``) once
+its node's raylet did not answer the coordinator's probe (``unreachable``: a node that lost power,
+its link, or its way to the head closes no socket, so no peer reports a closure; the actor probes
+the node of every member ``silent`` for ``PROBE_AFTER_S``). Each member reports, once per generation, its
 process's gloo pairs (those accepted on a gloo listener and those made since it started,
 ``Connections``); a closed connection its witness reported that way names the peer that
 reported the same connection from its end, matched by both ends' full addresses. A closure
@@ -64,6 +67,7 @@ SILENT_MIN_S = 0.5  # and the least silence that does: longer than a live member
 NAMED_SILENT_MIN_S = 0.25  # ... once a peer saw every connection it had with the member close
 QUIET_BEATS = 5  # beats missed in a row that make a member lost without such a sign
 QUIET_MIN_S = 3.0  # and the least silence that does: a beat thread may wait a second or more for the GIL or CPU
+PROBE_AFTER_S = 0.3  # a member silent this long gets its node probed (``silent``; the actor probes)
 
 
 def hang_bound_s(hang_timeout_s: float, world_size: int) -> float:
@@ -351,13 +355,19 @@ class Generations:
             if self._in_current(member) and member.rank not in self.lost:
                 self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "raylet gone", "time": now}
 
-    def beat_many(self, beats: list[Beat], now: float, alive_nodes: set[str] | None) -> list[bool]:
+    def beat_many(
+        self,
+        beats: list[Beat],
+        now: float,
+        alive_nodes: set[str] | None,
+        unreachable: frozenset[str] | set[str] = frozenset(),
+    ) -> list[bool]:
         """The heartbeats of many members taken at once (as ``take`` takes one), then
         ``find_lost``: whether each member must leave its generation (``must_leave``). One call
         of a batch relayed up the stores' tree."""
         for beat in beats:
             self.take(beat, now)
-        self.find_lost(now, alive_nodes)
+        self.find_lost(now, alive_nodes, unreachable)
         return [self.must_leave(beat.member) for beat in beats]
 
     def _doom(self, member: Member) -> None:
@@ -378,10 +388,30 @@ class Generations:
             self.clock += min(max(0.0, now - self._called), self.interval_s)
         self._called = now
 
-    def find_lost(self, now: float, alive_nodes: set[str] | None) -> list[Member]:
+    def silent(self, now: float, after_s: float = PROBE_AFTER_S) -> list[Member]:
+        """The members of the current generation, outside the round, neither lost nor finished,
+        whose last beat is more than ``after_s`` old on the coordinator's clock: those whose
+        node the actor probes (``find_lost``'s ``unreachable``)."""
+        if self.current is None:
+            return []
+        self._tick(now)
+        found = []
+        for rank, member in self.current.members.items():
+            if rank in self.lost or member.incarnation in self.finished or self.pending.get(rank) == member:
+                continue
+            _, clock = self.beat_seen.get(member.incarnation, (self.beat_count, self.clock))
+            if self.clock - clock > after_s:
+                found.append(member)
+        return found
+
+    def find_lost(
+        self, now: float, alive_nodes: set[str] | None, unreachable: frozenset[str] | set[str] = frozenset()
+    ) -> list[Member]:
         """Mark, and return, the members of the current generation newly found lost (see the
-        module docstring); ``alive_nodes`` None: node liveness unknown. Members in the open
-        round or finished are never lost."""
+        module docstring); ``alive_nodes`` None: node liveness unknown; ``unreachable``: the
+        nodes whose raylet did not answer the coordinator's last probe (a silent member there is
+        lost after ``SILENT_MIN_S``, as after a closure, and its node is going). Members in the
+        open round or finished are never lost."""
         if self.current is None:
             return []
         self._tick(now)
@@ -414,6 +444,11 @@ class Generations:
                 missed = self.beat_count - count
                 if every is not None and self.clock - clock > bound_s and missed >= SILENT_BEATS * others:
                     reason = "silent after its connection closed"
+                elif (
+                    member.node_id in unreachable and self.clock - clock > silent_s and missed >= SILENT_BEATS * others
+                ):
+                    reason = "node unreachable"
+                    self.doomed.add(member.incarnation)
                 elif self.clock - clock > quiet_s and missed >= beats * others:
                     reason = "silent after a closed connection" if self.suspected else "silent"
             if reason is not None:

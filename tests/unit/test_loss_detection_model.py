@@ -17,7 +17,10 @@ dying members that join, finished functions and rounds, and checks after every e
   finished before, nor one in the round;
 - liveness: a dead member is lost within the bound that applies (a witness that saw all its
   connections with it close, some of them, a closed accepted connection naming nobody, none
-  reported, its node dead), counted in the time the coordinator was taking beats;
+  reported, its node dead, its node silent to the coordinator's probes: power lost, a link
+  down, a partition, which close nothing), counted in the time the coordinator was taking beats;
+- probes that time out for a live node (a loaded host) never make its member lost before a
+  pause of its beats longer than ``SILENT_MIN_S``;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
   open;
 - the hang watcher: a member whose function finished is never hung, however long the others go
@@ -93,10 +96,14 @@ class LossDetection(RuleBasedStateMachine):
         self.backlog: list[tuple[str, Beat]] = []  # calls not yet taken: beat or join
         self.stalling = False
         self.stalled_s = 0.0  # time the coordinator took no beat since the first death
+        self.powered_off: dict[int, float] = {}  # rank -> when its node went silent (no probe answers)
+        self.spurious: set[str] = set()  # live nodes whose probe times out (a loaded host, a slow link)
+        self.unreachable: set[str] = set()  # the coordinator's view: probed silent members' nodes
+        self.lost_unreachable: set[int] = set()  # found lost while their node was unreachable
 
     def doomed(self) -> set[int]:
-        """The members whose node the coordinator knows is going."""
-        return self.orphaned | self.seen_on_dead_nodes
+        """The members whose node the coordinator knows is going (or found unreachable)."""
+        return self.orphaned | self.seen_on_dead_nodes | self.lost_unreachable
 
     def _beating(self) -> list[int]:
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
@@ -123,7 +130,7 @@ class LossDetection(RuleBasedStateMachine):
         some, every = self._evidence_at(rank)
         if every is not None:
             return NAMED_S
-        if some is not None or self.suspected_at is not None:
+        if some is not None or self.suspected_at is not None or self.members[rank].node_id in self.unreachable:
             return SILENT_S
         return QUIET_S
 
@@ -134,12 +141,22 @@ class LossDetection(RuleBasedStateMachine):
         the coordinator's clock moves at most a beat interval a tick."""
         for rank in set(self.gens.lost) - self.checked:
             self.checked.add(rank)
+            if self.gens.lost[rank]["reason"] == "node unreachable":
+                assert self.members[rank].node_id in self.unreachable, (rank, self.unreachable)
+                self.lost_unreachable.add(rank)
             assert rank not in self.finished_unlost, (rank, self.gens.lost)
             if rank in self.dead:
                 continue
             resumed = self.queued[rank][0] if self.queued[rank] else self.tick_no
             pause_s = (resumed - self.taken_sent[rank]) * INTERVAL_S
             assert pause_s > self._bound_s(rank) - 1e-9, (rank, pause_s, self._bound_s(rank), self.gens.lost)
+
+    def _probe(self) -> None:
+        """The actor's probes, as it runs them each tick: the nodes of the members silent for
+        ``PROBE_AFTER_S`` are unreachable if they lost power (or a probe of theirs times out)."""
+        silent = {m.node_id for m in self.gens.silent(self.now)}
+        powered_off = {self.members[r].node_id for r in self.powered_off}
+        self.unreachable = {node for node in silent if node in powered_off or node in self.spurious}
 
     def _send(self, beat: Beat, call: str = "beat") -> None:
         """A call reaches the coordinator's queue; taken at once unless it is stalled."""
@@ -188,7 +205,7 @@ class LossDetection(RuleBasedStateMachine):
                     self.closures.setdefault((rank, named, group), (self.taken[named], self.now))
             if beat.orphaned and rank not in self.gens.lost:
                 failing = True
-        leave = self.gens.beat_many(beats, self.now, None)
+        leave = self.gens.beat_many(beats, self.now, None, self.unreachable)
         self._check_losses()
         for beat in beats:
             if beat.orphaned:
@@ -214,7 +231,8 @@ class LossDetection(RuleBasedStateMachine):
             self.missed[rank] = 0
             self._send(Beat(self.members[rank]))
         if not stall:
-            self.gens.find_lost(self.now, {m.node_id for m in self.members} - self.dead_nodes)
+            self._probe()
+            self.gens.find_lost(self.now, {m.node_id for m in self.members} - self.dead_nodes, self.unreachable)
             self._check_losses()
             self.seen_on_dead_nodes.update(
                 r for r, m in enumerate(self.members) if m.node_id in self.dead_nodes and r not in self.joined
@@ -244,6 +262,24 @@ class LossDetection(RuleBasedStateMachine):
         self.dead[rank] = self.now
         if die_with_node:
             self.dead_nodes.add(self.members[rank].node_id)
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4))
+    def loses_power(self, index: int) -> None:
+        """A member's node loses power (or its link, or its route to the head): the member beats
+        no more, no connection closes, and the node no longer answers the coordinator's probes."""
+        rank = self._beating()[index % len(self._beating())]
+        self.dead[rank] = self.now
+        self.powered_off[rank] = self.now
+
+    @rule(index=st.integers(0, 4), times_out=st.booleans())
+    def a_probe_of_a_live_node_times_out(self, index: int, times_out: bool) -> None:
+        """Probes of a live member's node time out (a loaded host, a slow link), or answer again."""
+        node = self.members[index % len(self.members)].node_id
+        if times_out:
+            self.spurious.add(node)
+        else:
+            self.spurious.discard(node)
 
     @precondition(lambda self: any(r not in self.finished for r in self.dead))
     @rule(index=st.integers(0, 4))
@@ -354,6 +390,8 @@ class LossDetection(RuleBasedStateMachine):
             bounds = [QUIET_S + 2 * INTERVAL_S]
             if self.members[rank].node_id in self.dead_nodes:
                 bounds.append(2 * INTERVAL_S)  # the next tick's node table
+            if rank in self.powered_off:  # probed once silent, lost once silent past SILENT_MIN_S
+                bounds.append(SILENT_S + 2 * INTERVAL_S)
             if self.suspected_at is not None:
                 bounds.append(SILENT_S + INTERVAL_S + max(0.0, self.suspected_at - died))
             some, every = self._evidence_at(rank)
