@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 import time
@@ -33,11 +32,9 @@ from ray_ckpt.core.generations import (
 from ray_ckpt.transport import naming
 
 T = TypeVar("T")
-logger = logging.getLogger(__name__)
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
 PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
-UNREACHABLE = "node unreachable"  # the loss reason whose worker is ended through the GCS
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -81,8 +78,6 @@ class GenerationCoordinator:
         self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
         self._probing: set[str] = set()
-        self._actors: dict[str, Any] = {}  # incarnation -> its worker's actor handle (``adopt``)
-        self._ended: set[str] = set()  # incarnations whose actor was ended through the GCS
 
     def _try_form(self, now: float) -> None:
         """Form the next generation if every rank joined from a live process (caller holds
@@ -130,12 +125,6 @@ class GenerationCoordinator:
         return self._gens.beat_many(
             [Beat.from_wire(beat) for beat in beats], time.time(), self._alive, self._unreachable
         )
-
-    async def adopt(self, incarnation: str, actor: Any) -> None:
-        """A worker hands over its own actor: if its node becomes unreachable, the actor is
-        ended through the GCS (``ray.kill``), which tells Ray Train at once that the worker is
-        gone, instead of after Ray's own health checks declare the node dead (a minute)."""
-        self._actors[incarnation] = actor
 
     async def finish(self, member: Member) -> None:
         """``member``'s training function returned: its beats stop and that is no loss."""
@@ -247,25 +236,6 @@ class GenerationCoordinator:
         finally:
             self._probing.discard(node_id)
 
-    def _end_unreachable(self) -> None:
-        """End, through the GCS, the worker actor of every member lost because its node became
-        unreachable: its process cannot be reached to be killed, and Ray Train replaces it only
-        once Ray says it is dead."""
-        for record in self._gens.lost.values():
-            if record["reason"] != UNREACHABLE:
-                continue
-            member = self._gens.current.members.get(record["rank"]) if self._gens.current else None
-            if member is None or member.incarnation in self._ended:
-                continue
-            self._ended.add(member.incarnation)
-            actor = self._actors.get(member.incarnation)
-            if actor is None:  # a worker that did not hand its actor over: Ray's health checks end it
-                logger.warning("rank %d's node is unreachable and its actor unknown", record["rank"])
-                continue
-            logger.warning("rank %d's node is unreachable: ending its worker's actor", record["rank"])
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-
     async def _watch(self) -> None:
         """Form a generation when its round is complete; kill hung members."""
         while True:
@@ -281,13 +251,8 @@ class GenerationCoordinator:
             async with self._changed:
                 self._probe(self._gens.silent(now))
                 self._gens.find_lost(now, alive, self._unreachable)
-                self._end_unreachable()
                 self._try_form(now)
-                hung = [
-                    m
-                    for m in self._gens.hung(now, self._hang_s)
-                    if m.node_id in alive and m.incarnation not in self._ended
-                ]
+                hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]
             for member in hung:
                 if any(k["incarnation"] == member.incarnation for k in self._killed):
                     continue

@@ -323,7 +323,6 @@ class _Worker:
                 raise InPlaceRecoveryError("this worker group was superseded by a full restart before it started")
             PROCESS.attempt = self.role.attempt
             self._generation = self.role.generation
-        self._adopt()
         self._start_heartbeat()
         budget = RecoveryBudget(settings.inplace_max_recoveries())
         interrupts = PROCESS.interrupts
@@ -370,14 +369,6 @@ class _Worker:
                 budget.recovered(reached, replaced)
         finally:
             self._beating.set()
-
-    def _adopt(self) -> None:
-        """Hand this worker's actor to the coordinator, which ends it through the GCS if this
-        node becomes unreachable (best effort: without it, Ray's health checks end it later)."""
-        try:
-            self.role.coordinator.adopt(self.member, ray.get_runtime_context().current_actor)
-        except Exception as error:
-            logger.warning("rank %d: handing this worker's actor to the coordinator: %s", self.rank, error)
 
     def _finish(self) -> None:
         """Tell the coordinator the training function returned: its beats stop on purpose, and

@@ -170,11 +170,6 @@ class CoordinatorClient:
         CoordinatorTimeoutError after ``timeout_s``."""
         return bool(self._per_rank("beat", (), beat.to_wire(), timeout_s=timeout_s))
 
-    def adopt(self, member: Member, actor: Any) -> None:
-        """Hand over this worker's own actor (``ray.get_runtime_context().current_actor``): the
-        coordinator ends it through the GCS if the member's node becomes unreachable."""
-        self._call("adopt", member.incarnation, actor, timeout_s=self.answer_s)
-
     def finish(self, member: Member) -> None:
         """``member``'s training function returned; its heartbeats stop."""
         self._call("finish", member, timeout_s=self.answer_s)
