@@ -1,0 +1,85 @@
+"""The network lab on this machine: nodes as hosts of their own, a shaped link, faults that close
+no sockets, and nothing left behind. Skipped, with the reason, where namespaces are not allowed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+from support import pace
+
+from ray_ckpt.tools import link_faults, network_lab
+
+pytestmark = pytest.mark.cluster
+
+RATE_GBIT = 1.0
+OBJECT_BYTES = 32 << 20
+
+
+@pytest.fixture
+def lab() -> Iterator[network_lab.NetworkLab]:
+    reason = network_lab.lab_unsupported()
+    if reason is not None:
+        pytest.skip(reason)
+    with network_lab.NetworkLab(2, rate_gbit=RATE_GBIT) as made:
+        made.start()
+        yield made
+    names = {made.state.bridge, *(n.namespace for n in made.state.nodes), *(n.link for n in made.state.nodes)}
+    left = network_lab.sh("ip", "-o", "link", "show", check=False).stdout + network_lab.sh("ip", "netns").stdout
+    assert not [name for name in names if name in left], left
+    assert not made.state.path.exists()
+
+
+@ray.remote(num_cpus=0)
+def where() -> str:
+    return ray.util.get_node_ip_address()
+
+
+@ray.remote(num_cpus=0)
+def make(size: int) -> bytes:
+    return b"x" * size
+
+
+@ray.remote(num_cpus=0)
+def size_of(data: bytes) -> int:
+    return len(data)
+
+
+def on(node: network_lab.LabNode) -> dict[str, dict[str, float]]:
+    return {"resources": {node.resource: 0.01}}
+
+
+def test_lab_nodes_are_hosts_of_their_own_links_take_their_rate_and_a_flap_closes_nothing(
+    lab: network_lab.NetworkLab,
+) -> None:
+    first, second = lab.nodes
+    assert [ray.get(where.options(**on(n)).remote()) for n in lab.nodes] == [first.address, second.address]
+    data = make.options(**on(first)).remote(OBJECT_BYTES)
+    ray.wait([data], fetch_local=False)
+    started = time.monotonic()
+    assert ray.get(size_of.options(**on(second)).remote(data)) == OBJECT_BYTES
+    floor_s = OBJECT_BYTES * 8 / (RATE_GBIT * 1e9)
+    assert time.monotonic() - started >= 0.9 * floor_s  # crossed the shaped links, not loopback
+
+    pids = set(second.pids())
+    link_faults.link_down(second)  # silent: the task sent there waits, nothing fails
+    pending = where.options(**on(second)).remote()
+    ready, _ = ray.wait([pending], timeout=2.0)
+    assert not ready
+    link_faults.link_up(second)
+    assert ray.get(pending, timeout=pace.bound(60)) == second.address
+    assert pids <= set(second.pids())  # the flap killed no process
+
+
+def test_a_partition_from_the_head_silences_the_node_and_healing_brings_it_back(lab: network_lab.NetworkLab) -> None:
+    if network_lab.nft_unsupported() is not None:
+        pytest.skip(network_lab.nft_unsupported())
+    node = lab.nodes[0]
+    link_faults.cut(node, lab.state, "head")
+    pending = where.options(**on(node)).remote()
+    ready, _ = ray.wait([pending], timeout=2.0)
+    assert not ready
+    link_faults.uncut(node)
+    assert ray.get(pending, timeout=pace.bound(60)) == node.address
