@@ -12,12 +12,13 @@ listener, a listening TCP socket it opened after ``GlooConnections()`` was made 
 the worker process, before any process group) other than a rendezvous store's. A socket is
 gloo's pair by what gloo does to it (``_torch_compat.is_gloo_pair``: its receive and send
 timeouts are the group's), checked on the very descriptor just before it is shut (never one
-whose number was taken by another socket since). Every gloo pair is accepted on one side, so
-when every rank of a failed generation shuts its accepted ends (the ones that leave at their
-teardown, the others when the run tells them a round is open) every pair is closed. Ray's
-connections are older than the listener (or go to its own ports), a rendezvous store's port is
-left out, and a server the training function runs itself on this process, like any connection
-that is not gloo's, is left alone.
+whose number was taken by another socket since); so are the gloo pairs it made to its peers'
+listeners since. Each rank of a failed generation shuts both kinds (the ones that leave at
+their teardown, the others when the run tells them a round is open): a pair is closed even
+when the peer at its other end is silent (a node that lost power or its link shuts nothing).
+Ray's connections are older than the listener (or go to its own ports), a rendezvous store's
+port is left out, and a server the training function runs itself on this process, like any
+connection that is not gloo's, is left alone.
 
 ``ConnectionWatch`` (from ``GlooConnections.watch``) tells, without reading a byte, which of
 this process's gloo pairs have been closed since: the accepted ones, and every one made since
@@ -106,18 +107,20 @@ class GlooConnections:
         return ConnectionWatch(watched)
 
     def shut(self, store_ports: Iterable[int] = ()) -> int:
-        """Shut down every accepted gloo pair (``accepted``) for reading and writing, so that a
-        collective blocked on one, here or at the peer, fails at once; the sockets stay open for
-        gloo to close. Any other socket (a server's the training function runs, a descriptor
-        whose number another socket took since it was listed) is left alone. Returns how many
-        were shut. Never raises."""
+        """Shut down every gloo pair of this process, accepted on a gloo listener or made to a
+        peer's, for reading and writing, so that a collective blocked on one, here or at the
+        peer, fails at once; the sockets stay open for gloo to close. Both ends it holds: a peer
+        that went silent (its node lost power or its link) cannot shut the end it accepted, and a
+        collective blocked on a pair this process made would wait out the group's timeout. Any
+        other socket (a server's the training function runs, a descriptor whose number another
+        socket took since it was listed) is left alone. Returns how many were shut. Never raises."""
         try:
-            accepted, _ = self._listed(store_ports)
+            accepted, made = self._listed(store_ports)
         except (psutil.Error, OSError) as error:
             logger.debug("listing this process's connections: %s", error)
             return 0
         shut = 0
-        for c in accepted:
+        for c in accepted + made:
             with _socket_at(c.fd) as sock:
                 if sock is None or not _is_listed_pair(sock, c):
                     continue

@@ -467,8 +467,9 @@ class _Worker:
         return None if gloo is None else gloo.watch(self._store_ports())
 
     def _shut_gloo(self) -> int:
-        """Shut this process's accepted gloo connections (``GlooConnections``), but the
-        rendezvous stores': every peer still blocked on one fails at once."""
+        """Shut this process's gloo connections (``GlooConnections``: accepted and made), but the
+        rendezvous stores': a collective blocked on one, here or at a peer, fails at once, even
+        where the peer went silent."""
         gloo = PROCESS.gloo
         return 0 if gloo is None else gloo.shut(self._store_ports())
 

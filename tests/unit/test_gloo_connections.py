@@ -1,5 +1,6 @@
-"""Shutting down the gloo connections a process accepted wakes every collective blocked on them,
-here and at the peers, at once, where abort and destroy do not; the process stays whole and
+"""Shutting down the gloo connections a process holds wakes every collective blocked on them,
+here and at the peers, at once (even beside a peer that went silent), where abort and destroy
+do not; the process stays whole and
 connections it had before (Ray's) or that are not gloo's (a server of the training function's
 own) are left alone. Real gloo ranks in spawned processes; plain sockets set up as gloo sets up
 its pairs (``like_gloo``) where one process is enough."""
@@ -16,6 +17,7 @@ import time
 from typing import Any
 
 COLLECTIVE_TIMEOUT_S = 60.0
+SUBGROUPS = 4  # beside WORLD: pairs whose accepting end falls on one side or the other by chance
 
 
 def like_gloo(sock: socket.socket, timeout_s: int = 1800) -> socket.socket:
@@ -112,13 +114,84 @@ def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_
             if process.is_alive():
                 process.kill()
     assert sum(item[-1] for item in found.values()) == 6, found  # each of the two groups' 3 pairs, on one side
-    _, shut, kept_works, accepted = found[1]
-    assert shut == accepted and kept_works, found
+    _, shut, kept_works, _ = found[1]
+    assert shut == 4 and kept_works, found  # both ends it held: 2 groups x 2 peers, accepted or made
     for rank in (0, 2):
         outcome, waited_s, _, _ = found[rank]
         assert "Connection closed by peer" in outcome or "closed" in outcome.lower(), found
         assert waited_s < 10.0, found
     assert all(process.exitcode == 0 for process in ranks), [p.exitcode for p in ranks]
+
+
+def _rank_beside_a_silent_peer(rank: int, port: int, results: Any) -> None:
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    from ray_ckpt.train.gloo_connections import GlooConnections
+
+    connections = GlooConnections()
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    subgroups = [dist.new_group([0, 1]) for _ in range(SUBGROUPS)]  # held, as FSDP2's meshes hold theirs
+    tensor = torch.ones(1024)
+    for group in [None, *subgroups]:
+        dist.all_reduce(tensor, group=group)
+    if rank == 1:  # silent, as a node that lost power: nothing closes, nothing answers
+        results.put((rank, "stopping", 0.0, 0))
+        results.close()
+        results.join_thread()  # handed over before it stops
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(0)
+    shut: list[int] = []
+
+    def interrupted() -> None:  # the heartbeat, told that the peer is lost
+        time.sleep(1.0)
+        shut.append(connections.shut(store_ports=[port]))
+
+    threading.Thread(target=interrupted, daemon=True).start()
+    started = time.monotonic()
+    try:
+        dist.all_reduce(tensor)
+        outcome = "returned"
+    except RuntimeError as error:
+        outcome = str(error)
+    results.put((rank, outcome, time.monotonic() - started, shut[0] if shut else -1))
+    _end(results)
+
+
+def test_a_rank_whose_peer_went_silent_shuts_both_ends_it_holds_and_leaves_at_once() -> None:
+    """Rank 1 stops (SIGSTOP) after five groups formed: it will shut nothing. Rank 0, blocked in
+    an all-reduce with it, shuts its gloo connections a second later: its pair of every group,
+    the ends it accepted and those it made, and the all-reduce fails within seconds, not at the
+    group's 60 s timeout."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = [context.Process(target=_rank_beside_a_silent_peer, args=(rank, port, results)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        found = {}
+        for _ in range(2):
+            item = results.get(timeout=120)
+            found[item[0]] = item[1:]
+    finally:
+        for process in ranks:
+            process.kill()
+            process.join(timeout=10)
+    outcome, waited_s, shut = found[0]
+    assert "closed" in outcome.lower() or "Connection" in outcome, found
+    assert waited_s < 10.0, found
+    assert shut == 1 + SUBGROUPS, found  # both kinds: with 5 pairs, all accepted here 1 time in 32
 
 
 def test_without_a_process_group_there_is_nothing_to_shut() -> None:
