@@ -13,6 +13,7 @@ docs/failure-simulation.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -58,10 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         for node in lab.nodes:
             print(f"  node {node.index}: {node.address} (namespace {node.namespace}, resource {node.resource})")
         print(f"join it: RAY_ADDRESS={address} RAY_AUTH_MODE=disabled; Ctrl-C takes it down", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-        except KeyboardInterrupt:
-            pass
     finally:
         lab.close()
         print("lab down")

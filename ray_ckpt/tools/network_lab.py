@@ -451,11 +451,29 @@ class NetworkLab:
         log = f"{self.state.temp_dir}.log"
         raise LabError(f"lab nodes {missing} did not join within {JOIN_TIMEOUT_S:.0f} s (see {log})")
 
+    def restart_node(self, node: LabNode) -> None:
+        """Start the node's Ray again (a machine back after a failure; a new Ray node with the
+        same address and resource), its old processes killed first; waits until it joined."""
+        for pid in node.pids():
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        _kill_group(self.state.node_pgids.get(node.index, 0))
+        import ray
+
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while any(n.get("Alive") and n.get("NodeManagerAddress") == node.address for n in ray.nodes()):
+            if time.monotonic() > deadline:  # Ray's health checks declare the old node dead first
+                raise LabError(f"Ray still lists lab node {node.address} alive after its processes died")
+            time.sleep(0.5)
+        self._start_node(node)
+        self._wait_joined({node.resource})
+
     def node_id(self, node: LabNode) -> str:
         """The Ray node id of a lab node (alive or not)."""
         import ray
 
-        for entry in ray.nodes():
+        for entry in sorted(ray.nodes(), key=lambda e: not e.get("Alive")):  # the live one first
             if entry.get("NodeManagerAddress") == node.address:
                 return str(entry["NodeID"])
         raise LabError(f"no Ray node has address {node.address}")

@@ -1,4 +1,4 @@
-"""Every benchmark script's --help: it works without a cluster and names the script's options."""
+"""Every benchmark and lab script's --help: it works without a cluster and names the script's options."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from support.scripts_under_test import run_script
         ),
         ("bench_dcp.py", ("--state-mib", "--repeats", "--quick", "--json")),
         ("bench_fsdp2_recovery.py", ("--steps", "--kill-after", "--step-sleep-s", "--seed", "--json")),
+        ("lab.py", ("--nodes", "--cpus", "--rate-gbit", "--no-service", "--clean")),
+        ("lab_campaign.py", ("--quick", "--trials", "--seed", "--rate-gbit", "--at-step", "--json")),
     ],
 )
 def test_help(script: str, options: tuple[str, ...]) -> None:

@@ -1,0 +1,241 @@
+"""Fault campaign in the network lab: failures that close no sockets, against in-place recovery.
+
+Each trial runs ``scripts/train_example.py``'s job (2 DDP ranks, gloo, RS(1,1), in place with
+``InPlaceRecovery()`` defaults, 0.25 s steps, every step saved) on a lab of 4 nodes (2 for the
+ranks, 2 free for the replacement and warm spares) whose links run at ``--rate-gbit``, and
+strikes rank 1's node once its step ``--at-step`` committed, with one fault kind:
+
+- ``kill``: every process of the node SIGKILLed (sockets close);
+- ``power``: its link down and its processes frozen, then killed after the trial;
+- ``partition``: cut from the head (the GCS, the driver, the run's coordinator);
+- ``slow``: its link at 1% of the rate for 8 s;
+- ``flap``: its link down for 3 s, then up, its processes running.
+
+The oracle, per trial: the job ends; its final parameters are bit-identical to an uninterrupted
+run's; after a lost rank the survivor kept its process (``survivors_kept``); no rank that kept
+beating was taken for lost (``slow``, ``flap``: ``live_ranks_lost`` counts the recoveries those
+caused). Measured: ``detect_s``, from the fault to the survivor leaving its collective (its
+rejoin's ``detected``); ``resume_s``, from the fault to rank 0's first step done after it.
+
+    sudo python scripts/lab_campaign.py --quick --json out.json     # one trial per kind
+    sudo python scripts/lab_campaign.py --trials 40 --seed 1 --json out.json
+
+Prints a table per kind and writes ``{"trials", "violations", "violation_details", "kinds":
+{kind: {"trials", "detect_s", "resume_s", "survivors_kept", "bit_exact", "live_ranks_lost"}},
+"rate_gbit", "seed"}``. Needs root (see docs/failure-simulation.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from benchutil import add_json_flag, make_parser, write_json
+
+KINDS = ("kill", "power", "partition", "slow", "flap")
+STEPS = 40
+STEP_SLEEP_S = 0.25
+CHECKPOINT = {"data_shards": 1, "parity_shards": 1}
+SLOW_S = 8.0
+FLAP_S = 3.0
+
+
+def load_example() -> Any:
+    import importlib.util
+    import pathlib
+
+    import ray
+
+    spec = importlib.util.spec_from_file_location("train_example", pathlib.Path(__file__).with_name("train_example.py"))
+    if spec is None or spec.loader is None:
+        raise RuntimeError("scripts/train_example.py is missing")
+    example = importlib.util.module_from_spec(spec)
+    sys.modules["train_example"] = example
+    spec.loader.exec_module(example)
+    ray.cloudpickle.register_pickle_by_value(example)  # workers cannot import scripts/
+    return example
+
+
+class LabCampaign:
+    """Trials on one lab; a struck node is brought back (processes killed, raylet restarted
+    in its namespace) before the next trial."""
+
+    def __init__(self, lab: Any, example: Any, rate_gbit: float) -> None:
+        self.lab, self.example, self.rate_gbit = lab, example, rate_gbit
+        self.results: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+        self.violations: list[str] = []
+        self.reference = ""
+
+    def run_reference(self) -> None:
+        final = self.example.run(
+            name="lab-reference", storage_path=tempfile.mkdtemp(), events_dir=tempfile.mkdtemp(),
+            steps=STEPS, workers=2, checkpoint=CHECKPOINT, step_sleep_s=0.0,
+        )  # fmt: skip
+        self.reference = str(final["params_digest"])
+
+    def trial(self, index: int, kind: str, at_step: int) -> None:
+        from ray_ckpt.tools import link_faults, network_lab
+
+        job, events = f"lab-{index}-{kind}", tempfile.mkdtemp()
+        struck: dict[str, Any] = {}
+
+        def fault() -> None:
+            self.example.wait_committed(job, at_step)
+            node_id = self.example.rank_node(job, 1)
+            address = next(n.address for n in self.lab.nodes if self.lab.node_id(n) == node_id)
+            found = network_lab.find_node(address)
+            if found is None:
+                raise RuntimeError(f"rank 1's node {address} is not a lab node")
+            state, node = found
+            struck.update(time=time.time(), node=node)
+            if kind == "kill":
+                link_faults.kill(node)
+            elif kind == "power":
+                link_faults.link_down(node)
+                link_faults.freeze(node)
+            elif kind == "partition":
+                link_faults.cut(node, state, "head")
+            elif kind == "slow":
+                network_lab.set_rate(node, self.rate_gbit * 0.01)
+                time.sleep(SLOW_S)
+                network_lab.set_rate(node, self.rate_gbit)
+            elif kind == "flap":
+                link_faults.link_down(node)
+                time.sleep(FLAP_S)
+                link_faults.link_up(node)
+
+        what = f"trial {index} ({kind} of rank 1's node after step {at_step})"
+        try:
+            final, errors = self.example.run_beside(
+                fault, name=job, storage_path=tempfile.mkdtemp(), events_dir=events, steps=STEPS, workers=2,
+                checkpoint=CHECKPOINT, step_sleep_s=STEP_SLEEP_S, max_failures=4, in_place={}, log_steps=True,
+            )  # fmt: skip
+        except Exception as error:
+            self.violations.append(f"{what}: the job failed: {type(error).__name__}: {error}")
+            final, errors = None, []
+        finally:
+            if "node" in struck:
+                self._restore_node(struck["node"])
+        if errors:
+            self.violations.append(f"{what}: the fault did not happen: {errors[0]!r}")
+            return
+        self._check(what, kind, job, events, struck.get("time", 0.0), final)
+
+    def _restore_node(self, node: Any) -> None:
+        """Bring a struck node back for the next trial: rules and link healed, its processes
+        killed, its raylet started again in its namespace."""
+        from ray_ckpt.tools import link_faults, network_lab
+
+        link_faults.uncut(node)
+        link_faults.link_up(node)
+        network_lab.set_rate(node, self.rate_gbit)
+        link_faults.kill(node)
+        self.lab.restart_node(node)
+
+    def _check(self, what: str, kind: str, job: str, events: str, fault_s: float, final: Any) -> None:
+        import ray_ckpt
+        from ray_ckpt.transport.registry_client import RegistryClient
+
+        restores = self.example.read_restores(events)
+        attempts: dict[str, dict[int, dict[str, Any]]] = {}
+        for record in restores:
+            attempts.setdefault(record["attempt"], {})[record["rank"]] = record
+        groups = list(attempts.values())
+        recovered = len(groups) > 1
+        steps = [s for s in self.example.read_steps(events) if s["rank"] == 0 and s["time"] >= fault_s]
+        resume_s = steps[0]["time"] - fault_s if steps and recovered else None
+        rejoins = [
+            e for e in RegistryClient(ray_ckpt.settings.namespace()).events()[1]
+            if e.get("kind") == "rejoin" and e.get("job") == job and e.get("role") == "survivor"
+        ]  # fmt: skip
+        detect_s = min((e["detected"] - fault_s for e in rejoins if e.get("detected")), default=None)
+        bit_exact = final is not None and final["params_digest"] == self.reference
+        kept = recovered and groups[1].get(0, {}).get("pid") == groups[0].get(0, {}).get("pid")
+        live_lost = (len(groups) - 1) if kind in ("slow",) else 0
+        result = {"detect_s": detect_s, "resume_s": resume_s, "survivors_kept": kept, "bit_exact": bit_exact,
+                  "recovered": recovered, "live_ranks_lost": live_lost}  # fmt: skip
+        self.results[kind].append(result)
+        if not bit_exact:
+            self.violations.append(f"{what}: the final parameters differ from the uninterrupted run's")
+        if kind in ("kill", "power", "partition") and not recovered:
+            self.violations.append(f"{what}: no recovery was recorded")
+        if kind in ("kill", "power", "partition") and recovered and not kept:
+            self.violations.append(f"{what}: the survivor did not keep its process")
+        if live_lost:
+            self.violations.append(f"{what}: a rank that kept beating was taken for lost {live_lost} time(s)")
+        print(f"{what}: {json.dumps(result)}", flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        kinds = {}
+        for kind, results in self.results.items():
+            kinds[kind] = {
+                "trials": len(results),
+                "detect_s": [r["detect_s"] for r in results],
+                "resume_s": [r["resume_s"] for r in results],
+                "survivors_kept": all(r["survivors_kept"] for r in results if r["recovered"]) if results else None,
+                "bit_exact": all(r["bit_exact"] for r in results) if results else None,
+                "live_ranks_lost": sum(r["live_ranks_lost"] for r in results),
+            }
+        return {"trials": sum(len(r) for r in self.results.values()), "violations": len(self.violations),
+                "violation_details": self.violations, "kinds": kinds}  # fmt: skip
+
+
+def _median(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.2f}" if known else "-"
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = ["kind       trials  detect s (median)  resume s (median)  survivors kept  bit-exact  live lost"]
+    for kind, row in summary["kinds"].items():
+        lines.append(
+            f"{kind:<10} {row['trials']:>6}  {_median(row['detect_s']):>17}  {_median(row['resume_s']):>17}  "
+            f"{row['survivors_kept']!s:>14}  {row['bit_exact']!s:>9}  {row['live_ranks_lost']:>9}"
+        )
+    lines.append(f"violations: {summary['violations']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="one trial of each kind")
+    parser.add_argument("--trials", type=int, default=10, help="trials, kinds drawn at random (default 10)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed (kinds, steps struck)")
+    parser.add_argument("--rate-gbit", type=float, default=2.5, help="every node's link rate (default 2.5)")
+    parser.add_argument("--at-step", type=int, default=10, help="strike after this step committed (default 10)")
+    add_json_flag(parser, "the summary")
+    args = parser.parse_args(argv)
+    from ray_ckpt.tools import network_lab
+
+    reason = network_lab.lab_unsupported()
+    if reason is not None:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    rng = random.Random(args.seed)
+    plan = list(KINDS) if args.quick else [rng.choice(KINDS) for _ in range(args.trials)]
+    import ray_ckpt
+
+    with network_lab.NetworkLab(4, rate_gbit=args.rate_gbit) as lab:
+        lab.start()
+        ray_ckpt.start(store_budget_bytes=256 << 20)
+        campaign = LabCampaign(lab, load_example(), args.rate_gbit)
+        campaign.run_reference()
+        for index, kind in enumerate(plan):
+            campaign.trial(index, kind, args.at_step if args.quick else rng.randint(5, 15))
+        summary = {**campaign.summary(), "rate_gbit": args.rate_gbit, "seed": args.seed}
+    print(format_table(summary))
+    write_json(args.json, summary)
+    return 0 if summary["violations"] == 0 else 1
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "lab_campaign"
+    sys.exit(main())
