@@ -20,7 +20,9 @@ import functools
 import importlib
 import inspect
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -158,6 +160,10 @@ def _patch_controller(cls: Any) -> None:
             # with them but whose poll had not failed yet when this poll ended.
             groups = self._worker_group._replica_groups
             failing = set(poll_status.failing_replica_group_indices)
+            # A replacement goes into its lost worker's placement-group bundle, which stays on
+            # the worker's node until Ray declares the node dead: into a node that was killed or
+            # went silent, it would wait for that and then fail (the whole group restarts).
+            _await_failing_nodes(groups, failing)
             late = _dead_groups(groups, failing)
             if late:
                 logger.warning(
@@ -185,6 +191,66 @@ def _patch_controller(cls: Any) -> None:
     if "_poll_workers" in vars(cls):  # a subclass that does not define it inherits the patched one
         cls._poll_workers = _promptly_polling(cls._poll_workers)
     cls._ray_ckpt_restarts_on_failed_replacement = True
+
+
+NODE_VERDICT_TIMEOUT_S = 300.0  # the longest a replacement waits for Ray's verdict on a node
+RAYLET_PROBE_S = 0.3  # a raylet that does not accept a connection this long is not answering
+
+
+def raylet_answers(address: str | None, timeout_s: float = RAYLET_PROBE_S) -> bool:
+    """Whether the raylet at ``address`` ("ip:port") accepts a TCP connection within
+    ``timeout_s`` (refused, silent or unknown: False)."""
+    if not address:
+        return False
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def await_node_verdicts(
+    node_ids: set[str],
+    timeout_s: float = NODE_VERDICT_TIMEOUT_S,
+    *,
+    nodes: Callable[[], list[RayNode]] | None = None,
+    answers: Callable[[str | None], bool] = raylet_answers,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> set[str]:
+    """Wait until Ray has a verdict on each node of ``node_ids``: declared dead, or alive with a
+    raylet that answers (the worker died, its node lives: its bundle is good). A node whose
+    raylet is gone (killed) or silent (power lost, link down, cut off) is waited for until Ray's
+    health checks declare it dead, at most ``timeout_s``. Returns the nodes still without a
+    verdict then (logged; the replacement is tried anyway)."""
+    listed = nodes if nodes is not None else _alive_ray_nodes
+    deadline = clock() + timeout_s
+    waiting = set(node_ids)
+    announced = False
+    while waiting:
+        alive = {node.node_id: node for node in listed()}
+        waiting = {n for n in waiting if n in alive and not answers(alive[n].raylet_address)}
+        if not waiting or clock() >= deadline:
+            break
+        if not announced:
+            logger.warning("waiting for Ray to declare node(s) %s dead before replacing their workers", sorted(waiting))
+            announced = True
+        sleep(0.2)
+    if waiting:
+        logger.warning(
+            "no verdict on node(s) %s after %.0f s; replacing their workers anyway", sorted(waiting), timeout_s
+        )
+    return waiting
+
+
+def _await_failing_nodes(groups: list[Any], failing: set[int]) -> None:
+    """``await_node_verdicts`` for the nodes of the failing replica groups' workers."""
+    await_node_verdicts({worker.metadata.node_id for index in failing for worker in groups[index].get_workers()})
+
+
+def _alive_ray_nodes() -> list[RayNode]:
+    return [node for node in (RayNode.from_ray(entry) for entry in ray.nodes()) if node.alive]
 
 
 def _promptly_polling(poll: Any) -> Any:

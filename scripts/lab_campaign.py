@@ -15,7 +15,9 @@ The oracle, per trial: the job ends; its final parameters are bit-identical to a
 run's; after a lost rank the survivor kept its process (``survivors_kept``); no rank that kept
 beating was taken for lost (``slow``, ``flap``: ``live_ranks_lost`` counts the recoveries those
 caused). Measured: ``detect_s``, from the fault to the survivor leaving its collective (its
-rejoin's ``detected``); ``resume_s``, from the fault to rank 0's first step done after it.
+rejoin's ``detected``); ``resume_s``, from the fault to rank 0's first step done by the group
+that restored after it (a node cut from the head only may train on with its peers until Ray
+declares it dead: that time counts).
 
     sudo python scripts/lab_campaign.py --quick --json out.json     # one trial per kind
     sudo python scripts/lab_campaign.py --trials 40 --seed 1 --json out.json
@@ -149,8 +151,10 @@ class LabCampaign:
             attempts.setdefault(record["attempt"], {})[record["rank"]] = record
         groups = list(attempts.values())
         recovered = len(groups) > 1
-        steps = [s for s in self.example.read_steps(events) if s["rank"] == 0 and s["time"] >= fault_s]
-        resume_s = steps[0]["time"] - fault_s if steps and recovered else None
+        # training again: rank 0's first step done by the group that restored after the fault
+        restored_at = min((r["time"] for g in groups[1:] for r in g.values() if r["time"] >= fault_s), default=None)
+        steps = [s for s in self.example.read_steps(events) if s["rank"] == 0 and s["time"] >= (restored_at or 0.0)]
+        resume_s = steps[0]["time"] - fault_s if steps and recovered and restored_at is not None else None
         rejoins = [
             e for e in RegistryClient(ray_ckpt.settings.namespace()).events()[1]
             if e.get("kind") == "rejoin" and e.get("job") == job and e.get("role") == "survivor"

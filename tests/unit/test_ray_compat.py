@@ -72,6 +72,7 @@ def test_a_failed_replacement_restarts_the_worker_group_instead_of_ending_the_ru
     replace = inspect.getsource(TrainController._replace_bad_workers)
     assert "self._worker_group.replace_replica_group(rg_index)" in replace  # what the patch does in its stead
     monkeypatch.setattr(_ray_compat, "_dead_groups", lambda groups, failing: set())
+    monkeypatch.setattr(_ray_compat, "_await_failing_nodes", lambda groups, failing: None)
     _ray_compat.restart_when_a_replacement_fails()
     _ray_compat.restart_when_a_replacement_fails()  # idempotent
 
@@ -127,6 +128,7 @@ def test_every_failing_group_is_shut_down_before_the_first_replacement(
         return late
 
     monkeypatch.setattr(_ray_compat, "_dead_groups", dead_groups)
+    monkeypatch.setattr(_ray_compat, "_await_failing_nodes", lambda groups, failing: None)
     calls: list[str] = []
 
     class ReplicaGroup:
@@ -331,3 +333,53 @@ def test_a_run_without_datasets_starts_no_dataset_manager(monkeypatch: pytest.Mo
     callback._datasets = {"train": object()}
     providers = callback.before_init_train_context([Worker()])["dataset_shard_provider"]
     assert providers == ["ray's provider"] and made[0]["world_size"] == 1
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_replacement_waits_for_rays_verdict_on_a_node_that_was_killed_or_went_silent() -> None:
+    """A failing worker's node whose raylet answers (its process died, the node lives) needs no
+    wait; one whose raylet is gone or silent is waited for until Ray lists it dead."""
+    clock = _FakeClock()
+    dead_at = {"killed": 1.0, "silent": 3.0}
+
+    def nodes() -> list[RayNode]:
+        return [
+            RayNode(node_id=n, alive=True, address="10.0.0.1", raylet_port=1)
+            for n in ("lives", "killed", "silent")
+            if clock.now < dead_at.get(n, float("inf"))
+        ]
+
+    # a node that answers: no wait at all
+    left = _ray_compat.await_node_verdicts(
+        {"lives"}, nodes=nodes, answers=lambda address: True, clock=clock, sleep=clock.sleep
+    )
+    assert left == set() and clock.now == 0.0
+    # a killed and a silent node: waited for until both are dead
+    left = _ray_compat.await_node_verdicts(
+        {"killed", "silent"}, nodes=nodes, answers=lambda address: False, clock=clock, sleep=clock.sleep
+    )
+    assert left == set() and 3.0 <= clock.now < 3.5
+    # a node never declared dead: given up after the bound, named
+    clock.now, dead_at["silent"] = 0.0, float("inf")
+    left = _ray_compat.await_node_verdicts(
+        {"silent"}, timeout_s=5.0, nodes=nodes, answers=lambda address: False, clock=clock, sleep=clock.sleep
+    )
+    assert left == {"silent"} and 5.0 <= clock.now < 5.5
+
+
+def test_the_controller_waits_for_the_verdict_before_it_replaces_a_worker() -> None:
+    assert "_await_failing_nodes(" in inspect.getsource(_ray_compat._patch_controller)
+    from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
+
+    assert "node_id" in inspect.signature(ActorMetadata).parameters
+    assert "metadata" in Worker.__dataclass_fields__
