@@ -69,8 +69,8 @@ class LabCampaign:
     """Trials on one lab; a struck node is brought back (processes killed, raylet restarted
     in its namespace) before the next trial."""
 
-    def __init__(self, lab: Any, example: Any, rate_gbit: float) -> None:
-        self.lab, self.example, self.rate_gbit = lab, example, rate_gbit
+    def __init__(self, lab: Any, example: Any, rate_gbit: float, keep_logs: str | None = None) -> None:
+        self.lab, self.example, self.rate_gbit, self.keep_logs = lab, example, rate_gbit, keep_logs
         self.results: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
         self.violations: list[str] = []
         self.reference = ""
@@ -125,10 +125,18 @@ class LabCampaign:
         finally:
             if "node" in struck:
                 self._restore_node(struck["node"])
+        before = len(self.violations)
         if errors:
             self.violations.append(f"{what}: the fault did not happen: {errors[0]!r}")
-            return
-        self._check(what, kind, job, events, struck.get("time", 0.0), final)
+        else:
+            self._check(what, kind, job, events, struck.get("time", 0.0), final)
+        if self.keep_logs and len(self.violations) > before:  # Ray's logs, the trial's records
+            import shutil
+
+            target = os.path.join(self.keep_logs, f"trial-{index}-{kind}")
+            skip = shutil.ignore_patterns("sockets", "*.sock", "plasma*")
+            shutil.copytree(self.lab.state.temp_dir, os.path.join(target, "ray"), ignore=skip, dirs_exist_ok=True)
+            shutil.copytree(events, os.path.join(target, "events"), dirs_exist_ok=True)
 
     def _restore_node(self, node: Any) -> None:
         """Bring a struck node back for the next trial: rules and link healed, its processes
@@ -214,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="random seed (kinds, steps struck)")
     parser.add_argument("--rate-gbit", type=float, default=2.5, help="every node's link rate (default 2.5)")
     parser.add_argument("--at-step", type=int, default=10, help="strike after this step committed (default 10)")
+    parser.add_argument("--keep-logs", metavar="DIR", help="copy Ray's logs of every trial with a violation here")
     add_json_flag(parser, "the summary")
     args = parser.parse_args(argv)
     from ray_ckpt.tools import network_lab
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     with network_lab.NetworkLab(4, rate_gbit=args.rate_gbit) as lab:
         lab.start()
         ray_ckpt.start(store_budget_bytes=256 << 20)
-        campaign = LabCampaign(lab, load_example(), args.rate_gbit)
+        campaign = LabCampaign(lab, load_example(), args.rate_gbit, args.keep_logs)
         campaign.run_reference()
         for index, kind in enumerate(plan):
             campaign.trial(index, kind, args.at_step if args.quick else rng.randint(5, 15))

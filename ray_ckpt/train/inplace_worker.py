@@ -506,7 +506,14 @@ class _Worker:
                     f"rank {self.rank}: a full restart of the worker group overtook this in-place recovery"
                 )
             if reply.status is JoinStatus.DOOMED:
-                self._await_own_end()
+                if self._orphaned():  # its node is going: Ray ends this process, the lost rank
+                    self._await_own_end()
+                # its raylet lives: the run took it for lost while its node did not answer (a
+                # link that flapped, a partition that healed) and replaces it; it ends now
+                raise InPlaceRecoveryError(
+                    f"rank {self.rank}: the run took this worker for lost while its node did not answer "
+                    "and is replacing it; this process leaves"
+                )
             if reply.status is JoinStatus.TIMEOUT:
                 missing = list(reply.missing)
                 raise InPlaceRecoveryError(

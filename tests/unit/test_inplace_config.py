@@ -241,11 +241,28 @@ def test_a_join_refused_because_the_node_is_going_waits_for_the_end(monkeypatch:
     sleeps = Sleeps()
     monkeypatch.setattr(inplace_worker, "time", sleeps)
     w = worker(lambda: [])
+    w._raylet = -1  # not this process's parent: the raylet is gone
     w.role.coordinator = Answers(JoinReply(JoinStatus.DOOMED))  # type: ignore[assignment]
     w.member = Member(rank=0, incarnation="a0", node_id="n0", pid=1000, host="h", epoch=1)
     with pytest.raises(InPlaceRecoveryError, match="raylet is gone"):
         inplace_worker._Worker._rejoin(w, role="survivor", detected_at=None)
     assert sleeps.slept == [w.settings.timeout_s]
+
+
+def test_a_join_refused_to_a_worker_whose_node_lives_ends_it_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run took it for lost while its node did not answer (a link that flapped, a healed
+    partition) and replaces it; its raylet lives, so it does not wait ``timeout_s`` for an end
+    that never comes (the survivors would give up meanwhile): it raises at once, and Ray Train
+    replaces it."""
+    sleeps = Sleeps()
+    monkeypatch.setattr(inplace_worker, "time", sleeps)
+    w = worker(lambda: [])
+    w._raylet = None  # its raylet is its parent still (or it has none): not orphaned
+    w.role.coordinator = Answers(JoinReply(JoinStatus.DOOMED))  # type: ignore[assignment]
+    w.member = Member(rank=0, incarnation="a0", node_id="n0", pid=1000, host="h", epoch=1)
+    with pytest.raises(InPlaceRecoveryError, match="took this worker for lost while its node did not answer"):
+        inplace_worker._Worker._rejoin(w, role="survivor", detected_at=None)
+    assert sleeps.slept == []
 
 
 def test_only_a_raylet_parent_is_watched_for_the_nodes_end(monkeypatch: pytest.MonkeyPatch) -> None:
