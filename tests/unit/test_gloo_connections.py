@@ -78,6 +78,31 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
     _end(results)
 
 
+def _run_ranks(context: Any, count: int, target: Any, *extra: Any) -> tuple[dict[int, tuple[Any, ...]], list[Any]]:
+    """``target(rank, port, results, *extra)`` in ``count`` spawned processes, which form a gloo
+    group on a free port: what each put in ``results`` (by rank, its first field), and the
+    processes (ended: joined, or killed when still alive 3 s after their results came)."""
+    results = context.Queue()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = [context.Process(target=target, args=(rank, port, results, *extra)) for rank in range(count)]
+    for process in ranks:
+        process.start()
+    found: dict[int, tuple[Any, ...]] = {}
+    try:
+        for _ in range(count):
+            item = results.get(timeout=120)
+            found[item[0]] = item[1:]
+    finally:
+        for process in ranks:
+            process.join(timeout=3)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+    return found, ranks
+
+
 def _end(results: Any) -> None:
     """Hand the results over, then exit without torch's exit-time teardown of a broken group."""
     results.close()
@@ -95,24 +120,8 @@ def test_every_rank_shutting_its_accepted_ends_fails_the_blocked_collectives_at_
     ports, so rank 1 may have accepted none of its pairs (the others then shut them): the ranks
     together accepted each of the two groups' three pairs once."""
     context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     left = context.Event()
-    ranks = [context.Process(target=_rank, args=(rank, port, results, left)) for rank in range(3)]
-    for process in ranks:
-        process.start()
-    try:
-        found = {}
-        for _ in range(3):
-            item = results.get(timeout=120)
-            found[item[0]] = item[1:]
-    finally:
-        for process in ranks:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
+    found, ranks = _run_ranks(context, 3, _rank, left)
     assert sum(item[-1] for item in found.values()) == 6, found  # each of the two groups' 3 pairs, on one side
     _, shut, kept_works, _ = found[1]
     assert shut == 4 and kept_works, found  # both ends it held: 2 groups x 2 peers, accepted or made
@@ -171,23 +180,7 @@ def test_a_rank_whose_peer_went_silent_shuts_both_ends_it_holds_and_leaves_at_on
     an all-reduce with it, shuts its gloo connections a second later: its pair of every group,
     the ends it accepted and those it made, and the all-reduce fails within seconds, not at the
     group's 60 s timeout."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ranks = [context.Process(target=_rank_beside_a_silent_peer, args=(rank, port, results)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    try:
-        found = {}
-        for _ in range(2):
-            item = results.get(timeout=120)
-            found[item[0]] = item[1:]
-    finally:
-        for process in ranks:
-            process.kill()
-            process.join(timeout=10)
+    found, _ = _run_ranks(multiprocessing.get_context("spawn"), 2, _rank_beside_a_silent_peer)
     outcome, waited_s, shut = found[0]
     assert "closed" in outcome.lower() or "Connection" in outcome, found
     assert waited_s < 10.0, found
