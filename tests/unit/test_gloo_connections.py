@@ -37,13 +37,7 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
     connections = GlooConnections()
     client = socket.create_connection(older.getsockname())
     kept, _ = older.accept()
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=3,
-        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-    )
+    _join_gloo(rank, port, world_size=3)
     subgroup = dist.new_group([0, 1, 2])  # held, as FSDP2's meshes hold theirs
     own = socket.create_server(("127.0.0.1", 0))  # a server the training function runs itself
     own_client = socket.create_connection(own.getsockname())
@@ -76,6 +70,19 @@ def _rank(rank: int, port: int, results: Any, left: Any) -> None:
         outcome = str(error)
     results.put((rank, outcome, time.monotonic() - started, subgroup is not None, accepted))
     _end(results)
+
+
+def _join_gloo(rank: int, port: int, world_size: int) -> None:
+    """Form the default gloo group over ``world_size`` local ranks (its store at ``port``)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
 
 
 def _run_ranks(context: Any, count: int, target: Any, *extra: Any) -> tuple[dict[int, tuple[Any, ...]], list[Any]]:
@@ -141,13 +148,7 @@ def _rank_beside_a_silent_peer(rank: int, port: int, results: Any) -> None:
     from ray_ckpt.train.gloo_connections import GlooConnections
 
     connections = GlooConnections()
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-    )
+    _join_gloo(rank, port, world_size=2)
     subgroups = [dist.new_group([0, 1]) for _ in range(SUBGROUPS)]  # held, as FSDP2's meshes hold theirs
     tensor = torch.ones(1024)
     for group in [None, *subgroups]:
