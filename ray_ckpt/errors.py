@@ -105,6 +105,11 @@ class KillError(RayCkptError, RuntimeError):
     no raylet was found there); nothing was killed when it is raised while arming."""
 
 
+class LabError(RayCkptError, RuntimeError):
+    """The network lab (``ray_ckpt.tools.network_lab``) could not be built, changed or taken
+    down; the message names the command that failed or what the machine lacks."""
+
+
 class KillTimeoutError(KillError, TimeoutError):
     """A kill happened, but its victim (node or store) was not seen dead within the wait given."""
 

@@ -38,10 +38,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
-from ray_ckpt.errors import ConfigError, RayCkptError
+from ray_ckpt.errors import ConfigError, LabError
 
 PREFIX = "rckl"
 STATE_DIR_ENV = "RAY_CKPT_LAB_DIR"
@@ -51,10 +52,6 @@ FIRST_NODE_OCTET = 10
 JOIN_TIMEOUT_S = 120.0
 TBF_BURST = "256kb"
 TBF_LATENCY = "100ms"
-
-
-class LabError(RayCkptError):
-    """The lab could not be built, changed or taken down; the message says which command."""
 
 
 def state_dir() -> pathlib.Path:
@@ -340,7 +337,7 @@ class NetworkLab:
         state.nodes = [
             dataclasses.replace(n, address=f"{state.subnet}.{FIRST_NODE_OCTET + n.index}") for n in state.nodes
         ]
-        state.temp_dir = f"/tmp/{PREFIX}{state.run}"
+        state.temp_dir = os.path.join(tempfile.gettempdir(), f"{PREFIX}{state.run}")
         state.write()
         try:
             self._build_network()
