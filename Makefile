@@ -25,9 +25,14 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: lint
-	# two processes: one runs the tests that start Ray, one after the other; the other runs the rest
-	# (tests/conftest.py). A native crash prints every thread's stack; the slowest tests are listed.
-	PYTHONFAULTHANDLER=1 $(PY) -m pytest -n 2 --dist loadgroup --durations=25
+	# Two pytest processes at once: the tests that start Ray (tests/cluster, tests/actors) one
+	# after the other in one, never two clusters at once; the unit tests beside them in the other,
+	# its report printed when both are done. A native crash prints every thread's stack; the
+	# slowest tests are listed. Fails if either fails.
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest tests/unit --durations=10 > $(VENV)/unit-tests.log 2>&1 & unit=$$!; \
+	PYTHONFAULTHANDLER=1 $(PY) -m pytest tests/cluster tests/actors --durations=25; ray=$$?; \
+	wait $$unit; units=$$?; cat $(VENV)/unit-tests.log; \
+	echo "tests that start Ray: exit $$ray; unit tests: exit $$units"; test $$ray -eq 0 -a $$units -eq 0
 
 bench: $(STAMP)
 	$(PY) scripts/bench_codec.py --json artifacts/bench_codec.json

@@ -18,8 +18,8 @@ os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
 # No explain phase in any property test: its tracer (sys.settrace) makes pytest-timeout take the
 # run for a debugger session and stand down, so a failing test would run unbounded, not fail.
-# No deadline either: the suite runs on two processes sharing the machine's cores, and an
-# example that is slow because the other process is busy proves nothing about the code.
+# No deadline either: `make test` runs the unit tests beside the cluster tests, two processes
+# sharing the machine's cores, and an example slowed by the other process proves nothing.
 settings.register_profile("bounded", phases=[phase for phase in Phase if phase is not Phase.explain], deadline=None)
 settings.load_profile("bounded")
 
@@ -33,24 +33,15 @@ def ray_tmpdir(monkeypatch: pytest.MonkeyPatch) -> str:
     return path
 
 
-RAY_GROUP = "ray"  # the tests that start Ray: one after the other, in one process (pytest-xdist)
-
-
 def _needs_pace(item: pytest.Item) -> bool:
     """Tests that start Ray (the cluster and actor folders) wait on the machine's speed."""
     return item.path.parent.name in ("cluster", "actors")
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that start Ray form one group (``xdist_group``): run with ``-n 2 --dist
-    loadgroup`` (as ``make test`` does), one worker runs them in order, each module's cluster
-    shared by its tests and never two clusters at once, while the other worker runs the rest.
-    Their per-test timeouts, and the simulated cluster's waits for nodes, are stretched to this
-    machine's pace."""
+    """Stretch the per-test timeouts of the tests that start Ray, and the simulated cluster's
+    waits for nodes, to this machine's pace."""
     slow = [item for item in items if _needs_pace(item)]
-    for item in slow:
-        item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
     if not slow or pace.pace() == 1.0:
         return
     import ray_ckpt.testing
