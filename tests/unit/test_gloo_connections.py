@@ -165,14 +165,17 @@ def _rank_beside_a_silent_peer(rank: int, port: int, results: Any) -> None:
         time.sleep(1.0)
         shut.append(connections.shut(store_ports=[port]))
 
-    threading.Thread(target=interrupted, daemon=True).start()
+    shutting = threading.Thread(target=interrupted, daemon=True)
+    shutting.start()
     started = time.monotonic()
     try:
         dist.all_reduce(tensor)
         outcome = "returned"
     except RuntimeError as error:
         outcome = str(error)
-    results.put((rank, outcome, time.monotonic() - started, shut[0] if shut else -1))
+    waited_s = time.monotonic() - started
+    shutting.join(timeout=10)  # the all-reduce fails as the first pair is shut, before the count
+    results.put((rank, outcome, waited_s, shut[0] if shut else -1))
     _end(results)
 
 
