@@ -41,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {reason}", file=sys.stderr)
         return 2
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
     lab = network_lab.NetworkLab(
         args.nodes, cpus=args.cpus, rate_gbit=args.rate_gbit, object_store_bytes=args.object_store_mib << 20
     )
@@ -59,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for node in lab.nodes:
             print(f"  node {node.index}: {node.address} (namespace {node.namespace}, resource {node.resource})")
         print(f"join it: RAY_ADDRESS={address} RAY_AUTH_MODE=disabled; Ctrl-C takes it down", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: done.set())  # after Ray's driver set its own
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()
     finally:

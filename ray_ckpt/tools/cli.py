@@ -512,6 +512,8 @@ def _kill_progress(kind: str, result: KillResult) -> None:
     host = f" on host {result.host}" if result.host else ""
     if kind == "kill" and result.mode == "store":
         print(f"killed the ray_ckpt store of node {node}{host} at {_clock(result.kill_time)}", flush=True)
+    elif kind == "kill" and result.mode in link_faults.LAB_FAULTS:
+        print(f"struck node {node}{host} with {result.mode} at {_clock(result.kill_time)}", flush=True)
     elif kind == "kill":
         when = _clock(result.kill_time)
         print(f"killed node {node}{host} at {when} (SIGKILL to its raylet and every process under it)", flush=True)
@@ -572,6 +574,8 @@ def _cmd_kill_node(args: argparse.Namespace) -> int:
     progress = None if args.json else _kill_progress
     common: dict[str, Any] = {"namespace": namespace, "wait_dead_s": args.wait_dead or None, "progress": progress}
     fault = _fault_of(args)
+    if isinstance(fault, link_faults.LabFault):  # struck at once; whether Ray declares it dead is Ray's
+        common["wait_dead_s"] = None
     if args.during_save is not None:
         found = chaos.kill_during_save(
             args.during_save, fault=fault, min_step=args.min_step, seed=args.seed, timeout_s=args.timeout, **common
