@@ -12,10 +12,11 @@ Primitives on one ``LabNode`` (each undone by its pair):
 - ``network_lab.set_rate``: the link's rate (``slow`` lowers it for a while).
 
 Faults, as ``ray-ckpt kill-node --fault KIND`` and ``chaos.inject`` strike them (``Fault``
-classes, registered in ``ray_ckpt.tools.faults.FAULTS``):
+classes, ``LAB_FAULTS``; the command line offers them beside ``faults.FAULTS``):
 
-- ``power``: link down and processes frozen: a machine that lost power. Left so (``gone``
-  reports it struck at once; Ray declares it dead after its own health checks).
+- ``power``: link down and processes frozen: a machine that lost power. Left so, or its
+  processes killed after ``duration_s`` (``gone`` reports it struck at once; Ray declares it
+  dead after its own health checks).
 - ``partition``: cut from the head (``side="peers"``: cut from its peers), for ``duration_s``
   (0: until ``uncut``).
 - ``slow``: the link at ``fraction`` (default 1%) of its rate for ``duration_s``.
