@@ -146,8 +146,7 @@ class LabCampaign:
         link_faults.uncut(node)
         link_faults.link_up(node)
         network_lab.set_rate(node, self.rate_gbit)
-        link_faults.kill(node)
-        self.lab.restart_node(node)
+        self.lab.restart_node(node)  # kills what is left of it first
 
     def _check(self, what: str, kind: str, job: str, events: str, fault_s: float, final: Any) -> None:
         import ray_ckpt

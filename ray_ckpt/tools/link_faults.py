@@ -28,7 +28,6 @@ process must outlive ``duration_s`` (the command line waits).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
@@ -53,32 +52,19 @@ def link_up(node: LabNode) -> None:
     sh("ip", "link", "set", node.link, "up")
 
 
-def _signal_all(node: LabNode, sig: signal.Signals) -> int:
-    count = 0
-    for pid in node.pids():
-        try:
-            os.kill(pid, sig)
-            count += 1
-        except ProcessLookupError:
-            continue
-    return count
-
-
 def freeze(node: LabNode) -> int:
     """SIGSTOP every process of the node; how many."""
-    return _signal_all(node, signal.SIGSTOP)
+    return node.signal_all(signal.SIGSTOP)
 
 
 def thaw(node: LabNode) -> int:
     """SIGCONT every process of the node; how many."""
-    return _signal_all(node, signal.SIGCONT)
+    return node.signal_all(signal.SIGCONT)
 
 
 def kill(node: LabNode) -> int:
     """SIGKILL every process of the node (frozen ones die too); how many."""
-    count = _signal_all(node, signal.SIGKILL)
-    _signal_all(node, signal.SIGCONT)
-    return count
+    return node.kill()
 
 
 def cut(node: LabNode, lab: LabState, side: str = "head") -> None:

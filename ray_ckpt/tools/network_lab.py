@@ -111,6 +111,19 @@ class LabNode:
         done = sh("ip", "netns", "pids", self.namespace, check=False)
         return [int(p) for p in done.stdout.split()]
 
+    def signal_all(self, *signals: signal.Signals) -> int:
+        """Send each of ``signals``, in order, to every process of the node; how many processes."""
+        pids = self.pids()
+        for sig in signals:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        return len(pids)
+
+    def kill(self) -> int:
+        """SIGKILL every process of the node, frozen ones woken to die; how many."""
+        return self.signal_all(signal.SIGKILL, signal.SIGCONT)
+
 
 @dataclasses.dataclass
 class LabState:
@@ -198,10 +211,7 @@ def teardown(state: LabState) -> None:
     whatever still runs in a node's namespace, frozen ones woken to die), namespaces (their
     links and rules go with them), the bridge, the temp folder, the state file. Idempotent."""
     for node in state.nodes:
-        for pid in node.pids():
-            for sig in (signal.SIGKILL, signal.SIGCONT):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
+        node.kill()
     for pgid in [state.head_pgid, *state.node_pgids.values()]:
         _kill_group(pgid)
     for node in state.nodes:
@@ -451,10 +461,7 @@ class NetworkLab:
     def restart_node(self, node: LabNode) -> None:
         """Start the node's Ray again (a machine back after a failure; a new Ray node with the
         same address and resource), its old processes killed first; waits until it joined."""
-        for pid in node.pids():
-            for sig in (signal.SIGKILL, signal.SIGCONT):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
+        node.kill()
         _kill_group(self.state.node_pgids.get(node.index, 0))
         import ray
 
