@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import ray
 
+from ray_ckpt import _ray_compat
 from ray_ckpt.core.generations import (
     POLL_S,
     Beat,
@@ -35,6 +36,7 @@ T = TypeVar("T")
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
 PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
+FENCE_AFTER_S = 1.0  # a lost member's node whose raylet stayed unreachable this long is declared dead
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -65,7 +67,9 @@ def _kill_pid(pid: int) -> None:
 class GenerationCoordinator:
     """The per-run actor over ``Generations`` (see the module docstring)."""
 
-    def __init__(self, hang_timeout_s: float, watch_interval_s: float = 0.25) -> None:
+    def __init__(
+        self, hang_timeout_s: float, watch_interval_s: float = 0.25, *, fence_silent_nodes: bool = False
+    ) -> None:
         self._gens = Generations()
         self._changed = asyncio.Condition()
         self._hang_timeout_s = hang_timeout_s  # as asked; the bound used is hang_bound_s of it
@@ -78,6 +82,9 @@ class GenerationCoordinator:
         self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
         self._probing: set[str] = set()
+        self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
+        self._fence = fence_silent_nodes
+        self._fenced: list[dict[str, Any]] = []
 
     def _try_form(self, now: float) -> None:
         """Form the next generation if every rank joined from a live process (caller holds
@@ -214,13 +221,45 @@ class GenerationCoordinator:
             history=tuple(self._gens.history),
             hung_killed=tuple(self._killed),
             pending=tuple(sorted(self._gens.pending)),
+            fenced=tuple(self._fenced),
         )
+
+    def _fence_silent_nodes(self, now: float) -> None:
+        """Declare dead to Ray (``_ray_compat.declare_node_dead``, in the background, once per
+        node) each node of a member lost as "node unreachable" whose raylet has not answered a
+        probe for ``FENCE_AFTER_S``: Ray's own verdict would come after its health checks, and
+        until then the lost rank's placement-group bundle, where its replacement goes, stays on
+        the silent node. Off unless the run asked for it (``fence_silent_nodes``)."""
+        if not self._fence or self._gens.current is None:
+            return
+        fenced = {entry["node_id"] for entry in self._fenced}
+        for rank, lost in self._gens.lost.items():
+            member = self._gens.current.members.get(rank)
+            if member is None or lost["reason"] != "node unreachable" or member.node_id in fenced:
+                continue
+            since = self._unreachable_since.get(member.node_id)
+            if since is None or time.monotonic() - since < FENCE_AFTER_S:
+                continue
+            entry = {"node_id": member.node_id, "rank": rank, "time": now, "declared": None}
+            self._fenced.append(entry)
+            fenced.add(member.node_id)
+            asyncio.get_running_loop().create_task(self._declare_dead(entry, time.monotonic() - since))
+
+    @staticmethod
+    async def _declare_dead(entry: dict[str, Any], silent_s: float) -> None:
+        reason = (
+            f"ray_ckpt: rank {entry['rank']} lost and this node's raylet silent for {silent_s:.1f} s "
+            "(power, link or route to the head lost)"
+        )
+        loop = asyncio.get_running_loop()
+        entry["declared"] = await loop.run_in_executor(None, _ray_compat.declare_node_dead, entry["node_id"], reason)
 
     def _probe(self, silent: list[Member]) -> None:
         """Probe the raylet of each silent member's node (in the background, each node once at
         a time); a node whose members all beat again leaves the unreachable set."""
         nodes = {member.node_id for member in silent}
         self._unreachable &= nodes
+        self._unreachable_since = {n: t for n, t in self._unreachable_since.items() if n in nodes}
         for node_id in nodes - self._probing:
             address = self._raylets.get(node_id)
             if address is not None:
@@ -231,8 +270,10 @@ class GenerationCoordinator:
         try:
             if await reachable(address):
                 self._unreachable.discard(node_id)
+                self._unreachable_since.pop(node_id, None)
             else:
                 self._unreachable.add(node_id)
+                self._unreachable_since.setdefault(node_id, time.monotonic())
         finally:
             self._probing.discard(node_id)
 
@@ -251,6 +292,7 @@ class GenerationCoordinator:
             async with self._changed:
                 self._probe(self._gens.silent(now))
                 self._gens.find_lost(now, alive, self._unreachable)
+                self._fence_silent_nodes(now)
                 self._try_form(now)
                 hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]
             for member in hung:

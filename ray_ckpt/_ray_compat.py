@@ -541,3 +541,48 @@ def ray_logs_dir() -> str | None:
         return None if node is None else str(node.get_logs_dir_path())
     except Exception:  # not connected, or an internal name moved
         return None
+
+
+# ---- fencing a silent node: Ray's verdict now, not after its health checks ---------------------
+
+DECLARE_TIMEOUT_S = 2.0  # the GCS answers at once; it never answers for a node already removed
+
+
+def declare_node_dead(node_id: str, reason: str, timeout_s: float = DECLARE_TIMEOUT_S) -> bool:
+    """Tell the GCS that node ``node_id`` (hex) is dead, as its health checks would after about
+    a minute of silence: it marks the node dead, fails or restarts the actors there, and moves
+    the placement-group bundles it held; ``reason`` is recorded as the node's death message. The
+    node cannot come back: when its raylet reaches the GCS again, it learns it was declared dead
+    and exits, its workers with it. For a node ray_ckpt found silent (lost power, link, or route
+    to the head) while one of its ranks failed; never for a node that is only slow.
+    Returns False where this Ray lacks the call, or the GCS did not answer within ``timeout_s``
+    (a node it already removed gets no answer); raises nothing."""
+    try:
+        import grpc
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import common_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError as error:
+        logger.warning("cannot declare node %s dead: this Ray lacks %s", node_id, error)
+        return False
+    death = common_pb2.NodeDeathInfo  # type: ignore[attr-defined]  # protobuf's generated names
+    request = gcs_service_pb2.UnregisterNodeRequest(  # type: ignore[attr-defined]
+        node_id=bytes.fromhex(node_id),
+        node_death_info=death(reason=death.UNEXPECTED_TERMINATION, reason_message=reason),
+    )
+    try:
+        channel = init_grpc_channel(ray.get_runtime_context().gcs_address)
+        try:
+            reply = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).UnregisterNode(request, timeout=timeout_s)
+        finally:
+            channel.close()
+    except grpc.RpcError as error:
+        logger.warning("declaring node %s dead: the GCS did not answer (%s)", node_id, error.code())
+        return False
+    except Exception as error:  # not connected, or a name moved: Ray's own checks still decide
+        logger.warning("declaring node %s dead failed: %s", node_id, error)
+        return False
+    if reply.status.code != 0:
+        logger.warning("the GCS refused to declare node %s dead: %s", node_id, reply.status.message)
+        return False
+    logger.warning("declared node %s dead: %s", node_id, reason)
+    return True

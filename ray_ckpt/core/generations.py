@@ -212,13 +212,15 @@ class CoordinatorReport:
     """What the coordinator can tell of its run: the ``epoch``, the current ``generation``
     (None before the first start), the ``history`` of generations formed after failures
     (``Generations.form``'s entries), the members killed as hung (``hung_killed``: rank, pid,
-    incarnation, time) and the ranks ``pending`` in the open round."""
+    incarnation, time), the ranks ``pending`` in the open round, and the nodes declared dead
+    to Ray because they went silent (``fenced``: node_id, rank, time, declared)."""
 
     epoch: int
     generation: int | None
     history: tuple[dict[str, Any], ...]
     hung_killed: tuple[dict[str, Any], ...]
     pending: tuple[int, ...]
+    fenced: tuple[dict[str, Any], ...] = ()
 
 
 @dataclasses.dataclass

@@ -78,7 +78,11 @@ class InPlaceRecovery(TorchConfig):
     without a worker of the run keep one warm spare process waiting (started, with torch and
     Ray Train imported), so that a replacement Ray schedules there starts in it instead of in a
     new process; 0 turns them off. warm_keep_alive_s: how long Ray keeps a spare waiting; the
-    run starts a new one on each free node at half of it.
+    run starts a new one on each free node at half of it. fence_silent_nodes: a node whose rank
+    is lost while its raylet stays silent (power, link or route to the head lost) for
+    ``FENCE_AFTER_S`` is declared dead to Ray at once, so the replacement starts within seconds
+    instead of after Ray's health checks (about a minute); the node cannot rejoin until Ray is
+    restarted on it. False leaves the verdict to Ray's health checks.
     ``backend`` and the remaining keyword arguments are TorchConfig's.
     """
 
@@ -90,6 +94,7 @@ class InPlaceRecovery(TorchConfig):
         collective_timeout_s: float = 300.0,
         warm_spares: int = 8,
         warm_keep_alive_s: float = 600.0,
+        fence_silent_nodes: bool = True,
         backend: str | None = None,
         **torch_config: Any,
     ) -> None:
@@ -103,6 +108,8 @@ class InPlaceRecovery(TorchConfig):
                 raise ConfigError(f"InPlaceRecovery {name} must be a number of seconds > 0, got {value!r}")
         if not isinstance(warm_spares, int) or isinstance(warm_spares, bool) or warm_spares < 0:
             raise ConfigError(f"InPlaceRecovery warm_spares must be an int >= 0 (0: none), got {warm_spares!r}")
+        if not isinstance(fence_silent_nodes, bool):
+            raise ConfigError(f"InPlaceRecovery fence_silent_nodes must be True or False, got {fence_silent_nodes!r}")
         super().__init__(backend=backend, timeout_s=int(collective_timeout_s), **torch_config)
         self.settings = _Settings(
             float(timeout_s),
@@ -111,6 +118,7 @@ class InPlaceRecovery(TorchConfig):
             backend,
             warm_spares,
             float(warm_keep_alive_s),
+            fence_silent_nodes,
         )
 
     @property

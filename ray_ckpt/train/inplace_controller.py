@@ -77,7 +77,7 @@ def _backend_class() -> type:
                 node = ray.get_runtime_context().get_node_id()
                 strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False)
                 self._coordinator = GenerationCoordinator.options(scheduling_strategy=strategy).remote(
-                    config.settings.hang_timeout_s
+                    config.settings.hang_timeout_s, fence_silent_nodes=config.settings.fence_silent_nodes
                 )
             return CoordinatorClient(self._coordinator, world_size, run=self._run)
 

@@ -86,6 +86,7 @@ class _Settings:
     backend: str | None
     warm_spares: int = 0
     warm_keep_alive_s: float = 600.0
+    fence_silent_nodes: bool = True
 
 
 WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts

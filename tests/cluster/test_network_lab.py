@@ -10,6 +10,7 @@ import pytest
 import ray
 from support import pace
 
+from ray_ckpt import _ray_compat
 from ray_ckpt.tools import link_faults, network_lab
 
 pytestmark = pytest.mark.cluster
@@ -83,3 +84,26 @@ def test_a_partition_from_the_head_silences_the_node_and_healing_brings_it_back(
     assert not ready
     link_faults.uncut(node)
     assert ray.get(pending, timeout=pace.bound(60)) == node.address
+
+
+def test_a_silent_node_declared_dead_is_out_at_once_and_cannot_come_back(lab: network_lab.NetworkLab) -> None:
+    """Power lost (link down, processes frozen): Ray's health checks would take about a minute;
+    ``declare_node_dead`` makes the GCS drop the node at once, and the node, its link and
+    processes back, does not rejoin: its raylet learns it was declared dead and exits."""
+    node = lab.nodes[1]
+    node_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == node.address and n["Alive"])
+    link_faults.link_down(node)
+    link_faults.freeze(node)
+    started = time.monotonic()
+    assert _ray_compat.declare_node_dead(node_id, "a lab test: power lost")
+    alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+    assert alive[node_id] is False, alive
+    assert time.monotonic() - started < 2.0
+    link_faults.link_up(node)
+    link_faults.thaw(node)
+    deadline = time.monotonic() + pace.bound(60)
+    while node.pids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not node.pids(), "the fenced node's processes outlived their raylet's verdict"
+    alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
+    assert alive[node_id] is False and sum(alive.values()) == 2, alive  # the head and the other node

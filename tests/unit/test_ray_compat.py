@@ -383,3 +383,20 @@ def test_the_controller_waits_for_the_verdict_before_it_replaces_a_worker() -> N
 
     assert "node_id" in inspect.signature(ActorMetadata).parameters
     assert "metadata" in Worker.__dataclass_fields__
+
+
+def test_declaring_a_node_dead_uses_a_gcs_call_this_ray_has() -> None:
+    """``declare_node_dead`` sends the GCS the request a raylet sends when it leaves; an upgrade
+    that renames it fails here (the lab's test checks what the GCS does with it)."""
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import common_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+
+    fields = set(gcs_service_pb2.UnregisterNodeRequest.DESCRIPTOR.fields_by_name)  # type: ignore[attr-defined]
+    assert fields == {"node_id", "node_death_info"}
+    assert common_pb2.NodeDeathInfo.Reason.Value("UNEXPECTED_TERMINATION")  # type: ignore[attr-defined]
+    assert "UnregisterNode" in inspect.getsource(gcs_service_pb2_grpc.NodeInfoGcsServiceStub)
+    assert "address" in inspect.signature(init_grpc_channel).parameters
+
+
+def test_declaring_a_node_dead_without_a_cluster_says_so_and_raises_nothing() -> None:
+    assert _ray_compat.declare_node_dead("ab" * 28, "a test", timeout_s=0.5) is False
