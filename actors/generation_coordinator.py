@@ -36,7 +36,10 @@ T = TypeVar("T")
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
 PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
-FENCE_AFTER_S = 1.0  # a lost member's node whose raylet stayed unreachable this long is declared dead
+FENCE_AFTER_S = 1.0  # a member's node whose raylet stayed unreachable this long is declared dead ...
+FENCE_PROBES = 3  # ... after at least this many failed probes in a row
+SWEEP_EVERY_S = 1.0  # how often the node of every member is probed while fencing is on
+SWEEP_PER_TICK = 64  # the most nodes a sweep probes in one tick of the watcher
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -83,6 +86,8 @@ class GenerationCoordinator:
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
         self._probing: set[str] = set()
         self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
+        self._failed_probes: dict[str, int] = {}  # node id -> failed probes in the streak
+        self._probed_at: dict[str, float] = {}  # node id -> when its last probe ended
         self._fence = fence_silent_nodes
         self._fenced: list[dict[str, Any]] = []
 
@@ -226,54 +231,93 @@ class GenerationCoordinator:
 
     def _fence_silent_nodes(self, now: float) -> None:
         """Declare dead to Ray (``_ray_compat.declare_node_dead``, in the background, once per
-        node) each node of a member lost as "node unreachable" whose raylet has not answered a
-        probe for ``FENCE_AFTER_S``: Ray's own verdict would come after its health checks, and
+        node) each node of a current member whose raylet has failed ``FENCE_PROBES`` probes in a
+        row over ``FENCE_AFTER_S``, and that is either lost there as "node unreachable" (power,
+        link) or still beats through other nodes (cut off from the head and this actor, not from
+        its peers). Ray's own verdict would come after its health checks, about a minute, and
         until then the lost rank's placement-group bundle, where its replacement goes, stays on
-        the silent node. Off unless the run asked for it (``fence_silent_nodes``)."""
+        the node. Off unless the run asked for it (``fence_silent_nodes``)."""
         if not self._fence or self._gens.current is None:
             return
         fenced = {entry["node_id"] for entry in self._fenced}
-        for rank, lost in self._gens.lost.items():
-            member = self._gens.current.members.get(rank)
-            if member is None or lost["reason"] != "node unreachable" or member.node_id in fenced:
+        lost = self._gens.lost
+        for rank, member in sorted(self._gens.current.members.items()):
+            node_id = member.node_id
+            since = self._unreachable_since.get(node_id)
+            if node_id in fenced or since is None or member.incarnation in self._gens.finished:
                 continue
-            since = self._unreachable_since.get(member.node_id)
-            if since is None or time.monotonic() - since < FENCE_AFTER_S:
+            if rank in lost and lost[rank]["reason"] != "node unreachable":
+                continue  # lost otherwise: its node's fate is Ray's verdict
+            silent_s = time.monotonic() - since
+            if silent_s < FENCE_AFTER_S or self._failed_probes.get(node_id, 0) < FENCE_PROBES:
                 continue
-            entry = {"node_id": member.node_id, "rank": rank, "time": now, "declared": None}
+            how = "lost" if rank in lost else "still beating through its peers (cut off from the head)"
+            entry = {"node_id": node_id, "rank": rank, "time": now, "declared": None}
             self._fenced.append(entry)
-            fenced.add(member.node_id)
-            asyncio.get_running_loop().create_task(self._declare_dead(entry, time.monotonic() - since))
+            fenced.add(node_id)
+            reason = f"ray_ckpt: rank {rank} {how}, and this node's raylet silent for {silent_s:.1f} s"
+            asyncio.get_running_loop().create_task(self._declare_dead(entry, reason))
+
+    def _to_probe(self, silent: list[Member]) -> set[str]:
+        """The nodes to probe this tick: those of silent members, those whose last probe
+        failed, and, while fencing is on, every member's node once per ``SWEEP_EVERY_S`` (a node
+        cut off from the head whose ranks beat through their peers is silent only to a probe)."""
+        nodes = {member.node_id for member in silent}
+        if not self._fence or self._gens.current is None:
+            return nodes
+        fenced = {entry["node_id"] for entry in self._fenced}
+        members = {m.node_id for m in self._gens.current.members.values()} - fenced
+        nodes |= members & set(self._unreachable_since)
+        due = sorted(
+            (self._probed_at.get(n, 0.0), n)
+            for n in members
+            if time.monotonic() - self._probed_at.get(n, 0.0) >= SWEEP_EVERY_S
+        )
+        nodes |= {n for _, n in due[:SWEEP_PER_TICK]}
+        return nodes
 
     @staticmethod
-    async def _declare_dead(entry: dict[str, Any], silent_s: float) -> None:
-        reason = (
-            f"ray_ckpt: rank {entry['rank']} lost and this node's raylet silent for {silent_s:.1f} s "
-            "(power, link or route to the head lost)"
-        )
+    async def _declare_dead(entry: dict[str, Any], reason: str) -> None:
         loop = asyncio.get_running_loop()
         entry["declared"] = await loop.run_in_executor(None, _ray_compat.declare_node_dead, entry["node_id"], reason)
 
     def _probe(self, silent: list[Member]) -> None:
-        """Probe the raylet of each silent member's node (in the background, each node once at
-        a time); a node whose members all beat again leaves the unreachable set."""
-        nodes = {member.node_id for member in silent}
-        self._unreachable &= nodes
-        self._unreachable_since = {n: t for n, t in self._unreachable_since.items() if n in nodes}
-        for node_id in nodes - self._probing:
+        """Probe the raylets of ``_to_probe``'s nodes (in the background, each node once at a
+        time). ``find_lost`` is told of the silent members' nodes whose last probe failed; a node
+        whose members all beat again leaves that set (its streak of failed probes, kept for
+        fencing, ends only with a probe that succeeds or when no member is left there)."""
+        silent_nodes = {member.node_id for member in silent}
+        self._unreachable &= silent_nodes
+        kept = (
+            silent_nodes
+            if self._gens.current is None
+            else silent_nodes | {m.node_id for m in self._gens.current.members.values()}
+        )
+        self._unreachable_since = {n: t for n, t in self._unreachable_since.items() if n in kept}
+        self._failed_probes = {n: c for n, c in self._failed_probes.items() if n in kept}
+        for node_id in self._to_probe(silent) - self._probing:
             address = self._raylets.get(node_id)
             if address is not None:
                 self._probing.add(node_id)
-                asyncio.get_running_loop().create_task(self._probe_node(node_id, address))
+                asyncio.get_running_loop().create_task(self._probe_node(node_id, address, node_id in silent_nodes))
 
-    async def _probe_node(self, node_id: str, address: str) -> None:
+    async def _probe_node(self, node_id: str, address: str, silent: bool) -> None:
+        """One probe. A probe that timed out long after its bound (this actor's loop was held
+        up, not the node) says nothing."""
+        started = time.monotonic()
         try:
-            if await reachable(address):
+            answered = await reachable(address)
+            ended = time.monotonic()
+            self._probed_at[node_id] = ended
+            if answered:
                 self._unreachable.discard(node_id)
                 self._unreachable_since.pop(node_id, None)
-            else:
-                self._unreachable.add(node_id)
-                self._unreachable_since.setdefault(node_id, time.monotonic())
+                self._failed_probes.pop(node_id, None)
+            elif ended - started <= 2 * PROBE_TIMEOUT_S:
+                if silent:
+                    self._unreachable.add(node_id)
+                self._unreachable_since.setdefault(node_id, started)
+                self._failed_probes[node_id] = self._failed_probes.get(node_id, 0) + 1
         finally:
             self._probing.discard(node_id)
 

@@ -193,8 +193,66 @@ def _patch_controller(cls: Any) -> None:
     cls._ray_ckpt_restarts_on_failed_replacement = True
 
 
+# ---- fencing a silent node: Ray's verdict now, not after its health checks ---------------------
+
+DECLARE_TIMEOUT_S = 1.0  # the GCS answers at once; it never answers for a node already removed
+
+
+def declare_node_dead(node_id: str, reason: str, timeout_s: float = DECLARE_TIMEOUT_S) -> bool:
+    """Tell the GCS that node ``node_id`` (hex) is dead, as its health checks would after about
+    a minute of silence: it marks the node dead, fails or restarts the actors there, and moves
+    the placement-group bundles it held; ``reason`` is recorded as the node's death message. The
+    node cannot come back: when its raylet reaches the GCS again, it learns it was declared dead
+    and exits, its workers with it. For a node ray_ckpt found silent (lost power, link, or route
+    to the head) while one of its ranks failed; never for a node that is only slow.
+    Returns False where this Ray lacks the call, or the GCS did not answer within ``timeout_s``
+    (a node it already removed gets no answer); raises nothing."""
+    try:
+        import grpc
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import common_pb2, gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError as error:
+        logger.warning("cannot declare node %s dead: this Ray lacks %s", node_id, error)
+        return False
+    death = common_pb2.NodeDeathInfo  # type: ignore[attr-defined]  # protobuf's generated names
+    request = gcs_service_pb2.UnregisterNodeRequest(  # type: ignore[attr-defined]
+        node_id=bytes.fromhex(node_id),
+        node_death_info=death(reason=death.UNEXPECTED_TERMINATION, reason_message=reason),
+    )
+    try:
+        channel = init_grpc_channel(ray.get_runtime_context().gcs_address)
+        try:
+            reply = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).UnregisterNode(request, timeout=timeout_s)
+        finally:
+            channel.close()
+    except grpc.RpcError as error:
+        logger.warning("declaring node %s dead: the GCS did not answer (%s)", node_id, error.code())
+        return False
+    except Exception as error:  # not connected, or a name moved: Ray's own checks still decide
+        logger.warning("declaring node %s dead failed: %s", node_id, error)
+        return False
+    if reply.status.code != 0:
+        logger.warning("the GCS refused to declare node %s dead: %s", node_id, reply.status.message)
+        return False
+    logger.warning("declared node %s dead: %s", node_id, reason)
+    return True
+
+
 NODE_VERDICT_TIMEOUT_S = 300.0  # the longest a replacement waits for Ray's verdict on a node
 RAYLET_PROBE_S = 0.3  # a raylet that does not accept a connection this long is not answering
+FENCE_AFTER_S = 1.0  # a failed worker's node whose raylet has not answered this long is declared dead
+_fencing = threading.Event()  # this process's (the controller's) run declares such nodes dead
+
+
+def fence_nodes_without_raylet(fence: bool) -> None:
+    """Say whether the patched controller of this process declares dead to Ray
+    (``declare_node_dead``) the node of a failed worker whose raylet has not answered for
+    ``FENCE_AFTER_S`` (killed, or silent), instead of waiting for Ray's health checks before it
+    replaces the worker (``await_node_verdicts``)."""
+    if fence:
+        _fencing.set()
+    else:
+        _fencing.clear()
 
 
 def raylet_answers(address: str | None, timeout_s: float = RAYLET_PROBE_S) -> bool:
@@ -218,21 +276,32 @@ def await_node_verdicts(
     answers: Callable[[str | None], bool] = raylet_answers,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    fence_after_s: float | None = None,
+    declare: Callable[[str, str], bool] = declare_node_dead,
 ) -> set[str]:
     """Wait until Ray has a verdict on each node of ``node_ids``: declared dead, or alive with a
     raylet that answers (the worker died, its node lives: its bundle is good). A node whose
     raylet is gone (killed) or silent (power lost, link down, cut off) is waited for until Ray's
-    health checks declare it dead, at most ``timeout_s``. Returns the nodes still without a
-    verdict then (logged; the replacement is tried anyway)."""
+    health checks declare it dead, at most ``timeout_s``; with ``fence_after_s``, a node whose
+    raylet has not answered that long is declared dead (``declare``, once) instead. Returns the
+    nodes still without a verdict then (logged; the replacement is tried anyway)."""
     listed = nodes if nodes is not None else _alive_ray_nodes
-    deadline = clock() + timeout_s
+    started = clock()
+    deadline = started + timeout_s
     waiting = set(node_ids)
+    declared: set[str] = set()
     announced = False
     while waiting:
         alive = {node.node_id: node for node in listed()}
         waiting = {n for n in waiting if n in alive and not answers(alive[n].raylet_address)}
         if not waiting or clock() >= deadline:
             break
+        if fence_after_s is not None and clock() - started >= fence_after_s:
+            for node_id in sorted(waiting - declared):
+                declared.add(node_id)
+                declare(
+                    node_id, f"ray_ckpt: a worker failed and this node's raylet did not answer for {fence_after_s} s"
+                )
         if not announced:
             logger.warning("waiting for Ray to declare node(s) %s dead before replacing their workers", sorted(waiting))
             announced = True
@@ -246,7 +315,10 @@ def await_node_verdicts(
 
 def _await_failing_nodes(groups: list[Any], failing: set[int]) -> None:
     """``await_node_verdicts`` for the nodes of the failing replica groups' workers."""
-    await_node_verdicts({worker.metadata.node_id for index in failing for worker in groups[index].get_workers()})
+    await_node_verdicts(
+        {worker.metadata.node_id for index in failing for worker in groups[index].get_workers()},
+        fence_after_s=FENCE_AFTER_S if _fencing.is_set() else None,
+    )
 
 
 def _alive_ray_nodes() -> list[RayNode]:
@@ -541,48 +613,3 @@ def ray_logs_dir() -> str | None:
         return None if node is None else str(node.get_logs_dir_path())
     except Exception:  # not connected, or an internal name moved
         return None
-
-
-# ---- fencing a silent node: Ray's verdict now, not after its health checks ---------------------
-
-DECLARE_TIMEOUT_S = 2.0  # the GCS answers at once; it never answers for a node already removed
-
-
-def declare_node_dead(node_id: str, reason: str, timeout_s: float = DECLARE_TIMEOUT_S) -> bool:
-    """Tell the GCS that node ``node_id`` (hex) is dead, as its health checks would after about
-    a minute of silence: it marks the node dead, fails or restarts the actors there, and moves
-    the placement-group bundles it held; ``reason`` is recorded as the node's death message. The
-    node cannot come back: when its raylet reaches the GCS again, it learns it was declared dead
-    and exits, its workers with it. For a node ray_ckpt found silent (lost power, link, or route
-    to the head) while one of its ranks failed; never for a node that is only slow.
-    Returns False where this Ray lacks the call, or the GCS did not answer within ``timeout_s``
-    (a node it already removed gets no answer); raises nothing."""
-    try:
-        import grpc
-        from ray._private.grpc_utils import init_grpc_channel
-        from ray.core.generated import common_pb2, gcs_service_pb2, gcs_service_pb2_grpc
-    except ImportError as error:
-        logger.warning("cannot declare node %s dead: this Ray lacks %s", node_id, error)
-        return False
-    death = common_pb2.NodeDeathInfo  # type: ignore[attr-defined]  # protobuf's generated names
-    request = gcs_service_pb2.UnregisterNodeRequest(  # type: ignore[attr-defined]
-        node_id=bytes.fromhex(node_id),
-        node_death_info=death(reason=death.UNEXPECTED_TERMINATION, reason_message=reason),
-    )
-    try:
-        channel = init_grpc_channel(ray.get_runtime_context().gcs_address)
-        try:
-            reply = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).UnregisterNode(request, timeout=timeout_s)
-        finally:
-            channel.close()
-    except grpc.RpcError as error:
-        logger.warning("declaring node %s dead: the GCS did not answer (%s)", node_id, error.code())
-        return False
-    except Exception as error:  # not connected, or a name moved: Ray's own checks still decide
-        logger.warning("declaring node %s dead failed: %s", node_id, error)
-        return False
-    if reply.status.code != 0:
-        logger.warning("the GCS refused to declare node %s dead: %s", node_id, reply.status.message)
-        return False
-    logger.warning("declared node %s dead: %s", node_id, reason)
-    return True

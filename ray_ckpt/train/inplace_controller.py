@@ -96,6 +96,7 @@ def _backend_class() -> type:
                 super().on_start(group, config)
                 return
             _ray_compat.restart_when_a_replacement_fails()  # here: the controller's class exists by now
+            _ray_compat.fence_nodes_without_raylet(config.settings.fence_silent_nodes)
             if _ray_compat.is_replica_group(group):  # a replacement: it rendezvouses in the train function
                 coordinator = self._coordinator_for(config, self._world_size)
                 epoch = coordinator.epoch() if self._epoch is None else self._epoch

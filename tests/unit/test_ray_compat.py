@@ -377,6 +377,49 @@ def test_a_replacement_waits_for_rays_verdict_on_a_node_that_was_killed_or_went_
     assert left == {"silent"} and 5.0 <= clock.now < 5.5
 
 
+def test_a_node_whose_raylet_stays_unanswering_is_declared_dead_once_instead_of_waited_for() -> None:
+    """With fencing on, the nodes still without an answering raylet after ``fence_after_s`` are
+    declared dead (once each) and the wait ends as soon as Ray lists them dead; a node whose
+    raylet answers is never declared dead."""
+    clock = _FakeClock()
+    declared: list[str] = []
+    dead: set[str] = set()
+
+    def nodes() -> list[RayNode]:
+        return [
+            RayNode(node_id=n, alive=True, address="10.0.0.1", raylet_port=1)
+            for n in ("lives", "killed", "silent")
+            if n not in dead
+        ]
+
+    def declare(node_id: str, reason: str) -> bool:
+        declared.append(node_id)
+        if node_id != "silent":  # the GCS took one at once, the other a tick later
+            dead.add(node_id)
+        return True
+
+    def answers(address: str | None) -> bool:
+        if "silent" in declared:
+            dead.add("silent")
+        return False
+
+    left = _ray_compat.await_node_verdicts(
+        {"killed", "silent"},
+        nodes=nodes,
+        answers=answers,
+        clock=clock,
+        sleep=clock.sleep,
+        fence_after_s=1.0,
+        declare=declare,
+    )
+    assert left == set() and sorted(declared) == ["killed", "silent"] and 1.0 <= clock.now < 1.5
+    left = _ray_compat.await_node_verdicts(
+        {"lives"}, nodes=nodes, answers=lambda address: True, clock=clock, sleep=clock.sleep, fence_after_s=0.0,
+        declare=declare,
+    )  # fmt: skip
+    assert left == set() and "lives" not in declared
+
+
 def test_the_controller_waits_for_the_verdict_before_it_replaces_a_worker() -> None:
     assert "_await_failing_nodes(" in inspect.getsource(_ray_compat._patch_controller)
     from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
