@@ -11,6 +11,11 @@ strikes rank 1's node once its step ``--at-step`` committed, with one fault kind
 - ``slow``: its link at 1% of the rate for 8 s;
 - ``flap``: its link down for 3 s, then up, its processes running.
 
+Before the trials, the restore throughput over the shaped links is measured
+(``lab_restore.py``: one rank's restore from its peers against its link's rate, and all ranks'
+restores at once against the same bytes read from one storage node), each restore checked
+against the saved bytes.
+
 The oracle, per trial: the job ends; its final parameters are bit-identical to an uninterrupted
 run's; after a lost rank the survivor kept its process (``survivors_kept``); no rank that kept
 beating was taken for lost (``slow``, ``flap``: ``live_ranks_lost`` counts the recoveries those
@@ -24,7 +29,8 @@ declares it dead: that time counts).
 
 Prints a table per kind and writes ``{"trials", "violations", "violation_details", "kinds":
 {kind: {"trials", "detect_s", "resume_s", "survivors_kept", "bit_exact", "live_ranks_lost"}},
-"rate_gbit", "seed"}``. Needs root (see docs/failure-simulation.md).
+"restore": {"link_gbps", "one_rank_vs_link", "all_ranks_vs_storage_node", ...}, "rate_gbit",
+"seed"}``. Needs root (see docs/failure-simulation.md).
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ import threading
 import time
 from typing import Any
 
-from benchutil import add_json_flag, make_parser, write_json
+import lab_restore
+from benchutil import MIB, add_json_flag, make_parser, write_json
 
 KINDS = ("kill", "power", "partition", "slow", "flap")
 STEPS = 40
@@ -210,6 +217,14 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{kind:<10} {row['trials']:>6}  {_median(row['detect_s']):>17}  {_median(row['resume_s']):>17}  "
             f"{row['survivors_kept']!s:>14}  {row['bit_exact']!s:>9}  {row['live_ranks_lost']:>9}"
         )
+    restore = summary.get("restore")
+    if restore:
+        lines.append(
+            f"restore at {restore['link_gbps']} Gbit/s links, {restore['size_bytes'] // MIB} MiB per rank: one rank "
+            f"{restore['one_rank_gbps']:.2f} Gbit/s ({restore['one_rank_vs_link']:.2f}x its link); "
+            f"{restore['all_ranks']} ranks at once {restore['all_ranks_s']:.2f} s against "
+            f"{restore['storage_node_s']:.2f} s from one storage node ({restore['all_ranks_vs_storage_node']:.2f}x)"
+        )
     lines.append(f"violations: {summary['violations']}")
     return "\n".join(lines)
 
@@ -221,9 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="random seed (kinds, steps struck)")
     parser.add_argument("--rate-gbit", type=float, default=2.5, help="every node's link rate (default 2.5)")
     parser.add_argument("--at-step", type=int, default=10, help="strike after this step committed (default 10)")
+    parser.add_argument(
+        "--restore-mib",
+        type=int,
+        default=None,
+        help="state per rank of the restore measurement (default 256; --quick 128; 0: none)",
+    )
     parser.add_argument("--keep-logs", metavar="DIR", help="copy Ray's logs of every trial with a violation here")
     add_json_flag(parser, "the summary")
     args = parser.parse_args(argv)
+    restore_mib = args.restore_mib if args.restore_mib is not None else 128 if args.quick else 256
+    if not 0 <= restore_mib <= 4096:
+        parser.error(f"--restore-mib must be in 0..4096, got {restore_mib}")
     from ray_ckpt.tools import network_lab
 
     reason = network_lab.lab_unsupported()
@@ -237,12 +261,15 @@ def main(argv: list[str] | None = None) -> int:
 
     with network_lab.NetworkLab(4, rate_gbit=args.rate_gbit) as lab:
         lab.start()
-        ray_ckpt.start(store_budget_bytes=256 << 20)
+        ray_ckpt.start(store_budget_bytes=max(256, 2 * restore_mib + 64) * MIB)
+        restore = lab_restore.measure(lab, args.rate_gbit, restore_mib * MIB) if restore_mib else None
+        if restore is not None:
+            print(f"restore: {json.dumps(restore)}", flush=True)
         campaign = LabCampaign(lab, load_example(), args.rate_gbit, args.keep_logs)
         campaign.run_reference()
         for index, kind in enumerate(plan):
             campaign.trial(index, kind, args.at_step if args.quick else rng.randint(5, 15))
-        summary = {**campaign.summary(), "rate_gbit": args.rate_gbit, "seed": args.seed}
+        summary = {**campaign.summary(), "restore": restore, "rate_gbit": args.rate_gbit, "seed": args.seed}
     print(format_table(summary))
     write_json(args.json, summary)
     return 0 if summary["violations"] == 0 else 1
