@@ -6,7 +6,9 @@ merge them on the way up), coordinator stalls that deliver a backlog at once, cl
 reports (of an accepted connection naming nobody; of some or all of a witness's connections with
 a member, live or dead; of one connection with a live member that is no evidence of anything, as
 a reused descriptor's or a connection that is not gloo's would be), process deaths, node deaths,
-dying members that join, finished functions and rounds, and checks after every event:
+dying members that join, live members whose node is fenced (declared dead by the coordinator
+while they still beat through their peers: a node cut off from the head), finished functions and
+rounds, and checks after every event:
 
 - safety: a member that is alive is lost only after a pause of its beats longer than the bound
   its evidence allows, checked as the coordinator finds it lost: ``QUIET_MIN_S`` without any
@@ -15,6 +17,8 @@ dying members that join, finished functions and rounds, and checks after every e
   under that bound (a GC's) is never a loss on one report; ``NAMED_SILENT_MIN_S`` only once one
   witness saw every connection it shares with the member close. Never one whose function
   finished before, nor one in the round;
+- a live member is lost without a pause only when its node was fenced (then within the next
+  tick's node table), and it is refused a place in any later round;
 - liveness: a dead member is lost within the bound that applies (a witness that saw all its
   connections with it close, some of them, a closed accepted connection naming nobody, none
   reported, its node dead, its node silent to the coordinator's probes: power lost, a link
@@ -100,6 +104,7 @@ class LossDetection(RuleBasedStateMachine):
         self.spurious: set[str] = set()  # live nodes whose probe times out (a loaded host, a slow link)
         self.unreachable: set[str] = set()  # the coordinator's view: probed silent members' nodes
         self.lost_unreachable: set[int] = set()  # found lost while their node was unreachable
+        self.fenced: dict[int, float] = {}  # live rank -> when its node was declared dead (cut off)
 
     def doomed(self) -> set[int]:
         """The members whose node the coordinator knows is going (or found unreachable)."""
@@ -146,6 +151,9 @@ class LossDetection(RuleBasedStateMachine):
                 self.lost_unreachable.add(rank)
             assert rank not in self.finished_unlost, (rank, self.gens.lost)
             if rank in self.dead:
+                continue
+            if rank in self.fenced:  # lost by the verdict on its node, not by a pause
+                assert self.gens.lost[rank]["reason"] == "node dead", (rank, self.gens.lost)
                 continue
             resumed = self.queued[rank][0] if self.queued[rank] else self.tick_no
             pause_s = (resumed - self.taken_sent[rank]) * INTERVAL_S
@@ -220,7 +228,7 @@ class LossDetection(RuleBasedStateMachine):
         self.now += INTERVAL_S
         self.tick_no += 1
         self.stalling = stall
-        if stall and self.dead:
+        if stall and (self.dead or self.fenced):
             self.stalled_s += INTERVAL_S
         self._flush()
         for rank in [r for r in order if r in self._beating()]:
@@ -271,6 +279,15 @@ class LossDetection(RuleBasedStateMachine):
         rank = self._beating()[index % len(self._beating())]
         self.dead[rank] = self.now
         self.powered_off[rank] = self.now
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4))
+    def node_cut_off_and_fenced(self, index: int) -> None:
+        """A member's node is cut off from the head and declared dead (fenced) while the member
+        lives on and beats through its peers' stores."""
+        rank = self._beating()[index % len(self._beating())]
+        self.dead_nodes.add(self.members[rank].node_id)
+        self.fenced.setdefault(rank, self.now)
 
     @rule(index=st.integers(0, 4), times_out=st.booleans())
     def a_probe_of_a_live_node_times_out(self, index: int, times_out: bool) -> None:
@@ -402,6 +419,15 @@ class LossDetection(RuleBasedStateMachine):
             bound = min(bounds)
             bound += self.stalled_s + INTERVAL_S * max(self.worst_missed.values())
             assert self.now - died <= bound + 1e-9, (rank, died, self.now, bound, self.gens.lost)
+
+    @invariant()
+    def a_member_whose_node_was_fenced_is_lost_at_the_next_node_table(self) -> None:
+        if getattr(self, "gens", None) is None or self.gens.lost:
+            return
+        for rank, fenced in self.fenced.items():
+            if rank in self.finished or rank in self.joined or rank in self.dead:
+                continue
+            assert self.now - fenced <= 2 * INTERVAL_S + self.stalled_s + 1e-9, (rank, fenced, self.now)
 
     @invariant()
     def exactly_the_members_outside_the_round_must_leave_once_one_is_lost_or_a_round_is_open(self) -> None:
