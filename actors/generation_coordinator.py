@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -33,6 +34,7 @@ from ray_ckpt.core.generations import (
 from ray_ckpt.transport import naming
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
 PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
@@ -90,6 +92,7 @@ class GenerationCoordinator:
         self._probed_at: dict[str, float] = {}  # node id -> when its last probe ended
         self._fence = fence_silent_nodes
         self._fenced: list[dict[str, Any]] = []
+        self._fence_held = False  # most nodes fail their probes: fencing is held (logged once)
 
     def _try_form(self, now: float) -> None:
         """Form the next generation if every rank joined from a live process (caller holds
@@ -236,10 +239,25 @@ class GenerationCoordinator:
         link) or still beats through other nodes (cut off from the head and this actor, not from
         its peers). Ray's own verdict would come after its health checks, about a minute, and
         until then the lost rank's placement-group bundle, where its replacement goes, stays on
-        the node. Off unless the run asked for it (``fence_silent_nodes``)."""
+        the node. Off unless the run asked for it (``fence_silent_nodes``). Never while more than
+        half of the members' nodes fail their probes: then this actor's own node is the likelier
+        one cut off, and Ray's health checks decide."""
         if not self._fence or self._gens.current is None:
             return
         fenced = {entry["node_id"] for entry in self._fenced}
+        nodes = {m.node_id for m in self._gens.current.members.values()} - fenced
+        failing = {n for n in nodes if self._failed_probes.get(n, 0) > 0}
+        if 2 * len(failing) > len(nodes):
+            if not self._fence_held:
+                self._fence_held = True
+                logger.warning(
+                    "ray_ckpt: %d of the run's %d nodes fail their probes at once; fencing none of them "
+                    "(this node may be the one cut off), Ray's health checks decide",
+                    len(failing),
+                    len(nodes),
+                )
+            return
+        self._fence_held = False
         lost = self._gens.lost
         for rank, member in sorted(self._gens.current.members.items()):
             node_id = member.node_id
