@@ -16,6 +16,7 @@ reshards the committed step from peer memory into the new sharding (``run_elasti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -296,6 +297,20 @@ def read_restores(events_dir: str) -> list[dict[str, Any]]:
     )
 
 
+def cluster_of(
+    cluster: SimulatedCluster | None, workers: int, **args: Any
+) -> contextlib.AbstractContextManager[SimulatedCluster]:
+    """``cluster``, which must have ``workers`` live workers, this process connected and the
+    service started in the default namespace, left up on leaving; or, without one, a fresh
+    ``SimulatedCluster(workers, **args)`` whose Ray messages stay in its logs, shut down on
+    leaving."""
+    if cluster is None:
+        return SimulatedCluster(workers, logging_level="ERROR", **args)
+    if len(cluster.workers) != workers:
+        raise ValueError(f"the cluster has {len(cluster.workers)} workers, the run needs {workers}")
+    return contextlib.nullcontext(cluster)
+
+
 def run_beside(fault: Callable[[], None], **run_args: Any) -> tuple[dict[str, Any], list[BaseException]]:
     """``run(**run_args)`` with ``fault()`` on a thread beside it: rank 0's final record and what
     ``fault`` raised (empty when nothing). ``ABANDONED`` is cleared when the run starts and set
@@ -328,17 +343,19 @@ def run_with_kill(
     checkpoint: dict[str, Any] | None = None,
     in_place: dict[str, Any] | None = None,
     quiet_driver: bool = False,
+    cluster: SimulatedCluster | None = None,
 ) -> dict[str, Any]:
-    """On a fresh simulated cluster: an uninterrupted reference run, then the same job with the
-    node of rank 1 hard-killed after ``kill_at_step`` committed. ``checkpoint``: the
-    CheckpointConfig fields (default RS(2,1)). Returns the report: ``{"killed", "restores",
-    "bit_exact", "reference_digest", "final_digest", "final_status"}`` (``final_status``: the
-    job's ``ray_ckpt.status()`` entry at the end, with its protection). ``quiet_driver``: keep
-    Ray's messages about the killed node off this process's output (``quiet.quiet_driver``)."""
+    """On a fresh simulated cluster of ``nodes`` workers (or on ``cluster``, see ``cluster_of``):
+    an uninterrupted reference run, then the same job with the node of rank 1 hard-killed after
+    ``kill_at_step`` committed. ``checkpoint``: the CheckpointConfig fields (default RS(2,1)).
+    Returns the report: ``{"killed", "restores", "bit_exact", "reference_digest",
+    "final_digest", "final_status"}`` (``final_status``: the job's ``ray_ckpt.status()`` entry
+    at the end, with its protection). ``quiet_driver``: keep Ray's messages about the killed
+    node off this process's output (``quiet.quiet_driver``)."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
     checkpoint = {"data_shards": 2, "parity_shards": 1} if checkpoint is None else checkpoint
-    with SimulatedCluster(nodes, store_budget_bytes=512 << 20, logging_level="ERROR") as sim:
+    with cluster_of(cluster, nodes, store_budget_bytes=512 << 20) as sim:
         if quiet_driver:
             quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         common: dict[str, Any] = {"storage_path": storage, "steps": steps, "workers": workers, "checkpoint": checkpoint}
@@ -367,17 +384,26 @@ def run_with_kill(
         }
 
 
-def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool = False) -> dict[str, Any]:
+def run_elastic(
+    steps: int = 100,
+    step_sleep_s: float = 0.25,
+    quiet_driver: bool = False,
+    cluster: SimulatedCluster | None = None,
+    refresh_view: bool = False,
+) -> dict[str, Any]:
     """An elastic FSDP2 run, ``ScalingConfig(num_workers=(2, 4))``, on a fresh simulated
-    cluster of exactly 4 one-CPU nodes, RS(2,1): after step 4 committed the node of rank 1 is
-    hard-killed and there is no spare, so Ray Train restarts the run at 3 workers, which
-    reshard the 4 ranks' step from peer memory; once they have trained 2 steps a node is
-    added back and Ray Train grows the run to 4 workers, which reshard from 3 and end the run
-    3 steps later (``steps`` bounds a run that never grows back). Returns
+    cluster of exactly 4 one-CPU nodes (or on ``cluster``, see ``cluster_of``), RS(2,1): after
+    step 4 committed the node of rank 1 is hard-killed and there is no spare, so Ray Train
+    restarts the run at 3 workers, which reshard the 4 ranks' step from peer memory; once they
+    have trained 2 steps a node is added back and Ray Train grows the run to 4 workers, which
+    reshard from 3 and end the run 3 steps later (``steps`` bounds a run that never grows
+    back). Returns
     ``{"sizes": [workers of each attempt that restored, in order], "reshards": [{"from",
     "to", "step", "bit_exact"}], "completed"}``: ``bit_exact`` compares every new rank's
     restored full parameters with those the saving group had at that step. ``quiet_driver`` as
-    in ``run_with_kill``."""
+    in ``run_with_kill``. ``refresh_view``: once the killed node is dead, and once the node
+    added back is alive, have Ray Train's view of the cluster refreshed at once
+    (``refresh_elastic_view``) instead of at Ray's next 20 s refresh."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     # a start at the old size right after the kill cannot be placed: give up on it after 10 s
     # (not Ray Train's 60 s) and retry at the size that fits (docs/ray-train.md, section 2)
@@ -403,7 +429,7 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
             failures.append(error)
             ABANDONED.set()  # the waits below stop at once
 
-    with SimulatedCluster(4, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
+    with cluster_of(cluster, 4, store_budget_bytes=256 << 20) as sim:
         if quiet_driver:
             quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         # Ray starts a node only from the main thread: the run goes on a thread instead
@@ -412,13 +438,19 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
         trainer.start()
         try:
             wait_committed("elastic", 4)
-            remove_node(sim, rank_node("elastic", 1))
+            victim = rank_node("elastic", 1)
+            remove_node(sim, victim)
+            if refresh_view:
+                wait_dead(victim)
+                refresh_elastic_view()
             deadline = time.monotonic() + 240
             while not any(r["world_size"] == 3 and r["step"] >= 2 for r in read_step_digests(events)):
                 if time.monotonic() > deadline or not trainer.is_alive():
                     raise TimeoutError("the run did not go on at 3 workers within 240 s")
                 time.sleep(0.2)
             sim.add_workers(1)
+            if refresh_view:
+                refresh_elastic_view()
         except BaseException:
             if failures:  # the run's own error says more than the wait that gave up on it
                 raise failures[0] from None
@@ -430,6 +462,27 @@ def run_elastic(steps: int = 100, step_sleep_s: float = 0.25, quiet_driver: bool
         raise failures[0]
     attempts, reshards = reshard_report(read_restores(events), read_step_digests(events))
     return {"sizes": [len(r) for r in attempts], "reshards": reshards, "completed": True}
+
+
+def wait_dead(node_id: str, timeout_s: float = 60) -> None:
+    """Wait until Ray no longer lists ``node_id`` alive."""
+    deadline = time.monotonic() + timeout_s
+    while node_id in naming.alive_node_ids():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {node_id} was not declared dead within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def refresh_elastic_view() -> None:
+    """Have Ray's autoscaling coordinator, whose view of the nodes Ray Train's elastic policy
+    reads, refresh that view now (it does so every 20 s: a node lost or added is otherwise seen
+    up to 20 s late). It reaches into a private part of Ray: where that is not found, this does
+    nothing, and the run waits for Ray's own refresh."""
+    try:
+        coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+        ray.get(coordinator.__ray_call__.remote(lambda actor: actor._tick()), timeout=30)
+    except (ValueError, ray.exceptions.RayError):  # no such actor, or no such method in this Ray
+        pass
 
 
 def reshard_report(

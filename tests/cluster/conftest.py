@@ -1,6 +1,6 @@
 """The cluster tests' fixtures and hooks: one simulated multi-node cluster handed in turn to the
-tests of every module that uses ``sim_cluster`` (``support.sim_cluster``), and a failed test's
-report with its cluster's logs."""
+tests of every module that uses ``sim_cluster`` or ``train_cluster`` (``support.sim_cluster``),
+and a failed test's report with its cluster's logs."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from support.ray_logs import ray_log_excerpt
 from support.scripts_under_test import load_script
 from support.sim_cluster import ClusterPool, SimCluster
 
+import ray_ckpt
+
 _POOL = ClusterPool()
 
 
@@ -24,9 +26,9 @@ def _uses_pool(item: pytest.Item | None) -> bool:
 
 @pytest.fixture(scope="session")
 def cluster_pool() -> Iterator[ClusterPool]:
-    """The cluster shared by every module that uses ``sim_cluster`` (its own RAY_TMPDIR):
-    those modules run back to back (``pytest_collection_modifyitems``), and the cluster stops
-    after the last of their tests (``pytest_runtest_teardown``), or at the end."""
+    """The cluster shared by every module that uses ``sim_cluster`` or ``train_cluster`` (its
+    own RAY_TMPDIR): those modules run back to back (``pytest_collection_modifyitems``), and
+    the cluster stops after the last of their tests (``pytest_runtest_teardown``), or at the end."""
     try:
         yield _POOL
     finally:
@@ -64,8 +66,20 @@ def sim_cluster(cluster_pool: ClusterPool, request: pytest.FixtureRequest) -> It
     """A head with no CPUs plus N one-CPU workers (N from @pytest.mark.nodes(N), default 7),
     the ray_ckpt service started on all of them with a 256 MiB budget per store, in a namespace
     of this test's own. The nodes are shared with the tests before (see ClusterPool)."""
+    yield from _pooled(cluster_pool, request, namespace=None)
+
+
+@pytest.fixture
+def train_cluster(cluster_pool: ClusterPool, request: pytest.FixtureRequest) -> Iterator[SimCluster]:
+    """``sim_cluster`` with the service in ray_ckpt's default namespace (RAY_CKPT_NAMESPACE),
+    where a Ray Train job's Checkpointers and the scripts' helpers look for it (the nodes hand
+    their workers no namespace of a test's own); it is shut down when the test ends."""
+    yield from _pooled(cluster_pool, request, namespace=ray_ckpt.settings.namespace())
+
+
+def _pooled(cluster_pool: ClusterPool, request: pytest.FixtureRequest, namespace: str | None) -> Iterator[SimCluster]:
     marker = request.node.get_closest_marker("nodes")
-    cluster = cluster_pool.take(marker.args[0] if marker else 7)
+    cluster = cluster_pool.take(marker.args[0] if marker else 7, namespace=namespace)
     try:
         with pytest.MonkeyPatch.context() as patch:  # where a failed test's report finds the logs
             patch.setenv("RAY_TMPDIR", cluster_pool.tmpdir)

@@ -60,9 +60,10 @@ class ClusterPool:
         self._env: dict[str, str] = {}
         self.tmpdir = ""  # the cluster's Ray temp dir
 
-    def take(self, count: int) -> SimCluster:
-        """The cluster with ``count`` live workers and a fresh service in a new namespace."""
-        namespace = f"test-{uuid.uuid4().hex[:8]}"
+    def take(self, count: int, namespace: str | None = None) -> SimCluster:
+        """The cluster with ``count`` live workers and a fresh service in a new namespace
+        (``namespace``: in that one, which no other test's service may still hold)."""
+        namespace = namespace or f"test-{uuid.uuid4().hex[:8]}"
         if self.cluster is not None and self._env != _ray_ckpt_env():
             self.close()
         if self.cluster is not None:
