@@ -2,12 +2,13 @@
 
 On one simulated Ray cluster (``ray.cluster_utils.Cluster``: a head with no CPUs plus 10
 worker nodes, all on this machine, dashboard off, a private RAY_TMPDIR), with a store on every
-node, one rank (an actor pinned to worker node 0) saves a fixed state ``{"w": <uint8 tensor>}``
-(64 MiB; ``--quick``: 4 MiB) as steps 0 and 1 with ``CheckpointConfig(data_shards=k,
-parity_shards=m, keep_committed=1, local_copy=False)`` and waits for each commit. Once step 0
-is evicted (every store reports k+m shards in all), the bytes used by all stores
-(``ray_ckpt.service.status()``: per node ``used_bytes``, shard data plus metadata) are the peer
-memory of one committed step. Then the job is forgotten and the next code runs.
+node, one rank (an actor pinned to worker node 0, the same for every code) saves a fixed state
+``{"w": <uint8 tensor>}`` (64 MiB; ``--quick``: 4 MiB) as steps 0 and 1 of a job of the code,
+with ``CheckpointConfig(data_shards=k, parity_shards=m, keep_committed=1, local_copy=False)``,
+and waits for each commit. Once step 0 is evicted (every store reports k+m shards in all), the
+bytes used by all stores (``ray_ckpt.service.status()``: per node ``used_bytes``, shard data
+plus metadata) are the peer memory of one committed step. Then the job is forgotten and the
+next code runs.
 
 Codes: RS(2,1), RS(4,2), RS(6,3), RS(8,2), and replication tolerating the same number of node
 failures, m+1 full copies, measured as RS(1, m) (k=1: every shard is the whole payload):
@@ -78,36 +79,52 @@ def _settle(namespace: str, shards: int, timeout_s: float = 30.0) -> tuple[int, 
         time.sleep(0.1)
 
 
+def rank_actor() -> Any:
+    """The rank of every code: ``BenchRank`` as a Ray actor (no CPU, never restarted) whose
+    ``connect`` (a new job) saves from step 0 again."""
+    import ray
+
+    from ray_ckpt.testing import BenchRank
+
+    class MemoryRank(BenchRank):
+        def connect(self, *args: Any, **kwargs: Any) -> None:
+            super().connect(*args, **kwargs)
+            self.step = 0
+
+    return ray.remote(num_cpus=0, max_restarts=0)(MemoryRank)
+
+
 def run(size: int) -> list[dict[str, Any]]:
     import ray
 
-    from ray_ckpt.testing import SimulatedCluster, rank_actor
+    from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.transport import naming
 
     Rank = rank_actor()
     rows = []
     namespace = f"benchmem-{uuid.uuid4().hex[:8]}"
+    # a store may hold one shard of each of two steps (before the older one is evicted)
+    store_budget = 2 * size + 16 * MIB
     with SimulatedCluster(
         WORKERS,
         namespace=namespace,
-        # a store may hold one shard of each of two steps (before the older one is evicted)
-        store_budget_bytes=2 * size + 16 * MIB,
+        start_service=False,
         worker_cpus=0,
         head_object_store_bytes=4 * size + 96 * MIB,
         worker_object_store_bytes=5 * size + 96 * MIB,
         fast_failure_detection=False,
     ) as sim:
+        # the rank starts (imports, builds its state) while the stores start
+        rank = Rank.options(scheduling_strategy=on_node(sim.node_id(0))).remote(size)
+        sim.start_service(store_budget)
         registry = naming.registry_handle(namespace)
-        rank_node = sim.node_id(0)
         for scheme, k, m in codes():
             job = f"mem-k{k}m{m}"
-            rank = Rank.options(scheduling_strategy=on_node(rank_node)).remote(size, seed=k * 100 + m)
             config = {"data_shards": k, "parity_shards": m, "keep_committed": 1, "local_copy": False}
             ray.get(rank.connect.remote(namespace, job, 0, 1, config))
             for _ in (0, 1):
                 ray.get(rank.save.remote())
             ray.get(rank.close.remote())
-            ray.kill(rank, no_restart=True)
             used, per_node = _settle(namespace, k + m)
             located = ray.get(registry.locate.remote(job, 1))
             meta = next(iter(located[0]["metas"].values()))
@@ -130,6 +147,7 @@ def run(size: int) -> list[dict[str, Any]]:
             print(f"{name}: {used} bytes in {k + m} shards = {used / size:.3f}x the state", flush=True)
             ray.get(registry.forget.remote(job))
             _settle(namespace, 0)
+        ray.kill(rank, no_restart=True)
     return rows
 
 
