@@ -14,6 +14,7 @@ what DCP loads from the disk copy into the same sharding.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -156,18 +157,32 @@ def shard_holders(namespace: str, job: str, step: int, data_shards: int, workers
 
 
 def run_example(
-    *, nodes: int = 7, save_workers: int = 4, load_workers: tuple[int, ...] = (2, 3), kill: int = 2
+    *,
+    nodes: int = 7,
+    save_workers: int = 4,
+    load_workers: tuple[int, ...] = (2, 3),
+    kill: int = 2,
+    cluster: Any = None,
 ) -> dict[str, Any]:
     """Save at ``save_workers``, kill ``kill`` worker nodes holding data shards, load at each
-    of ``load_workers``; returns every rank's records and the killed nodes."""
+    of ``load_workers``; returns every rank's records and the killed nodes. On a fresh
+    simulated cluster of ``nodes`` workers, or on ``cluster``, a ``SimulatedCluster`` of
+    ``nodes`` workers (this process connected, the service started in the default namespace),
+    left up at the end."""
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
 
     if kill > CHECKPOINT["parity_shards"]:
         raise ValueError(f"kill must be at most parity_shards={CHECKPOINT['parity_shards']}, got {kill}")
+    if cluster is not None and len(cluster.workers) != nodes:
+        raise ValueError(f"the cluster has {len(cluster.workers)} workers, the example needs {nodes}")
     storage, out = tempfile.mkdtemp(prefix="dcp-train"), tempfile.mkdtemp(prefix="dcp-out")
     config = {"job": JOB, "step": STEP, "checkpoint": CHECKPOINT, "disk": str(pathlib.Path(out, "disk")), "out": out}
-    with SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
+    with (
+        SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR")
+        if cluster is None
+        else contextlib.nullcontext(cluster)
+    ) as sim:
         quiet.quiet_driver()
         run(save_loop, name="dcp-save", workers=save_workers, storage=storage, config=config)
         workers = {str(node.node_id) for node in sim.workers}
