@@ -11,6 +11,7 @@ file; empty in the uninterrupted run): the rank to be killed writes its node's i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import pathlib
 import tempfile
@@ -49,18 +50,33 @@ def kill_when_marked(sim: Any, mark: pathlib.Path, killed: list[str]) -> None:
 
 
 def run_example(
-    train_func: TrainFunc, name: str, *, nodes: int = 4, steps: int = 30, kill_at: int = 12, step_s: float = 0.2
+    train_func: TrainFunc,
+    name: str,
+    *,
+    nodes: int = 4,
+    steps: int = 30,
+    kill_at: int = 12,
+    step_s: float = 0.2,
+    cluster: Any = None,
 ) -> dict[str, Any]:
     """The uninterrupted run and the run with a node killed, on ``nodes`` one-CPU nodes (runs
     and folders named after ``name``): ``{"killed", "error"`` (the killed run's), ``"reference",
-    "resumed"`` (the final states), ``"equal"`` (bit for bit)``}``."""
+    "resumed"`` (the final states), ``"equal"`` (bit for bit)``}``. ``cluster``: a
+    ``SimulatedCluster`` of ``nodes`` workers to run on instead of a fresh one (this process
+    connected, the service started in the default namespace), left up at the end."""
     from ray_ckpt.testing import SimulatedCluster
 
     out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}-example-out"))
     storage = tempfile.mkdtemp(prefix=f"{name}-example-storage")
     base = {"steps": steps, "kill_at": kill_at, "step_s": step_s}
     killed: list[str] = []
-    with SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR") as sim:
+    if cluster is not None and len(cluster.workers) != nodes:
+        raise ValueError(f"the cluster has {len(cluster.workers)} workers, the example needs {nodes}")
+    with (
+        SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR")
+        if cluster is None
+        else contextlib.nullcontext(cluster)
+    ) as sim:
         quiet.quiet_driver()
         fit(train_func, f"{name}-reference", storage, {**base, "mark": "", "out": str(out / "reference.pt")})
         mark = out / "kill"
@@ -74,8 +90,8 @@ def run_example(
 
 
 def example(train_func: TrainFunc, name: str) -> Callable[..., dict[str, Any]]:
-    """An example's ``run_example(*, nodes, steps, kill_at, step_s)``: ``run_example`` of
-    ``train_func``."""
+    """An example's ``run_example(*, nodes, steps, kill_at, step_s, cluster)``: ``run_example``
+    of ``train_func``."""
     return functools.partial(run_example, train_func, name)
 
 

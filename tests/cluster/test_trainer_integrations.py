@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import pytest
 from support.scripts_under_test import load_script
+from support.sim_cluster import SimCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 
+@pytest.mark.nodes(4)
 @pytest.mark.parametrize(
     "script, framework, steps, kill_at",
     [("hf_example", "transformers", 20, 8), ("lightning_example", "lightning", 24, 17)],
 )
 def test_a_run_that_loses_a_node_resumes_from_peers_bit_exact(
-    script: str, framework: str, steps: int, kill_at: int, ray_tmpdir: str
+    script: str, framework: str, steps: int, kill_at: int, train_cluster: SimCluster
 ) -> None:
     pytest.importorskip(framework)
-    report = load_script(script, by_value=True).run_example(steps=steps, kill_at=kill_at)
+    report = load_script(script, by_value=True).run_example(steps=steps, kill_at=kill_at, cluster=train_cluster)
     assert len(report["killed"]) == 1, report["killed"]
     assert report["error"] is None, report["error"]
     assert report["resumed"]["step"] == steps
