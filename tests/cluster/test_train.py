@@ -5,17 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.sim_cluster import SimCluster
 
 pytestmark = pytest.mark.cluster
 
 
-def test_torch_trainer_job_recovers_from_a_node_kill_bit_exact(ray_tmpdir: str, train_example: Any) -> None:
+@pytest.mark.nodes(5)
+def test_torch_trainer_job_recovers_from_a_node_kill_bit_exact(train_cluster: SimCluster, train_example: Any) -> None:
     """The example job (DDP over gloo, 2 workers) with the default CheckpointConfig, RS(4,2),
     on exactly k+m = 6 store nodes (a head and 5 workers): after the node of rank 1 is
     hard-killed, Ray Train restarts the group, every rank restores the newest committed step
     from memory, the job goes on saving on the 5 stores left (protection 1 of 2, reported by
     status) and finishes with parameters equal to an uninterrupted run's, bit for bit."""
-    report = train_example.run_with_kill(steps=16, workers=2, nodes=5, kill_at_step=5, checkpoint={})
+    report = train_example.run_with_kill(
+        steps=16, workers=2, nodes=5, kill_at_step=5, checkpoint={}, cluster=train_cluster
+    )
     killed_step = report["killed"]["latest_committed"]
     restores = report["restores"]
     first, second = (
