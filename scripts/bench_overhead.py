@@ -60,6 +60,7 @@ from benchutil import (
 
 GIB = 1 << 30
 WORKERS = 2  # the demo job's
+NODES = 6  # one-CPU worker nodes of the simulated cluster (--quick: 4, one store per shard of a rank's RS(2,2))
 MODES = ("none", "ray_ckpt/1", "ray_ckpt/1 ray-put", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N")
 
 
@@ -234,9 +235,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     return render_table(lines)
 
 
-def measure_modes(args: Any, shapes: list[str], modes: list[str]) -> tuple[list[dict[str, Any]], float]:
-    """On one simulated cluster: the demo's job run in every mode of every shape; the rows (with
-    their ratios) and the seconds of a memcpy of a GiB."""
+def measure_modes(
+    args: Any, shapes: list[str], modes: list[str], nodes: int = NODES
+) -> tuple[list[dict[str, Any]], float]:
+    """On one simulated cluster of ``nodes`` one-CPU worker nodes: the demo's job run in every
+    mode of every shape; the rows (with their ratios) and the seconds of a memcpy of a GiB."""
     import ray_ckpt
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
@@ -245,7 +248,7 @@ def measure_modes(args: Any, shapes: list[str], modes: list[str]) -> tuple[list[
     memcpy_s = memcpy_s_per_gib()
     print(
         f"{args.steps} steps per run, /N = every {args.every} steps, +{args.state_mib} MiB state per rank, "
-        f"2 workers, 1 head + 6 one-CPU nodes on one machine ({os.cpu_count()} cores); "
+        f"2 workers, 1 head + {nodes} one-CPU nodes on one machine ({os.cpu_count()} cores); "
         f"memcpy {memcpy_s:.3f} s per GiB",
         flush=True,
     )
@@ -253,7 +256,11 @@ def measure_modes(args: Any, shapes: list[str], modes: list[str]) -> tuple[list[
     object_store = 3 * (args.state_mib << 20) + (128 << 20)
     rows: list[dict[str, Any]] = []
     with SimulatedCluster(
-        6, store_budget_bytes=budget, worker_object_store_bytes=object_store, start_service=False, logging_level="ERROR"
+        nodes,
+        store_budget_bytes=budget,
+        worker_object_store_bytes=object_store,
+        start_service=False,
+        logging_level="ERROR",
     ) as sim:
         quiet.quiet_driver()
         ray_ckpt.start(store_budget_bytes=budget)
@@ -281,11 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(MODES),
         help="modes to run, comma-separated, 'none' among them (default: all of " + ", ".join(MODES) + ")",
     )
-    parser.add_argument("--quick", action="store_true", help="12 steps, every 4, 4 MiB, gpu-like only (tests)")
+    parser.add_argument("--quick", action="store_true", help="8 steps, every 4, 4 MiB, gpu-like only, 4 nodes (tests)")
     add_json_flag(parser, "the rows")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.every, args.state_mib, args.shapes, args.compute_s = 12, 4, 4, "gpu-like", 0.1
+        args.steps, args.every, args.state_mib, args.shapes, args.compute_s = 8, 4, 4, "gpu-like", 0.1
     shapes = [s for s in args.shapes.split(",") if s]
     if not shapes or any(s not in ("cpu", "gpu-like") for s in shapes):
         parser.error(f"--shapes takes cpu and/or gpu-like, comma-separated; got {args.shapes!r}")
@@ -301,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ["RAY_CKPT_SAVE_EVENT_EVERY"] = "1"  # every save's phases
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    measured = on_private_ray("rcko", lambda: measure_modes(args, shapes, modes))
+    nodes = 4 if args.quick else NODES
+    measured = on_private_ray("rcko", lambda: measure_modes(args, shapes, modes, nodes))
     if measured is None:
         return 1
     rows, memcpy_s = measured
