@@ -96,6 +96,7 @@ class ClusterPool:
         if len(cluster.workers) < count:
             cluster.add_workers(count - len(cluster.workers))
         wait_alive(count + 1)
+        wait_namespace_free(namespace)
         cluster.namespace = namespace
         cluster.start_service(CLUSTER_ARGS["store_budget_bytes"])
         return cluster
@@ -123,6 +124,17 @@ CLUSTER_ARGS: dict[str, Any] = {
     "head_object_store_bytes": 200 << 20,
     "worker_object_store_bytes": 150 << 20,
 }
+
+
+def wait_namespace_free(namespace: str, timeout_s: float = pace.bound(30.0)) -> None:
+    """Wait until no named actor is left in ``namespace`` (the service a test before shut down
+    there, whose names Ray frees once their actors are dead): a service started there must be
+    new, not a dying one handed back by name."""
+    deadline = time.monotonic() + timeout_s
+    while any(a["namespace"] == namespace for a in ray.util.list_named_actors(all_namespaces=True)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"named actors stayed in namespace {namespace!r} for {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def wait_alive(nodes: int, timeout_s: float = pace.bound(60.0)) -> None:
