@@ -17,11 +17,11 @@ SCRIPT = pathlib.Path(__file__).parents[2] / "scripts" / "fault_campaign.py"
 
 @pytest.mark.timeout(600)
 def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathlib.Path) -> None:
-    """Two random trials of saves, torn saves, node/store/registry kills, bit flips, the cluster
-    shrinking below k+m stores and regrowing, torn steps re-saved by the next group, saves
-    abandoned by a replaced group while the next one restores or saves, and restores: every
-    restore is bit-exact the committed (or backup) step, or a ray_ckpt error; every commit holds
-    one group's records; saves on the shrunken cluster never fail."""
+    """Two random trials on 4 worker nodes of saves, torn saves, node/store/registry kills, bit
+    flips, the cluster shrinking below k+m stores and regrowing, torn steps re-saved by the next
+    group, saves abandoned by a replaced group while the next one restores or saves, and
+    restores: every restore is bit-exact the committed (or backup) step, or a ray_ckpt error;
+    every commit holds one group's records; saves on the shrunken cluster never fail."""
     out = tmp_path / "campaign.json"
     done = subprocess.run(
         [
@@ -33,6 +33,8 @@ def test_short_fault_campaign_has_no_violations(ray_tmpdir: str, tmp_path: pathl
             "3",
             "--seed",
             "7",
+            "--nodes",
+            "4",
             "--always",
             "shrink",
             "--always",
