@@ -17,11 +17,10 @@ import sys
 from typing import Any
 
 import pytest
-import ray
-from support.sim_cluster import SimCluster, wait_namespace_free
 
-from ray_ckpt import _ray_compat, service
+from ray_ckpt import _ray_compat
 from ray_ckpt.core import events, timeline
+from ray_ckpt.testing import SimulatedCluster
 from ray_ckpt.tools import quiet
 
 pytestmark = pytest.mark.cluster
@@ -42,9 +41,8 @@ def test_the_guide_has_only_blocks_this_test_runs() -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.nodes(4)
 def test_every_block_of_the_guide_runs_and_the_job_recovers(
-    train_cluster: SimCluster, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    ray_tmpdir: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The guide's job (DDP, 2 workers, RS(2,1), experiment 'team/exp1') loses the node of
     rank 1 after step 3: Ray Train restarts it, it resumes from peer memory and finishes; the
@@ -52,12 +50,15 @@ def test_every_block_of_the_guide_runs_and_the_job_recovers(
     the CLI blocks succeed; the evaluation run reads the job's last step through ``job=``."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # fast restarts (see the guide)
-    # the guide connects (ray.init()) and starts the service itself (in the default namespace,
-    # the pool's: it is shut down after the test)
-    service.shutdown(namespace=train_cluster.namespace)
-    wait_namespace_free(train_cluster.namespace)
-    ray.shutdown()
-    monkeypatch.setenv("RAY_ADDRESS", train_cluster.address)  # the guide's ray.init() connects here
+    # the guide connects (ray.init()) and starts the service itself
+    cluster = SimulatedCluster(
+        4,
+        connect=False,
+        start_service=False,
+        head_object_store_bytes=200 << 20,
+        worker_object_store_bytes=150 << 20,
+    )
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # the guide's ray.init() connects here
     bin_dir = str(pathlib.Path(sys.executable).parent)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")  # ray-ckpt
     namespace: dict[str, Any] = {"__name__": "ray_train_guide"}  # not importable: pickled by value
@@ -96,3 +97,4 @@ def test_every_block_of_the_guide_runs_and_the_job_recovers(
     finally:
         if printer is not None:
             _ray_compat.set_driver_printer(printer)
+        cluster.shutdown()  # disconnects this process too
