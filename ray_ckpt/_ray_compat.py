@@ -1,8 +1,9 @@
 """The Ray internals ray_ckpt relies on, all in one place.
 
-Most are Ray Train's, for in-place recovery; the rest are core Ray's, for the tools and the
-service: the head node's internal resource, the function a driver prints the cluster's
-messages with, and the connected node's log folder (at the end of this module).
+Most are Ray Train's, for in-place recovery; the GCS call that declares a silent node dead
+(``declare_node_dead``) is core Ray's, as are the rest, for the tools and the service: the
+head node's internal resource, the function a driver prints the cluster's messages with, and
+the connected node's log folder (at the end of this module).
 
 In-place recovery rides on Ray Train's replica-group path: a backend whose
 ``has_replica_groups`` is True makes the controller replace only the failed workers (each worker
