@@ -58,12 +58,16 @@ def run_example(
     kill_at: int = 12,
     step_s: float = 0.2,
     cluster: Any = None,
+    overlap: bool = False,
 ) -> dict[str, Any]:
     """The uninterrupted run and the run with a node killed, on ``nodes`` one-CPU nodes (runs
     and folders named after ``name``): ``{"killed", "error"`` (the killed run's), ``"reference",
-    "resumed"`` (the final states), ``"equal"`` (bit for bit)``}``. ``cluster``: a
-    ``SimulatedCluster`` of ``nodes`` workers to run on instead of a fresh one (this process
-    connected, the service started in the default namespace), left up at the end."""
+    "resumed"`` (the final states), ``"equal"`` (bit for bit), ``"reference_attempts"`` (the
+    worker groups the uninterrupted run had: 1)``}``. ``cluster``: a ``SimulatedCluster`` of
+    ``nodes`` workers to run on instead of a fresh one (this process connected, the service
+    started in the default namespace), left up at the end. ``overlap``: the uninterrupted run
+    goes on beside the killed one, on workers of its own, instead of before it (``nodes`` must
+    leave room for both runs and the restart: 5)."""
     from ray_ckpt.testing import SimulatedCluster
 
     out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}-example-out"))
@@ -78,20 +82,54 @@ def run_example(
         else contextlib.nullcontext(cluster)
     ) as sim:
         quiet.quiet_driver()
-        fit(train_func, f"{name}-reference", storage, {**base, "mark": "", "out": str(out / "reference.pt")})
+        uninterrupted = functools.partial(
+            fit, train_func, f"{name}-reference", storage, {**base, "mark": "", "out": str(out / "reference.pt")}
+        )
+        beside = threading.Thread(target=uninterrupted, daemon=True)
+        if overlap:
+            beside.start()
+        else:
+            uninterrupted()
         mark = out / "kill"
         killer = threading.Thread(target=kill_when_marked, args=(sim, mark, killed), daemon=True)
         killer.start()
-        result = fit(train_func, f"{name}-killed", storage, {**base, "mark": str(mark), "out": str(out / "killed.pt")})
-        killer.join(timeout=5)
+        try:
+            result = fit(
+                train_func, f"{name}-killed", storage, {**base, "mark": str(mark), "out": str(out / "killed.pt")}
+            )
+        finally:
+            killer.join(timeout=5)
+            if overlap:
+                beside.join()  # the uninterrupted run ends before the cluster goes
+        attempts = attempts_of(f"{name}-reference")
     reference, resumed = torch.load(out / "reference.pt"), torch.load(out / "killed.pt")
     return {"killed": killed, "error": result.error, "reference": reference, "resumed": resumed,
-            "equal": same(reference, resumed)}  # fmt: skip
+            "equal": same(reference, resumed), "reference_attempts": attempts}  # fmt: skip
+
+
+def attempts_of(experiment: str) -> int:
+    """How many worker groups of a run checkpointed, from the registry's events: the attempts
+    its saves and restores name (each attempt's first save sends an event), under the run's
+    job or one an integration derives from it (``<job>.lightning``)."""
+    import ray_ckpt
+    from ray_ckpt.transport.registry_client import RegistryClient
+
+    job = ray_ckpt.train.job_name(experiment)
+    _, records = RegistryClient(ray_ckpt.settings.namespace()).events()
+    return len(
+        {
+            r["attempt"]
+            for r in records
+            if r.get("kind") in ("save", "restore")
+            and r.get("attempt") is not None
+            and (r.get("job") == job or str(r.get("job")).startswith(f"{job}."))
+        }
+    )
 
 
 def example(train_func: TrainFunc, name: str) -> Callable[..., dict[str, Any]]:
-    """An example's ``run_example(*, nodes, steps, kill_at, step_s, cluster)``: ``run_example``
-    of ``train_func``."""
+    """An example's ``run_example(*, nodes, steps, kill_at, step_s, cluster, overlap)``:
+    ``run_example`` of ``train_func``."""
     return functools.partial(run_example, train_func, name)
 
 
