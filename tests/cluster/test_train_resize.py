@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster
 CHECKPOINT = {"data_shards": 2, "parity_shards": 1}
 
 
-@pytest.mark.nodes(6)
+@pytest.mark.nodes(5)
 def test_an_fsdp2_job_saved_by_4_workers_resumes_at_2_bit_exact_after_a_shard_holder_dies(
     train_cluster: SimCluster, train_example: Any
 ) -> None:
