@@ -38,10 +38,11 @@ logger = logging.getLogger(__name__)
 
 RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins are not all notified)
 PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
-FENCE_AFTER_S = 1.0  # a member's node whose raylet stayed unreachable this long is declared dead ...
-FENCE_PROBES = 3  # ... after at least this many failed probes in a row
-SWEEP_EVERY_S = 1.0  # how often the node of every member is probed while fencing is on
+FENCE_AFTER_S = 0.5  # a member's node whose raylet stayed unreachable this long is declared dead ...
+FENCE_PROBES = 3  # ... after at least this many failed probes in a row (a lost SYN costs one probe, not three)
+SWEEP_EVERY_S = 0.25  # how often the node of every member is probed while fencing is on
 SWEEP_PER_TICK = 64  # the most nodes a sweep probes in one tick of the watcher
+PROBES_IN_FLIGHT = 3  # a node whose last probe failed gets a new one every tick, this many at once at most
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -86,7 +87,7 @@ class GenerationCoordinator:
         self._alive: set[str] | None = None  # alive node ids as of the watcher's last tick
         self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
-        self._probing: set[str] = set()
+        self._probing: dict[str, int] = {}  # node id -> its probes in flight
         self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
         self._failed_probes: dict[str, int] = {}  # node id -> failed probes in the streak
         self._probed_at: dict[str, float] = {}  # node id -> when its last probe ended
@@ -294,14 +295,21 @@ class GenerationCoordinator:
         nodes |= {n for _, n in due[:SWEEP_PER_TICK]}
         return nodes
 
-    @staticmethod
-    async def _declare_dead(entry: dict[str, Any], reason: str) -> None:
+    async def _declare_dead(self, entry: dict[str, Any], reason: str) -> None:
+        """Declare the node dead; once Ray took it, its members are lost now, as at the next
+        node table (which no longer lists it), not a tick later."""
         loop = asyncio.get_running_loop()
         entry["declared"] = await loop.run_in_executor(None, _ray_compat.declare_node_dead, entry["node_id"], reason)
+        if entry["declared"] and self._alive is not None:
+            async with self._changed:
+                self._alive = self._alive - {entry["node_id"]}
+                now = time.time()
+                self._gens.find_lost(now, self._alive, self._unreachable)
+                self._try_form(now)
 
     def _probe(self, silent: list[Member]) -> None:
-        """Probe the raylets of ``_to_probe``'s nodes (in the background, each node once at a
-        time). ``find_lost`` is told of the silent members' nodes whose last probe failed; a node
+        """Probe the raylets of ``_to_probe``'s nodes (in the background: a node once at a time,
+        a node whose last probe failed up to ``PROBES_IN_FLIGHT`` at once, one more each tick). ``find_lost`` is told of the silent members' nodes whose last probe failed; a node
         whose members all beat again leaves that set (its streak of failed probes, kept for
         fencing, ends only with a probe that succeeds or when no member is left there)."""
         silent_nodes = {member.node_id for member in silent}
@@ -313,10 +321,11 @@ class GenerationCoordinator:
         )
         self._unreachable_since = {n: t for n, t in self._unreachable_since.items() if n in kept}
         self._failed_probes = {n: c for n, c in self._failed_probes.items() if n in kept}
-        for node_id in self._to_probe(silent) - self._probing:
-            address = self._raylets.get(node_id)
-            if address is not None:
-                self._probing.add(node_id)
+        for node_id in self._to_probe(silent):
+            address, in_flight = self._raylets.get(node_id), self._probing.get(node_id, 0)
+            suspect = node_id in self._unreachable_since or node_id in silent_nodes
+            if address is not None and in_flight < (PROBES_IN_FLIGHT if suspect else 1):
+                self._probing[node_id] = in_flight + 1
                 asyncio.get_running_loop().create_task(self._probe_node(node_id, address, node_id in silent_nodes))
 
     async def _probe_node(self, node_id: str, address: str, silent: bool) -> None:
@@ -337,7 +346,11 @@ class GenerationCoordinator:
                 self._unreachable_since.setdefault(node_id, started)
                 self._failed_probes[node_id] = self._failed_probes.get(node_id, 0) + 1
         finally:
-            self._probing.discard(node_id)
+            left = self._probing.get(node_id, 1) - 1
+            if left > 0:
+                self._probing[node_id] = left
+            else:
+                self._probing.pop(node_id, None)
 
     async def _watch(self) -> None:
         """Form a generation when its round is complete; kill hung members."""

@@ -231,9 +231,12 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="one trial of each kind")
+    parser.add_argument("--quick", action="store_true", help="one trial of each kind (of --kinds)")
     parser.add_argument("--trials", type=int, default=10, help="trials, kinds drawn at random (default 10)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (kinds, steps struck)")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"fault kinds to draw from, comma-separated (default {','.join(KINDS)})"
+    )
     parser.add_argument("--rate-gbit", type=float, default=2.5, help="every node's link rate (default 2.5)")
     parser.add_argument("--at-step", type=int, default=10, help="strike after this step committed (default 10)")
     parser.add_argument(
@@ -245,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", metavar="DIR", help="copy Ray's logs of every trial with a violation here")
     add_json_flag(parser, "the summary")
     args = parser.parse_args(argv)
+    kinds = [kind.strip() for kind in args.kinds.split(",") if kind.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        parser.error(f"--kinds takes some of {','.join(KINDS)}, got {args.kinds!r}")
+    if args.trials < 1:
+        parser.error(f"--trials must be at least 1, got {args.trials}")
     restore_mib = args.restore_mib if args.restore_mib is not None else 128 if args.quick else 256
     if not 0 <= restore_mib <= 4096:
         parser.error(f"--restore-mib must be in 0..4096, got {restore_mib}")
@@ -256,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     rng = random.Random(args.seed)
-    plan = list(KINDS) if args.quick else [rng.choice(KINDS) for _ in range(args.trials)]
+    plan = kinds if args.quick else [rng.choice(kinds) for _ in range(args.trials)]
     import ray_ckpt
 
     with network_lab.NetworkLab(4, rate_gbit=args.rate_gbit) as lab:

@@ -79,8 +79,8 @@ class InPlaceRecovery(TorchConfig):
     Ray Train imported), so that a replacement Ray schedules there starts in it instead of in a
     new process; 0 turns them off. warm_keep_alive_s: how long Ray keeps a spare waiting; the
     run starts a new one on each free node at half of it. fence_silent_nodes: a node whose rank
-    is lost while its raylet stays silent (power, link or route to the head lost) for
-    ``FENCE_AFTER_S`` is declared dead to Ray at once, so the replacement starts within seconds
+    is lost, or still beats through its peers, while its raylet stays silent (power, link or
+    route to the head lost) for about half a second is declared dead to Ray at once, so the replacement starts within seconds
     instead of after Ray's health checks (about a minute); the node cannot rejoin until Ray is
     restarted on it. False leaves the verdict to Ray's health checks.
     ``backend`` and the remaining keyword arguments are TorchConfig's.
