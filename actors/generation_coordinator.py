@@ -42,7 +42,8 @@ FENCE_AFTER_S = 0.5  # a member's node whose raylet stayed unreachable this long
 FENCE_PROBES = 3  # ... after at least this many failed probes in a row (a lost SYN costs one probe, not three)
 SWEEP_EVERY_S = 0.25  # how often the node of every member is probed while fencing is on
 SWEEP_PER_TICK = 64  # the most nodes a sweep probes in one tick of the watcher
-PROBES_IN_FLIGHT = 3  # a node whose last probe failed gets a new one every tick, this many at once at most
+PROBES_IN_FLIGHT = 3  # a node whose last probe failed gets a new one every REPROBE_S, this many at once at most
+REPROBE_S = 0.1
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -88,6 +89,7 @@ class GenerationCoordinator:
         self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
         self._probing: dict[str, int] = {}  # node id -> its probes in flight
+        self._reprobing: set[str] = set()  # nodes whose last probe failed, probed again every REPROBE_S
         self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
         self._failed_probes: dict[str, int] = {}  # node id -> failed probes in the streak
         self._probed_at: dict[str, float] = {}  # node id -> when its last probe ended
@@ -308,8 +310,10 @@ class GenerationCoordinator:
                 self._try_form(now)
 
     def _probe(self, silent: list[Member]) -> None:
-        """Probe the raylets of ``_to_probe``'s nodes (in the background: a node once at a time,
-        a node whose last probe failed up to ``PROBES_IN_FLIGHT`` at once, one more each tick). ``find_lost`` is told of the silent members' nodes whose last probe failed; a node
+        """Probe the raylets of ``_to_probe``'s nodes (in the background: a node once at a time;
+        while fencing is on, a node whose last probe failed gets one more every ``REPROBE_S``, up
+        to ``PROBES_IN_FLIGHT`` at once, ``_reprobe``).
+        ``find_lost`` is told of the silent members' nodes whose last probe failed; a node
         whose members all beat again leaves that set (its streak of failed probes, kept for
         fencing, ends only with a probe that succeeds or when no member is left there)."""
         silent_nodes = {member.node_id for member in silent}
@@ -322,11 +326,29 @@ class GenerationCoordinator:
         self._unreachable_since = {n: t for n, t in self._unreachable_since.items() if n in kept}
         self._failed_probes = {n: c for n, c in self._failed_probes.items() if n in kept}
         for node_id in self._to_probe(silent):
-            address, in_flight = self._raylets.get(node_id), self._probing.get(node_id, 0)
-            suspect = node_id in self._unreachable_since or node_id in silent_nodes
-            if address is not None and in_flight < (PROBES_IN_FLIGHT if suspect else 1):
-                self._probing[node_id] = in_flight + 1
-                asyncio.get_running_loop().create_task(self._probe_node(node_id, address, node_id in silent_nodes))
+            address = self._raylets.get(node_id)
+            if address is not None and not self._probing.get(node_id):
+                self._start_probe(node_id, address, node_id in silent_nodes)
+
+    def _start_probe(self, node_id: str, address: str, silent: bool) -> None:
+        self._probing[node_id] = self._probing.get(node_id, 0) + 1
+        asyncio.get_running_loop().create_task(self._probe_node(node_id, address, silent))
+
+    async def _reprobe(self, node_id: str, address: str, silent: bool) -> None:
+        """While ``node_id``'s streak of failed probes lasts and it may still be fenced, start a
+        probe of it every ``REPROBE_S`` (``PROBES_IN_FLIGHT`` at most at once), so that a node
+        that went silent fails ``FENCE_PROBES`` probes in about ``FENCE_AFTER_S``, not in as many
+        probe bounds one after the other."""
+        try:
+            while True:
+                await asyncio.sleep(REPROBE_S)
+                fenced = any(entry["node_id"] == node_id for entry in self._fenced)
+                if fenced or node_id not in self._unreachable_since or self._gens.current is None:
+                    return
+                if self._probing.get(node_id, 0) < PROBES_IN_FLIGHT:
+                    self._start_probe(node_id, address, silent or node_id in self._unreachable)
+        finally:
+            self._reprobing.discard(node_id)
 
     async def _probe_node(self, node_id: str, address: str, silent: bool) -> None:
         """One probe. A probe that timed out long after its bound (this actor's loop was held
@@ -345,6 +367,12 @@ class GenerationCoordinator:
                     self._unreachable.add(node_id)
                 self._unreachable_since.setdefault(node_id, started)
                 self._failed_probes[node_id] = self._failed_probes.get(node_id, 0) + 1
+                if self._fence:
+                    async with self._changed:  # fenced now if this probe made the streak long enough
+                        self._fence_silent_nodes(time.time())
+                    if node_id not in self._reprobing:
+                        self._reprobing.add(node_id)
+                        asyncio.get_running_loop().create_task(self._reprobe(node_id, address, silent))
         finally:
             left = self._probing.get(node_id, 1) - 1
             if left > 0:

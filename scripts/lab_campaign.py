@@ -174,11 +174,23 @@ class LabCampaign:
             if e.get("kind") == "rejoin" and e.get("job") == job and e.get("role") == "survivor"
         ]  # fmt: skip
         detect_s = min((e["detected"] - fault_s for e in rejoins if e.get("detected")), default=None)
+        replacements = [
+            e for e in RegistryClient(ray_ckpt.settings.namespace()).events()[1]
+            if e.get("kind") == "rejoin" and e.get("job") == job and e.get("role") == "replacement"
+        ]  # fmt: skip
+        first = min(replacements, key=lambda e: e["worker_started"], default=None)
+        replacement = None if first is None else {  # where the time to resume went: the replacement's start
+            "warm_spare": first.get("warmed") is not None and first["warmed"] < fault_s,
+            "process_started_s": round(first["process_started"] - fault_s, 3),
+            "warmed_s": None if first.get("warmed") is None else round(first["warmed"] - fault_s, 3),
+            "worker_started_s": round(first["worker_started"] - fault_s, 3),
+            "ready_s": round(first["ready"] - fault_s, 3),
+        }  # fmt: skip
         bit_exact = final is not None and final["params_digest"] == self.reference
         kept = recovered and groups[1].get(0, {}).get("pid") == groups[0].get(0, {}).get("pid")
         live_lost = (len(groups) - 1) if kind in ("slow",) else 0
         result = {"detect_s": detect_s, "resume_s": resume_s, "survivors_kept": kept, "bit_exact": bit_exact,
-                  "recovered": recovered, "live_ranks_lost": live_lost}  # fmt: skip
+                  "recovered": recovered, "live_ranks_lost": live_lost, "replacement": replacement}  # fmt: skip
         self.results[kind].append(result)
         if not bit_exact:
             self.violations.append(f"{what}: the final parameters differ from the uninterrupted run's")
@@ -235,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=10, help="trials, kinds drawn at random (default 10)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (kinds, steps struck)")
     parser.add_argument(
-        "--kinds", default=",".join(KINDS), help=f"fault kinds to draw from, comma-separated (default {','.join(KINDS)})"
+        "--kinds", default=",".join(KINDS), help=f"fault kinds drawn, comma-separated (default {','.join(KINDS)})"
     )
     parser.add_argument("--rate-gbit", type=float, default=2.5, help="every node's link rate (default 2.5)")
     parser.add_argument("--at-step", type=int, default=10, help="strike after this step committed (default 10)")

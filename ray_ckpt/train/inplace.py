@@ -80,9 +80,12 @@ class InPlaceRecovery(TorchConfig):
     new process; 0 turns them off. warm_keep_alive_s: how long Ray keeps a spare waiting; the
     run starts a new one on each free node at half of it. fence_silent_nodes: a node whose rank
     is lost, or still beats through its peers, while its raylet stays silent (power, link or
-    route to the head lost) for about half a second is declared dead to Ray at once, so the replacement starts within seconds
-    instead of after Ray's health checks (about a minute); the node cannot rejoin until Ray is
-    restarted on it. False leaves the verdict to Ray's health checks.
+    route to the head lost) for about half a second is declared dead to Ray at once, so the
+    replacement starts within seconds instead of after Ray's health checks (about a minute);
+    the node cannot rejoin until Ray is restarted on it. False leaves the verdict to Ray's health checks.
+    await_spares_s: how long a full start of the workers waits, before training begins, for
+    the warm spares it started to finish warming up (their imports then take nothing from
+    training, and the first failure finds them warm); 0 does not wait.
     ``backend`` and the remaining keyword arguments are TorchConfig's.
     """
 
@@ -95,6 +98,7 @@ class InPlaceRecovery(TorchConfig):
         warm_spares: int = 8,
         warm_keep_alive_s: float = 600.0,
         fence_silent_nodes: bool = True,
+        await_spares_s: float = 15.0,
         backend: str | None = None,
         **torch_config: Any,
     ) -> None:
@@ -108,6 +112,10 @@ class InPlaceRecovery(TorchConfig):
                 raise ConfigError(f"InPlaceRecovery {name} must be a number of seconds > 0, got {value!r}")
         if not isinstance(warm_spares, int) or isinstance(warm_spares, bool) or warm_spares < 0:
             raise ConfigError(f"InPlaceRecovery warm_spares must be an int >= 0 (0: none), got {warm_spares!r}")
+        if not isinstance(await_spares_s, (int, float)) or isinstance(await_spares_s, bool) or await_spares_s < 0:
+            raise ConfigError(
+                f"InPlaceRecovery await_spares_s must be a number of seconds >= 0 (0: no wait), got {await_spares_s!r}"
+            )
         if not isinstance(fence_silent_nodes, bool):
             raise ConfigError(f"InPlaceRecovery fence_silent_nodes must be True or False, got {fence_silent_nodes!r}")
         super().__init__(backend=backend, timeout_s=int(collective_timeout_s), **torch_config)
@@ -119,6 +127,7 @@ class InPlaceRecovery(TorchConfig):
             warm_spares,
             float(warm_keep_alive_s),
             fence_silent_nodes,
+            float(await_spares_s),
         )
 
     @property

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-WARM_STAGGER_S = 1.0  # between two spares' starts
+AWAIT_POLL_S = 0.2  # how often a start waiting for its spares looks
 SPARE_START_S = 60.0  # a spare noted as started this recently may still be starting: it counts
 WATCH_RETRY_S = 1.0  # after a failed call, how long the watch on the run's recoveries waits to ask again
 
@@ -105,6 +105,7 @@ def _backend_class() -> type:
                 return
             self._world_size = len(group)
             coordinator = self._coordinator_for(config, self._world_size)
+            self._warm_spares(group, config, full_start=True)  # first: they warm while the group sets up
             super().on_start(group, config)
             bound = hang_bound_s(config.settings.hang_timeout_s, len(group))
             if bound > config.settings.hang_timeout_s:
@@ -120,7 +121,8 @@ def _backend_class() -> type:
             self._epoch = begun.epoch
             role = _Role(coordinator, begun.epoch, begun.generation, begun.attempt, config.settings)
             group.execute(_become, role)
-            self._warm_spares(group, config, full_start=True)
+            if self._spares is not None:
+                self._spares.await_warm(config.settings.await_spares_s)
             if not self._watching:
                 self._watching = True
                 threading.Thread(
@@ -166,6 +168,8 @@ class _WarmSpares:
         self._lock = threading.Lock()  # the fields above
         self._starting = threading.Lock()  # one _start_spares at a time
         self._renewing = False
+        self._started: threading.Event | None = None  # set once a full start's spares were asked for
+        self._awaited: dict[str, tuple[str, int]] = {}  # node id -> (its raylet's address, spares it keeps)
 
     def refresh(self, group: Any, wanted: int, keep_alive_s: float, *, full_start: bool) -> None:
         """Start the spares on a thread (the workers' training functions need not wait for it);
@@ -177,6 +181,8 @@ class _WarmSpares:
         except Exception as error:
             logger.info("ray_ckpt: no warm spares: %s", error)
             return
+        if full_start:
+            self._started = threading.Event()
         threading.Thread(
             target=self._refresh,
             args=(pending, wanted, keep_alive_s, full_start),
@@ -198,6 +204,39 @@ class _WarmSpares:
                 threading.Thread(target=self._renew, name="ray_ckpt-warm-spares-renew", daemon=True).start()
         except Exception as error:
             logger.info("ray_ckpt: could not start warm spares: %s", error)
+        finally:
+            started = self._started
+            if full_start and started is not None:
+                started.set()
+
+    def await_warm(self, timeout_s: float) -> None:
+        """Wait, up to ``timeout_s`` in all, until the spares of the last full start were asked
+        for and every node chosen for them has as many warm idle ones as it keeps (``warm_up``
+        done): a run's training then begins with its first failure covered, and the spares'
+        imports take no CPU from its steps. Returns at once after a renewal or where no spares
+        were wanted; never raises."""
+        started, deadline = self._started, time.monotonic() + timeout_s
+        if started is None or timeout_s <= 0:
+            return
+        try:
+            if not started.wait(timeout_s):
+                return
+            with self._lock:
+                awaited, facts = dict(self._awaited), self._facts
+            if facts is None or not awaited:
+                return
+            began = time.monotonic()
+            while True:
+                short = [n for n, (address, keep) in awaited.items() if _warm_idle(facts.job_id, n, address) < keep]
+                if not short:
+                    logger.info("ray_ckpt: warm spares ready after %.1f s", time.monotonic() - began)
+                    return
+                if time.monotonic() >= deadline:
+                    logger.info("ray_ckpt: training begins with %d node(s) whose spares still warm up", len(short))
+                    return
+                time.sleep(AWAIT_POLL_S)
+        except Exception as error:  # warm spares only make replacements start sooner
+            logger.info("ray_ckpt: could not wait for the warm spares: %s", error)
 
     def _renew(self) -> None:
         while True:  # a daemon of the controller: it ends with the run
@@ -232,14 +271,15 @@ class _WarmSpares:
             kept = sorted((node for node in room if waiting[node]), key=lambda node: waiting[node] >= room[node][1])
             fresh = [node for node in room if not waiting[node]]
             chosen = (kept + fresh)[: max(0, wanted)]
+            with self._lock:
+                self._awaited = {node: room[node] for node in chosen}
             started = 0
-            for node in chosen:  # one node at a time: a spare's imports take seconds of CPU
+            for node in chosen:  # every node's at once: the first failure may come seconds after the start
                 address, keep = room[node]
                 missing = keep - min(keep, waiting[node])
                 if missing and _ray_compat.prestart_worker(address, env, job, math.ceil(keep_alive_s), count=missing):
                     _ray_compat.mark_warm_spare(job, env, node, time.time(), count=keep)
                     started += missing
-                    time.sleep(WARM_STAGGER_S * missing)
         if started:
             logger.info(
                 "ray_ckpt: %d more warm spare worker process(es); %d per node on %d node(s)",
@@ -279,6 +319,15 @@ def _spares_waiting(job: str, env: str, node: str, raylet_address: str, keep_ali
     warmed = _ray_compat.warm_processes(job, node)
     _ray_compat.forget_warm_processes(job, node, warmed - set(workers))
     return sum(1 for pid in warmed & set(workers) if workers[pid])
+
+
+def _warm_idle(job: str, node: str, raylet_address: str) -> int:
+    """How many idle processes of ``job`` on ``node`` ran the warm-up hook; a large number where
+    the raylet cannot be asked (nothing to wait for)."""
+    workers = _ray_compat.job_workers(raylet_address, job)
+    if workers is None:
+        return 1 << 30
+    return sum(1 for pid in _ray_compat.warm_processes(job, node) & set(workers) if workers[pid])
 
 
 @dataclasses.dataclass(frozen=True)

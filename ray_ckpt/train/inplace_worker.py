@@ -87,6 +87,7 @@ class _Settings:
     warm_spares: int = 0
     warm_keep_alive_s: float = 600.0
     fence_silent_nodes: bool = True
+    await_spares_s: float = 15.0
 
 
 WARM_HOOK = "ray_ckpt.train.inplace.warm_up"  # what a Ray Train worker process runs when it starts

@@ -60,7 +60,6 @@ def test_renewals_keep_two_spares_for_two_ranks_per_node_and_replace_one_that_di
     four_cpu_node: SimulatedCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(inplace_controller, "SPARE_START_S", KEEP_ALIVE_S)
-    monkeypatch.setattr(inplace_controller, "WARM_STAGGER_S", 0.0)
     runtime = ray.get_runtime_context()
     spares = inplace_controller._WarmSpares()
     spares._facts = inplace_controller.WorkerFacts(

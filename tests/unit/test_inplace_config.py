@@ -28,6 +28,14 @@ def test_bad_timeouts_are_refused_naming_the_argument(name: str, value: object) 
         InPlaceRecovery(**{name: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [-1, "10", True, None])
+def test_a_bad_wait_for_the_spares_is_refused_and_0_means_no_wait(value: object) -> None:
+    with pytest.raises(ConfigError, match="await_spares_s"):
+        InPlaceRecovery(await_spares_s=value)  # type: ignore[arg-type]
+    assert InPlaceRecovery(await_spares_s=0).settings.await_spares_s == 0.0
+    assert InPlaceRecovery().settings.await_spares_s == 15.0
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, "2", True, None])
 def test_a_bad_warm_spare_count_is_refused(value: object) -> None:
     with pytest.raises(ConfigError, match="warm_spares"):

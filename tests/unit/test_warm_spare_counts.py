@@ -70,7 +70,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
         "prestart_worker",
     ):
         monkeypatch.setattr(inplace_controller._ray_compat, name, getattr(fake, name))
-    monkeypatch.setattr(inplace_controller, "WARM_STAGGER_S", 0.0)
     return fake
 
 
