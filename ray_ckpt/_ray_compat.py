@@ -241,7 +241,8 @@ def declare_node_dead(node_id: str, reason: str, timeout_s: float = DECLARE_TIME
 
 NODE_VERDICT_TIMEOUT_S = 300.0  # the longest a replacement waits for Ray's verdict on a node
 RAYLET_PROBE_S = 0.3  # a raylet that does not accept a connection this long is not answering
-FENCE_AFTER_S = 1.0  # a failed worker's node whose raylet has not answered this long is declared dead
+FENCE_AFTER_S = 1.0  # a failed worker's node whose raylet has been silent this long is declared dead
+REFUSED_FENCE_AFTER_S = 0.2  # ... and one whose host refused connections to its raylet's port this long
 _fencing = threading.Event()  # this process's (the controller's) run declares such nodes dead
 
 
@@ -256,14 +257,20 @@ def fence_nodes_without_raylet(fence: bool) -> None:
         _fencing.clear()
 
 
-def raylet_answers(address: str | None, timeout_s: float = RAYLET_PROBE_S) -> bool:
+REFUSED = "refused"  # what ``raylet_answers`` says of a raylet whose host answers that nothing listens
+
+
+def raylet_answers(address: str | None, timeout_s: float = RAYLET_PROBE_S) -> bool | str:
     """Whether the raylet at ``address`` ("ip:port") accepts a TCP connection within
-    ``timeout_s`` (refused, silent or unknown: False)."""
+    ``timeout_s``: True; ``REFUSED`` where its host refused the connection (it is up, and no
+    raylet listens: the raylet is gone); False where it is silent or unknown."""
     if not address:
         return False
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return REFUSED
     except OSError:
         return False
     return True
@@ -274,7 +281,7 @@ def await_node_verdicts(
     timeout_s: float = NODE_VERDICT_TIMEOUT_S,
     *,
     nodes: Callable[[], list[RayNode]] | None = None,
-    answers: Callable[[str | None], bool] = raylet_answers,
+    answers: Callable[[str | None], bool | str] = raylet_answers,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     fence_after_s: float | None = None,
@@ -284,25 +291,35 @@ def await_node_verdicts(
     raylet that answers (the worker died, its node lives: its bundle is good). A node whose
     raylet is gone (killed) or silent (power lost, link down, cut off) is waited for until Ray's
     health checks declare it dead, at most ``timeout_s``; with ``fence_after_s``, a node whose
-    raylet has not answered that long is declared dead (``declare``, once) instead. Returns the
-    nodes still without a verdict then (logged; the replacement is tried anyway)."""
+    raylet has been silent that long is declared dead (``declare``, once) instead, and one whose
+    host has refused connections to the raylet's port for ``REFUSED_FENCE_AFTER_S`` (the raylet
+    is gone; said twice, so not a raylet still starting) at once. Returns the nodes still
+    without a verdict then (logged; the replacement is tried anyway)."""
     listed = nodes if nodes is not None else _alive_ray_nodes
     started = clock()
     deadline = started + timeout_s
     waiting = set(node_ids)
     declared: set[str] = set()
+    refused_since: dict[str, float] = {}  # node -> when its host first refused, in an unbroken run of refusals
     announced = False
     while waiting:
         alive = {node.node_id: node for node in listed()}
-        waiting = {n for n in waiting if n in alive and not answers(alive[n].raylet_address)}
+        replies = {n: answers(alive[n].raylet_address) for n in waiting if n in alive}
+        waiting = {n for n, reply in replies.items() if reply is not True}
+        refused_since = {n: refused_since.get(n, clock()) for n in waiting if replies[n] == REFUSED}
         if not waiting or clock() >= deadline:
             break
-        if fence_after_s is not None and clock() - started >= fence_after_s:
-            for node_id in sorted(waiting - declared):
+        if fence_after_s is not None:
+            silent_long = waiting if clock() - started >= fence_after_s else set()
+            refused_long = {n for n, since in refused_since.items() if clock() - since >= REFUSED_FENCE_AFTER_S}
+            for node_id in sorted((silent_long | refused_long) - declared):
                 declared.add(node_id)
-                declare(
-                    node_id, f"ray_ckpt: a worker failed and this node's raylet did not answer for {fence_after_s} s"
+                how = (
+                    f"refused connections for {REFUSED_FENCE_AFTER_S} s"
+                    if node_id in refused_long
+                    else f"did not answer for {fence_after_s} s"
                 )
+                declare(node_id, f"ray_ckpt: a worker failed and this node's raylet {how}")
         if not announced:
             logger.warning("waiting for Ray to declare node(s) %s dead before replacing their workers", sorted(waiting))
             announced = True

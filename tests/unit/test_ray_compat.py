@@ -4,6 +4,7 @@ tools): this fails when a Ray upgrade moves them."""
 from __future__ import annotations
 
 import inspect
+import socket
 from typing import Any, ClassVar
 
 import pytest
@@ -418,6 +419,47 @@ def test_a_node_whose_raylet_stays_unanswering_is_declared_dead_once_instead_of_
         declare=declare,
     )  # fmt: skip
     assert left == set() and "lives" not in declared
+
+
+def test_a_node_whose_host_refuses_its_raylets_port_is_declared_dead_without_waiting_out_the_silence_bound() -> None:
+    """A refusal is an answer from the host that no raylet listens: the node is declared dead
+    once refusals have gone on ``REFUSED_FENCE_AFTER_S`` (two in a row), not after
+    ``fence_after_s``; a silent node beside it still waits that long."""
+    clock = _FakeClock()
+    declared: dict[str, float] = {}
+
+    def nodes() -> list[RayNode]:
+        return [
+            RayNode(node_id=n, alive=True, address="10.0.0.1", raylet_port=port)
+            for n, port in (("killed", 1), ("silent", 2))
+            if n not in declared
+        ]
+
+    def declare(node_id: str, reason: str) -> bool:
+        declared[node_id] = clock.now
+        return True
+
+    left = _ray_compat.await_node_verdicts(
+        {"killed", "silent"},
+        nodes=nodes,
+        answers=lambda address: _ray_compat.REFUSED if address == "10.0.0.1:1" else False,
+        clock=clock,
+        sleep=clock.sleep,
+        fence_after_s=1.0,
+        declare=declare,
+    )
+    assert left == set()
+    assert _ray_compat.REFUSED_FENCE_AFTER_S <= declared["killed"] < 0.5, declared
+    assert 1.0 <= declared["silent"] < 1.5, declared
+
+
+def test_a_refused_connection_is_told_apart_from_silence() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now: the host refuses
+    assert _ray_compat.raylet_answers(f"127.0.0.1:{port}") == _ray_compat.REFUSED
+    assert _ray_compat.raylet_answers(None) is False
 
 
 def test_the_controller_waits_for_the_verdict_before_it_replaces_a_worker() -> None:
