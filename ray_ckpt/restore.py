@@ -19,8 +19,8 @@ functions. No pickle: a peer's bytes are data, validated before use.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -97,7 +97,7 @@ class ShardSource(RangeSource, Protocol):
         ...
 
     def get(
-        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None
+        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray | None] | None = None
     ) -> Future[FoundShard | None]:
         """The shard (or the rank's full local copy) at ``address``, from that node's store
         (None: it holds none); the future fails if the store does, and with SnapshotFormatError
@@ -105,6 +105,7 @@ class ShardSource(RangeSource, Protocol):
         shard's size), unchecked; the answer's data is then that array."""
 
 
+LIVENESS_CHECK_S = 0.5  # how often a fetch that waits asks whether the nodes it waits on live
 _NOT_HELD = "store no longer holds it"
 _MALFORMED = "malformed metadata"  # the store's answer did not parse (``FoundShard.from_wire``)
 
@@ -144,7 +145,11 @@ def fetch_shards(
     candidate is fetched instead. Data shards land in their place in the output buffer
     (``buffer``'s result): a direct read receives them there and they are checked in place (one
     that fails its check is rebuilt there by the decode), others are copied in as they arrive.
-    Returns (shards by index, lost index -> reason). Fewer than k valid: InsufficientShardsError
+    While it waits it asks, every ``LIVENESS_CHECK_S``, whether the nodes it waits on still
+    live: a fetch from a node Ray declared dead since (a silent node the run fenced) is given up
+    and the next candidate fetched instead; a data shard's read given up so lands, if it ever
+    answers, in fresh memory, never in the output buffer (``_SlotLease``), and its answer is not
+    used. Returns (shards by index, lost index -> reason). Fewer than k valid: InsufficientShardsError
     (naming rank, step and lost shards) only when that is proven, that is when more than m shards
     are gone for good (their node has no live store, the store answered that it no longer holds
     them or answered malformed metadata, or their bytes fail their checks); when shards whose
@@ -160,29 +165,52 @@ def fetch_shards(
         else:
             lost[index] = f"node {record.nodes[index]} is dead or has no store"
     pending: dict[Future[FoundShard | None], int] = {}
+    leases: dict[int, _SlotLease] = {}
+    given_up: set[int] = set()  # pending fetches from nodes that died meanwhile: answers not used
     valid: dict[int, np.ndarray] = {}
     deadline = time.monotonic() + timeout_s
 
+    def active() -> list[int]:
+        return [index for index in pending.values() if index not in given_up]
+
     def launch() -> None:
-        while candidates and len(valid) + len(pending) < k:
+        while candidates and len(valid) + len(active()) < k:
             index = candidates.pop(0)
             address = ShardAddress(job, step, rank, index, writer=record.first.writer)
-            into = functools.partial(_slot, buffer, index, shard_size) if index < k else None
-            pending[source.get(record.nodes[index], address, into)] = index
+            lease = _SlotLease(buffer, index, shard_size) if index < k else None
+            if lease is not None:
+                leases[index] = lease
+            pending[source.get(record.nodes[index], address, lease)] = index
+
+    def route_around_the_dead() -> None:
+        waiting_on = {index: record.nodes[index] for index in active()}
+        alive = source.live(set(waiting_on.values()))
+        for index, node in waiting_on.items():
+            lease = leases.get(index)
+            if node not in alive and (lease is None or lease.revoke()):
+                given_up.add(index)
+                lost[index] = f"node {node} died while the shard was read"
 
     unanswered: set[int] = set()  # lost for this read only: their store is alive but did not serve them
 
     launch()
-    while pending and len(valid) < k:
-        done, _ = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+    while active() and len(valid) < k:
+        left = deadline - time.monotonic()
+        done, _ = wait(list(pending), timeout=max(0.0, min(left, LIVENESS_CHECK_S)), return_when=FIRST_COMPLETED)
+        if not done and left > LIVENESS_CHECK_S:
+            route_around_the_dead()
+            launch()
+            continue
         if not done:
-            for index in pending.values():
+            for index in active():
                 lost[index] = "store did not answer in time"
                 unanswered.add(index)
             pending.clear()
             break
         for future in done:
             index = pending.pop(future)
+            if index in given_up:  # its node died meanwhile: another shard was asked for instead
+                continue
             try:
                 found = future.result()
             except SnapshotFormatError:  # the store answered, with nothing usable: as a bad checksum
@@ -288,6 +316,32 @@ def rebuild_from_peers(
 def _slot(buffer: Future[np.ndarray], index: int, shard_size: int) -> np.ndarray:
     """Data shard ``index``'s place in the output buffer (waits for the buffer)."""
     return buffer.result()[index * shard_size : (index + 1) * shard_size]
+
+
+class _SlotLease:
+    """Data shard ``index``'s place in the output buffer, lent to the one read of that shard
+    (its ``into``): the read lands there if its store answers before the fetch gives the read
+    up (``revoke``); after that it gets None and lands in fresh memory, so an answer that comes
+    late never writes into a state already restored and in use."""
+
+    def __init__(self, buffer: Future[np.ndarray], index: int, shard_size: int) -> None:
+        self._buffer, self._index, self._shard_size = buffer, index, shard_size
+        self._lock = threading.Lock()
+        self._landing = self._revoked = False
+
+    def __call__(self) -> np.ndarray | None:
+        with self._lock:
+            if self._revoked:
+                return None
+            self._landing = True
+        return _slot(self._buffer, self._index, self._shard_size)
+
+    def revoke(self) -> bool:
+        """Take the place back unless the read already lands in it; whether it was taken."""
+        with self._lock:
+            if not self._landing:
+                self._revoked = True
+            return self._revoked
 
 
 def _phases(t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, float]:

@@ -300,7 +300,7 @@ def read(
     ranges: list[tuple[int, int]] | None,
     timeout_s: float,
     into: Landing | None = None,
-    whole_into: Callable[[], np.ndarray] | None = None,
+    whole_into: Callable[[], np.ndarray | None] | None = None,
     same_node: bool = False,
 ) -> tuple[dict[str, Any], bool | None, list[np.ndarray]] | None:
     """``(meta dict, intact, pieces)`` of the shard (or a rank's local copy) at ``address``,

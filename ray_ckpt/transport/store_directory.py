@@ -108,7 +108,7 @@ class StoreDirectory:
         )
 
     def get(
-        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None
+        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray | None] | None = None
     ) -> Future[FoundShard | None]:
         """The shard (or local copy) at ``address`` in that node's store (None: it holds none).
         Data read directly is writable, and lands in ``into()`` when that is a writable uint8
@@ -153,7 +153,7 @@ class StoreDirectory:
         address: ShardAddress,
         ranges: list[tuple[int, int]] | None,
         into: Landing | None,
-        whole_into: Callable[[], np.ndarray] | None = None,
+        whole_into: Callable[[], np.ndarray | None] | None = None,
     ) -> Any:
         """A direct read from that store, or ``_THROUGH_RAY`` (``_direct``)."""
         timeout_s = settings.peer_timeout_s()

@@ -3,6 +3,8 @@ corrupt shards, decode, load; the local copy, the backup fallback and the world-
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -27,7 +29,7 @@ from ray_ckpt.errors import (
     SnapshotFormatError,
 )
 from ray_ckpt.process_copies import ProcessCopies
-from ray_ckpt.restore import Restorer
+from ray_ckpt.restore import Restorer, _SlotLease
 from ray_ckpt.save import local_copy_meta
 from ray_ckpt.testing import digest
 
@@ -69,6 +71,7 @@ class FakeStores:
         self.dead: set[str] = set()
         self.failing: set[str] = set()
         self.silent: set[str] = set()  # alive, but their calls never end (a paused process)
+        self.unanswered_into: dict[str, Callable[[], np.ndarray | None] | None] = {}  # silent gets' landing
         self.gets: list[tuple[str, int]] = []
         self.landed = 0  # shards received into the caller's buffer
         self.registry: FakeRegistry | None = None  # answers the plans a node's store relays
@@ -87,20 +90,23 @@ class FakeStores:
         future.set_result(PlanAnswer(plan, located))
         return future
 
-    def get(self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray] | None = None) -> Future[Any]:
+    def get(
+        self, node_id: str, address: ShardAddress, into: Callable[[], np.ndarray | None] | None = None
+    ) -> Future[Any]:
         """As a direct read: the bytes land in ``into()`` when it fits, unchecked (corrupt ones too)."""
         self.gets.append((node_id, address.index))
         future: Future[Any] = Future()
         if node_id in self.silent:
+            self.unanswered_into[node_id] = into
             return future  # never answered
         if node_id in self.failing:
             future.set_exception(RuntimeError("the store's process died"))
         else:
             key = (address.job, address.step, address.rank, address.index, address.local)
             found = self.held[node_id].get(key)
-            if found is not None and into is not None and into().size == found[1].size:
+            target = None if found is None or into is None else into()
+            if found is not None and target is not None and target.size == found[1].size:
                 self.landed += 1
-                target = into()
                 np.copyto(target, found[1])
                 found = (found[0], target)
             try:
@@ -264,6 +270,39 @@ def test_stores_that_do_not_answer_in_time_keep_the_step_restorable(pool: Thread
     stores.silent.clear()
     restored, _ = restorer(registry, stores, pool, attempt="b").restore()
     assert restored is not None and restored.step == 2 and digest(restored.state) == digest(state_of(1, 2))
+
+
+def test_a_silent_store_whose_node_is_declared_dead_meanwhile_is_routed_around_before_the_timeout(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Data shard 0's store goes silent (its node lost power or its link: the call never ends),
+    and while the restore waits on it Ray declares the node dead (the run fences such a node
+    within a second): the restore asks for a parity shard instead at its next liveness check,
+    not after its 30 s timeout, and is bit-exact. The silent read, should it ever answer, lands
+    in fresh memory, never in the restored state's."""
+    stores = FakeStores()
+    registry = FakeRegistry(stores)
+    stores.silent.add("n0")
+    declared = threading.Timer(0.3, stores.dead.add, args=("n0",))
+    declared.start()
+    started = time.monotonic()
+    restored, _ = restorer(registry, stores, pool, timeout_s=lambda: 30.0).restore()
+    assert time.monotonic() - started < 15.0  # half the timeout: routed around, not waited out
+    assert restored is not None and restored.step == 2 and digest(restored.state) == digest(state_of(1, 2))
+    assert ("n3", 3) in stores.gets
+    late = stores.unanswered_into["n0"]
+    assert late is not None and late() is None
+    assert registry.unrestorable == [] and registry.rollbacks == []
+
+
+def test_a_slot_lease_is_taken_back_only_before_its_read_lands() -> None:
+    buffer: Future[np.ndarray] = Future()
+    buffer.set_result(np.zeros(8, dtype=np.uint8))
+    given_up = _SlotLease(buffer, 1, 4)
+    assert given_up.revoke() and given_up() is None
+    landing = _SlotLease(buffer, 1, 4)
+    slot = landing()
+    assert slot is not None and slot.size == 4 and not landing.revoke()
 
 
 def test_failing_calls_to_live_stores_keep_the_step_restorable(pool: ThreadPoolExecutor) -> None:
