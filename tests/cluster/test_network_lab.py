@@ -3,14 +3,22 @@ no sockets, and nothing left behind. Skipped, with the reason, where namespaces 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
+import torch
 from support import pace
+from support.cluster_ranks import shard_nodes
 
+import ray_ckpt
 from ray_ckpt import _ray_compat
+from ray_ckpt.checkpointer import Checkpointer
+from ray_ckpt.config import CheckpointConfig
+from ray_ckpt.errors import RayCkptError
 from ray_ckpt.tools import link_faults, network_lab
 
 pytestmark = pytest.mark.cluster
@@ -107,3 +115,62 @@ def test_a_silent_node_declared_dead_is_out_at_once_and_cannot_come_back(lab: ne
     assert not node.pids(), "the fenced node's processes outlived their raylet's verdict"
     alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
     assert alive[node_id] is False and sum(alive.values()) == 2, alive  # the head and the other node
+
+
+def _state(step: int) -> dict[str, Any]:
+    return {"w": torch.arange(2_000_000, dtype=torch.float32) + step}
+
+
+def test_a_store_holder_losing_power_during_a_save_and_a_restore_costs_no_committed_step(
+    lab: network_lab.NetworkLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RS(2,1) over the stores of the head and the two lab nodes, steps 0 and 1 committed. The
+    lab node holding a data shard of step 1 loses power (link down, processes frozen): the save
+    of step 2 either commits or fails with a ray_ckpt error, never half; a restore started while
+    the node is silent waits on it until the node is declared dead (as the run's coordinator
+    does after half a second of failed probes), then reads the parity shard instead and gives
+    the newest committed step bit-exact, long before its store timeout."""
+    monkeypatch.setenv("RAY_CKPT_PEER_TIMEOUT_S", "30")
+    ray_ckpt.start(store_budget_bytes=128 << 20)
+    job, config = "lab-power-holder", CheckpointConfig(data_shards=2, parity_shards=1, local_copy=False)
+    with Checkpointer(job=job, rank=0, world_size=1, config=config) as saver:
+        for step in (0, 1):
+            saver.save(step, _state(step)).wait(timeout_s=pace.bound(60))
+        holders = shard_nodes(ray_ckpt.settings.namespace(), job, 1)[0]
+        by_id = {lab.node_id(node): node for node in lab.nodes}
+        victim_id = next(holders[i] for i in (0, 1) if holders[i] in by_id)
+        victim = by_id[victim_id]
+        link_faults.link_down(victim)
+        link_faults.freeze(victim)
+        try:
+            try:
+                saver.save(2, _state(2)).wait(timeout_s=pace.bound(90))
+                newest = 2
+            except RayCkptError:
+                newest = 1
+        except BaseException:
+            link_faults.link_up(victim)
+            link_faults.thaw(victim)
+            raise
+    try:
+        result: dict[str, Any] = {}
+
+        def restore() -> None:
+            with Checkpointer(job=job, rank=0, world_size=1, config=config) as reader:
+                started = time.monotonic()
+                restored = reader.restore()
+                result.update(restored=restored, took=time.monotonic() - started)
+
+        reading = threading.Thread(target=restore)
+        reading.start()
+        time.sleep(1.0)  # the restore waits on the silent store
+        assert _ray_compat.declare_node_dead(victim_id, "a lab test: power lost")
+        reading.join(timeout=pace.bound(120))
+        assert not reading.is_alive()
+        restored = result["restored"]
+        assert restored is not None and restored.step >= newest
+        assert torch.equal(restored.state["w"], _state(restored.step)["w"])
+        assert result["took"] < 20.0, result["took"]  # routed around, not the 30 s store timeout
+    finally:
+        link_faults.link_up(victim)
+        link_faults.thaw(victim)
