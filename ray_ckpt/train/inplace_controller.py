@@ -232,7 +232,12 @@ class _WarmSpares:
                     logger.info("ray_ckpt: warm spares ready after %.1f s", time.monotonic() - began)
                     return
                 if time.monotonic() >= deadline:
-                    logger.info("ray_ckpt: training begins with %d node(s) whose spares still warm up", len(short))
+                    logger.warning(
+                        "ray_ckpt: training begins with %d node(s) whose warm spares are not warm after %.0f s "
+                        "(InPlaceRecovery(await_spares_s=...)); a failure there starts a new process",
+                        len(short),
+                        timeout_s,
+                    )
                     return
                 time.sleep(AWAIT_POLL_S)
         except Exception as error:  # warm spares only make replacements start sooner
