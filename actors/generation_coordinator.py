@@ -88,6 +88,7 @@ class GenerationCoordinator:
         self._alive: set[str] | None = None  # alive node ids as of the watcher's last tick
         self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
+        self._silent_nodes: set[str] = set()  # nodes of the members silent at the watcher's last tick
         self._probing: dict[str, int] = {}  # node id -> its probes in flight
         self._reprobing: set[str] = set()  # nodes whose last probe failed, probed again every REPROBE_S
         self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
@@ -317,6 +318,7 @@ class GenerationCoordinator:
         whose members all beat again leaves that set (its streak of failed probes, kept for
         fencing, ends only with a probe that succeeds or when no member is left there)."""
         silent_nodes = {member.node_id for member in silent}
+        self._silent_nodes = silent_nodes
         self._unreachable &= silent_nodes
         kept = (
             silent_nodes
@@ -346,7 +348,7 @@ class GenerationCoordinator:
                 if fenced or node_id not in self._unreachable_since or self._gens.current is None:
                     return
                 if self._probing.get(node_id, 0) < PROBES_IN_FLIGHT:
-                    self._start_probe(node_id, address, silent or node_id in self._unreachable)
+                    self._start_probe(node_id, address, silent or node_id in self._silent_nodes)
         finally:
             self._reprobing.discard(node_id)
 
@@ -363,16 +365,18 @@ class GenerationCoordinator:
                 self._unreachable_since.pop(node_id, None)
                 self._failed_probes.pop(node_id, None)
             elif ended - started <= 2 * PROBE_TIMEOUT_S:
-                if silent:
-                    self._unreachable.add(node_id)
                 self._unreachable_since.setdefault(node_id, started)
                 self._failed_probes[node_id] = self._failed_probes.get(node_id, 0) + 1
-                if self._fence:
-                    async with self._changed:  # fenced now if this probe made the streak long enough
-                        self._fence_silent_nodes(time.time())
-                    if node_id not in self._reprobing:
-                        self._reprobing.add(node_id)
-                        asyncio.get_running_loop().create_task(self._reprobe(node_id, address, silent))
+                if silent or node_id in self._silent_nodes:
+                    self._unreachable.add(node_id)
+                async with self._changed:  # its silent members lost, and it fenced, now rather than a tick later
+                    now = time.time()
+                    self._gens.find_lost(now, self._alive, self._unreachable)
+                    self._fence_silent_nodes(now)
+                    self._try_form(now)
+                if self._fence and node_id not in self._reprobing:
+                    self._reprobing.add(node_id)
+                    asyncio.get_running_loop().create_task(self._reprobe(node_id, address, silent))
         finally:
             left = self._probing.get(node_id, 1) - 1
             if left > 0:
