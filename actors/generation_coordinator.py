@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import ray
@@ -90,7 +90,8 @@ class GenerationCoordinator:
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
         self._silent_nodes: set[str] = set()  # nodes of the members silent at the watcher's last tick
         self._probing: dict[str, int] = {}  # node id -> its probes in flight
-        self._reprobing: set[str] = set()  # nodes whose last probe failed, probed again every REPROBE_S
+        self._reprobing: set[str] = set()  # nodes probed again every REPROBE_S (``_reprobe``)
+        self._background: set[asyncio.Task[None]] = set()  # probes in flight (the loop keeps only weak references)
         self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
         self._failed_probes: dict[str, int] = {}  # node id -> failed probes in the streak
         self._probed_at: dict[str, float] = {}  # node id -> when its last probe ended
@@ -278,7 +279,7 @@ class GenerationCoordinator:
             self._fenced.append(entry)
             fenced.add(node_id)
             reason = f"ray_ckpt: rank {rank} {how}, and this node's raylet silent for {silent_s:.1f} s"
-            asyncio.get_running_loop().create_task(self._declare_dead(entry, reason))
+            self._in_background(self._declare_dead(entry, reason))
 
     def _to_probe(self, silent: list[Member]) -> set[str]:
         """The nodes to probe this tick: those of silent members, those whose last probe
@@ -334,18 +335,29 @@ class GenerationCoordinator:
 
     def _start_probe(self, node_id: str, address: str, silent: bool) -> None:
         self._probing[node_id] = self._probing.get(node_id, 0) + 1
-        asyncio.get_running_loop().create_task(self._probe_node(node_id, address, silent))
+        self._in_background(self._probe_node(node_id, address, silent))
+        if self._fence and node_id not in self._reprobing:
+            self._reprobing.add(node_id)
+            self._in_background(self._reprobe(node_id, address, silent))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _reprobe(self, node_id: str, address: str, silent: bool) -> None:
-        """While ``node_id``'s streak of failed probes lasts and it may still be fenced, start a
-        probe of it every ``REPROBE_S`` (``PROBES_IN_FLIGHT`` at most at once), so that a node
-        that went silent fails ``FENCE_PROBES`` probes in about ``FENCE_AFTER_S``, not in as many
-        probe bounds one after the other."""
+        """While a probe of ``node_id`` is unanswered (a raylet's host answers a connection in
+        well under ``REPROBE_S`` on a working network) or its streak of failed probes lasts, and
+        it may still be fenced, start one more probe of it every ``REPROBE_S``
+        (``PROBES_IN_FLIGHT`` at most at once), so that a node that went silent fails
+        ``FENCE_PROBES`` probes in about ``FENCE_AFTER_S``, not in as many probe bounds one
+        after the other."""
         try:
             while True:
                 await asyncio.sleep(REPROBE_S)
                 fenced = any(entry["node_id"] == node_id for entry in self._fenced)
-                if fenced or node_id not in self._unreachable_since or self._gens.current is None:
+                suspect = node_id in self._unreachable_since or self._probing.get(node_id, 0) > 0
+                if fenced or not suspect or self._gens.current is None:
                     return
                 if self._probing.get(node_id, 0) < PROBES_IN_FLIGHT:
                     self._start_probe(node_id, address, silent or node_id in self._silent_nodes)
@@ -374,9 +386,6 @@ class GenerationCoordinator:
                     self._gens.find_lost(now, self._alive, self._unreachable)
                     self._fence_silent_nodes(now)
                     self._try_form(now)
-                if self._fence and node_id not in self._reprobing:
-                    self._reprobing.add(node_id)
-                    asyncio.get_running_loop().create_task(self._reprobe(node_id, address, silent))
         finally:
             left = self._probing.get(node_id, 1) - 1
             if left > 0:

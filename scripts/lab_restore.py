@@ -87,6 +87,7 @@ def measure(lab: Any, rate_gbit: float, size: int) -> dict[str, Any]:
         "link_gbps": rate_gbit,
         "size_bytes": size,
         "one_rank_s": alone["seconds"],
+        "one_rank_phases_s": alone.get("phases_s"),
         "one_rank_link_bytes": crossed,
         "one_rank_gbps": one_rank_gbit,
         "one_rank_vs_link": one_rank_gbit / rate_gbit,
