@@ -42,8 +42,8 @@ FENCE_AFTER_S = 0.5  # a member's node whose raylet stayed unreachable this long
 FENCE_PROBES = 3  # ... after at least this many failed probes in a row (a lost SYN costs one probe, not three)
 SWEEP_EVERY_S = 0.25  # how often the node of every member is probed while fencing is on
 SWEEP_PER_TICK = 64  # the most nodes a sweep probes in one tick of the watcher
-PROBES_IN_FLIGHT = 3  # a node whose last probe failed gets a new one every REPROBE_S, this many at once at most
-REPROBE_S = 0.1
+PROBES_IN_FLIGHT = 3  # the most probes of one node at once (``_reprobe``) ...
+REPROBE_S = 0.1  # ... one more every this long while one is unanswered or the node's streak of failures lasts
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -313,11 +313,11 @@ class GenerationCoordinator:
 
     def _probe(self, silent: list[Member]) -> None:
         """Probe the raylets of ``_to_probe``'s nodes (in the background: a node once at a time;
-        while fencing is on, a node whose last probe failed gets one more every ``REPROBE_S``, up
-        to ``PROBES_IN_FLIGHT`` at once, ``_reprobe``).
-        ``find_lost`` is told of the silent members' nodes whose last probe failed; a node
-        whose members all beat again leaves that set (its streak of failed probes, kept for
-        fencing, ends only with a probe that succeeds or when no member is left there)."""
+        while fencing is on, a node whose probe is unanswered or failed gets one more every
+        ``REPROBE_S``, up to ``PROBES_IN_FLIGHT`` at once, ``_reprobe``). ``find_lost`` is told
+        of the silent members' nodes whose last probe failed; a node whose members all beat
+        again leaves that set (its streak of failed probes, kept for fencing, ends only with a
+        probe that succeeds or when no member is left there)."""
         silent_nodes = {member.node_id for member in silent}
         self._silent_nodes = silent_nodes
         self._unreachable &= silent_nodes
