@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import ray
 from support import pace
+from support.killed_actors import wait_until_dead
 
 from ray_ckpt import _ray_compat
 
@@ -57,14 +58,7 @@ def test_a_group_whose_actor_was_killed_is_found_dead_and_live_failing_or_slow_o
     ray.get([a.clear_result_queue.remote() for a in (live, killed, failing, inactive)])
     ray.kill(killed, no_restart=True)
     ray.kill(inactive, no_restart=True)
-    deadline = time.monotonic() + pace.bound(30)
-    while True:  # until the kill took effect: ray.kill returns at once, and a call may still get in first
-        try:
-            ray.get(killed.clear_result_queue.remote(), timeout=pace.bound(30))
-        except ray.exceptions.RayActorError:
-            break
-        assert time.monotonic() < deadline, "the killed actor still answers"
-        time.sleep(0.1)
+    wait_until_dead(killed.clear_result_queue.remote, "the killed actor")
     groups = [Group(live), Group(killed), Group(failing), Group(slow), Group(inactive, active=False)]
     started = time.monotonic()
     assert _ray_compat._dead_groups(groups, failing={2}, timeout_s=pace.bound(5.0)) == {1}

@@ -10,6 +10,7 @@ import pytest
 import ray
 from support import pace
 from support.cluster_ranks import SAVERS, make_state, on_node, rank_checkpointer, restore_rank, save_steps, shard_nodes
+from support.killed_actors import wait_until_dead
 from support.sim_cluster import SimCluster
 
 import ray_ckpt
@@ -356,14 +357,7 @@ def test_a_commit_announced_to_a_dead_store_still_evicts_at_the_stores_of_nodes_
     assert ray.get(registry.__ray_call__.remote(hold_store_list)) == stores
     doomed = naming.store_handles(namespace, [first])[first]
     ray.kill(doomed, no_restart=True)
-    deadline = time.monotonic() + pace.bound(30)
-    while True:  # until the kill took effect: ray.kill returns at once, and a call may still get in first
-        try:
-            ray.get(doomed.ready.remote(), timeout=pace.bound(30))
-        except ray.exceptions.RayActorError:
-            break
-        assert time.monotonic() < deadline, "the killed store still answers"
-        time.sleep(0.1)
+    wait_until_dead(doomed.ready.remote, "the killed store")
     save(1)  # commits step 1, announced to the dead store first
     deadline = time.monotonic() + pace.bound(20)
     while any(0 in _steps_held(namespace).get(node, set()) for node in without_ranks):
