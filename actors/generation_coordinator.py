@@ -242,9 +242,10 @@ class GenerationCoordinator:
         node) each node of a current member whose raylet has failed ``FENCE_PROBES`` probes in a
         row over ``FENCE_AFTER_S``, and that is either lost there as "node unreachable" (power,
         link) or still beats through other nodes (cut off from the head and this actor, not from
-        its peers). Ray's own verdict would come after its health checks, about a minute, and
-        until then the lost rank's placement-group bundle, where its replacement goes, stays on
-        the node. Off unless the run asked for it (``fence_silent_nodes``). Never while more than
+        its peers). From then on the node counts as dead here: its members are lost at once, so
+        their peers leave their collectives without waiting for Ray's answer. Ray's own verdict
+        would come after its health checks, about a minute, and until then the lost rank's
+        placement-group bundle, where its replacement goes, stays on the node. Off unless the run asked for it (``fence_silent_nodes``). Never while more than
         half of the members' nodes fail their probes: then this actor's own node is the likelier
         one cut off, and Ray's health checks decide."""
         if not self._fence or self._gens.current is None:
@@ -280,6 +281,9 @@ class GenerationCoordinator:
             fenced.add(node_id)
             reason = f"ray_ckpt: rank {rank} {how}, and this node's raylet silent for {silent_s:.1f} s"
             self._in_background(self._declare_dead(entry, reason))
+            if self._alive is not None:  # dead from now on: its members are lost at once, not once Ray answers
+                self._alive = self._alive - {node_id}
+                self._gens.find_lost(now, self._alive, self._unreachable)
 
     def _to_probe(self, silent: list[Member]) -> set[str]:
         """The nodes to probe this tick: those of silent members, those whose last probe
@@ -299,17 +303,17 @@ class GenerationCoordinator:
         nodes |= {n for _, n in due[:SWEEP_PER_TICK]}
         return nodes
 
+    def _fenced_out(self) -> set[str]:
+        """The fenced nodes counted dead: all but those whose declaration Ray refused."""
+        return {entry["node_id"] for entry in self._fenced if entry["declared"] is not False}
+
     async def _declare_dead(self, entry: dict[str, Any], reason: str) -> None:
-        """Declare the node dead; once Ray took it, its members are lost now, as at the next
-        node table (which no longer lists it), not a tick later."""
+        """Declare the node dead. Its members were lost when it was fenced (the survivors leave
+        their collectives without waiting for this call); where Ray refuses the declaration the
+        node counts as alive again from the next node table, and its lost members' replacements
+        wait for Ray's own verdict."""
         loop = asyncio.get_running_loop()
         entry["declared"] = await loop.run_in_executor(None, _ray_compat.declare_node_dead, entry["node_id"], reason)
-        if entry["declared"] and self._alive is not None:
-            async with self._changed:
-                self._alive = self._alive - {entry["node_id"]}
-                now = time.time()
-                self._gens.find_lost(now, self._alive, self._unreachable)
-                self._try_form(now)
 
     def _probe(self, silent: list[Member]) -> None:
         """Probe the raylets of ``_to_probe``'s nodes (in the background: a node once at a time;
@@ -402,7 +406,7 @@ class GenerationCoordinator:
                 nodes = naming.alive_nodes()
             except Exception:  # the GCS is briefly unreachable: try again next tick
                 continue
-            alive = {node.node_id for node in nodes}
+            alive = {node.node_id for node in nodes} - self._fenced_out()
             self._alive = alive
             self._raylets = {node.node_id: node.raylet_address for node in nodes if node.raylet_address}
             async with self._changed:

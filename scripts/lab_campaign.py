@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "--restore-mib",
         type=int,
         default=None,
-        help="state per rank of the restore measurement (default 256; --quick 128; 0: none)",
+        help="state per rank of the restore measurement (default 256, as --quick; 0: none)",
     )
     parser.add_argument("--keep-logs", metavar="DIR", help="copy Ray's logs of every trial with a violation here")
     add_json_flag(parser, "the summary")
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--kinds takes some of {','.join(KINDS)}, got {args.kinds!r}")
     if args.trials < 1:
         parser.error(f"--trials must be at least 1, got {args.trials}")
-    restore_mib = args.restore_mib if args.restore_mib is not None else 128 if args.quick else 256
+    restore_mib = args.restore_mib if args.restore_mib is not None else 256
     if not 0 <= restore_mib <= 4096:
         parser.error(f"--restore-mib must be in 0..4096, got {restore_mib}")
     from ray_ckpt.tools import network_lab
