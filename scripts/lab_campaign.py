@@ -19,7 +19,8 @@ against the saved bytes.
 The oracle, per trial: the job ends; its final parameters are bit-identical to an uninterrupted
 run's; after a lost rank the survivor kept its process (``survivors_kept``); no rank that kept
 beating was taken for lost (``slow``, ``flap``: ``live_ranks_lost`` counts the recoveries those
-caused). Measured: ``detect_s``, from the fault to the survivor leaving its collective (its
+caused); no step was committed by two incarnations (the registry's committed steps each name
+one attempt, and none after the last restore's step is an older incarnation's). Measured: ``detect_s``, from the fault to the survivor leaving its collective (its
 rejoin's ``detected``); ``resume_s``, from the fault to rank 0's first step done by the group
 that restored after it (a node cut from the head only may train on with its peers until Ray
 declares it dead: that time counts).
@@ -200,6 +201,8 @@ class LabCampaign:
             self.violations.append(f"{what}: the survivor did not keep its process")
         if live_lost:
             self.violations.append(f"{what}: a rank that kept beating was taken for lost {live_lost} time(s)")
+        problems, result["commits_checked"] = _commit_problems(job, groups)
+        self.violations.extend(f"{what}: {problem}" for problem in problems)
         print(f"{what}: {json.dumps(result)}", flush=True)
 
     def summary(self) -> dict[str, Any]:
@@ -215,6 +218,37 @@ class LabCampaign:
             }
         return {"trials": sum(len(r) for r in self.results.values()), "violations": len(self.violations),
                 "violation_details": self.violations, "kinds": kinds}  # fmt: skip
+
+
+def _commit_problems(job: str, groups: list[dict[int, dict[str, Any]]]) -> tuple[list[str], int]:
+    """What the registry's committed steps of ``job`` (those it still holds) show against "no
+    step committed by two incarnations": every record of a step, every rank's and shard's,
+    names one attempt; and every step after the last group's restored one is that group's (an
+    old incarnation awake again behind a link that came back committed nothing after it). With
+    how many steps were checked."""
+    import ray
+
+    from ray_ckpt.settings import namespace
+    from ray_ckpt.transport import naming
+
+    registry = naming.registry_handle(namespace())
+    last = groups[-1] if groups else {}
+    last_attempt = next((r["attempt"] for r in last.values()), None)
+    restored = max((r["step"] for r in last.values() if r.get("step") is not None), default=-1)
+    problems = []
+    steps = ray.get(registry.committed_steps.remote(job))
+    for step in steps:
+        located = ray.get(registry.locate.remote(job, step))
+        metas = [m for record in located.values() for m in [*record["metas"].values(), record.get("local")] if m]
+        attempts = sorted({m.get("attempt", "") for m in metas})
+        if len(attempts) != 1:
+            problems.append(f"committed step {step} holds records of several incarnations: {attempts}")
+        elif step > restored and last_attempt is not None and len(groups) > 1 and attempts[0] != last_attempt:
+            problems.append(
+                f"step {step}, after the last restore's step {restored}, was committed by {attempts[0]}, "
+                f"not by the incarnation that restored ({last_attempt})"
+            )
+    return problems, len(steps)
 
 
 def _median(values: list[float | None]) -> str:
