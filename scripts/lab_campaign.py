@@ -90,7 +90,9 @@ class LabCampaign:
         )  # fmt: skip
         self.reference = str(final["params_digest"])
 
-    def trial(self, index: int, kind: str, at_step: int) -> None:
+    def trial(self, index: int, kind: str, at_step: int, last: bool = False) -> None:
+        """One trial: the job run beside the fault, then checked; the struck node is brought
+        back for the next trial (not after the ``last``: the lab goes down next)."""
         from ray_ckpt.tools import link_faults, network_lab
 
         job, events = f"lab-{index}-{kind}", tempfile.mkdtemp()
@@ -131,7 +133,7 @@ class LabCampaign:
             self.violations.append(f"{what}: the job failed: {type(error).__name__}: {error}")
             final, errors = None, []
         finally:
-            if "node" in struck:
+            if "node" in struck and not last:
                 self._restore_node(struck["node"])
         before = len(self.violations)
         if errors:
@@ -323,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         campaign = LabCampaign(lab, load_example(), args.rate_gbit, args.keep_logs)
         campaign.run_reference()
         for index, kind in enumerate(plan):
-            campaign.trial(index, kind, args.at_step if args.quick else rng.randint(5, 15))
+            step = args.at_step if args.quick else rng.randint(5, 15)
+            campaign.trial(index, kind, step, last=index == len(plan) - 1)
         summary = {**campaign.summary(), "restore": restore, "rate_gbit": args.rate_gbit, "seed": args.seed}
     print(format_table(summary))
     write_json(args.json, summary)

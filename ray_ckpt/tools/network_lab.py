@@ -460,11 +460,18 @@ class NetworkLab:
 
     def restart_node(self, node: LabNode) -> None:
         """Start the node's Ray again (a machine back after a failure; a new Ray node with the
-        same address and resource), its old processes killed first; waits until it joined."""
+        same address and resource), its old processes killed first and the old node declared
+        dead to Ray (its processes are gone: Ray's health checks would say so only after several
+        seconds); waits until it joined."""
         node.kill()
         _kill_group(self.state.node_pgids.get(node.index, 0))
         import ray
 
+        from ray_ckpt import _ray_compat
+
+        for entry in ray.nodes():
+            if entry.get("Alive") and entry.get("NodeManagerAddress") == node.address:
+                _ray_compat.declare_node_dead(str(entry["NodeID"]), "ray_ckpt lab: the node's processes were killed")
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while any(n.get("Alive") and n.get("NodeManagerAddress") == node.address for n in ray.nodes()):
             if time.monotonic() > deadline:  # Ray's health checks declare the old node dead first

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,15 +23,17 @@ from ray_ckpt.transport import naming
 BUDGET = 64 << 20
 
 
-@pytest.fixture
-def local_ray(ray_tmpdir: str) -> Iterator[str]:
-    """A one-node Ray head in this process (own RAY_TMPDIR, set by ray_tmpdir before init);
-    yields its GCS address."""
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        yield str(ray.get_runtime_context().gcs_address)
-    finally:
-        ray.shutdown()
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[str]:
+    """A one-node Ray head in this process, shared by the module's tests (each works in a
+    namespace of its own), with a RAY_TMPDIR of its own; yields its GCS address."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="rck"))
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        try:
+            yield str(ray.get_runtime_context().gcs_address)
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture
@@ -42,6 +45,18 @@ def service_actors(namespace: str) -> list[str]:
     return [
         entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True) if entry["namespace"] == namespace
     ]
+
+
+def test_no_cluster_at_address_fails_fast(ray_tmpdir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert not ray.is_initialized()
+    address = f"127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    assert main(["status", "--address", address]) == 1
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert err.startswith(f"ray-ckpt: error: no Ray cluster at {address}")
+    assert len(err.strip().splitlines()) == 1
+    assert not ray.is_initialized()
 
 
 def test_start_status_stop(
@@ -174,18 +189,6 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def test_no_cluster_at_address_fails_fast(ray_tmpdir: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert not ray.is_initialized()
-    address = f"127.0.0.1:{_closed_port()}"
-    started = time.monotonic()
-    assert main(["status", "--address", address]) == 1
-    assert time.monotonic() - started < 10
-    err = capsys.readouterr().err
-    assert err.startswith(f"ray-ckpt: error: no Ray cluster at {address}")
-    assert len(err.strip().splitlines()) == 1
-    assert not ray.is_initialized()
 
 
 def test_cli_process_connects_by_address(local_ray: str, namespace: str) -> None:

@@ -36,10 +36,10 @@ def cluster_pool() -> Iterator[ClusterPool]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules whose tests share the pool's cluster first, in their order, then the rest
-    in theirs (a stable sort that keeps each module's tests together and in order)."""
-    pooled = {item.module for item in items if _uses_pool(item)}  # type: ignore[attr-defined]
-    items.sort(key=lambda item: getattr(item, "module", None) not in pooled)
+    """The tests that share the pool's cluster first, then the rest, each part in its order (a
+    stable sort): a module's test that builds a cluster of its own runs after the pool's last
+    test, so it never makes the pool stop and start again."""
+    items.sort(key=lambda item: not _uses_pool(item))
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
