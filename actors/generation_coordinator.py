@@ -245,9 +245,10 @@ class GenerationCoordinator:
         its peers). From then on the node counts as dead here: its members are lost at once, so
         their peers leave their collectives without waiting for Ray's answer. Ray's own verdict
         would come after its health checks, about a minute, and until then the lost rank's
-        placement-group bundle, where its replacement goes, stays on the node. Off unless the run asked for it (``fence_silent_nodes``). Never while more than
-        half of the members' nodes fail their probes: then this actor's own node is the likelier
-        one cut off, and Ray's health checks decide."""
+        placement-group bundle, where its replacement goes, stays on the node. Off unless the
+        run asked for it (``fence_silent_nodes``). Never while more than half of the members'
+        nodes fail their probes: then this actor's own node is the likelier one cut off, and
+        Ray's health checks decide."""
         if not self._fence or self._gens.current is None:
             return
         fenced = {entry["node_id"] for entry in self._fenced}
