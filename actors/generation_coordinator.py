@@ -40,8 +40,8 @@ RECOVERY_CHECK_S = 0.05  # how often ``await_recovery`` looks (losses and joins 
 PROBE_TIMEOUT_S = 0.3  # a raylet that does not accept a connection this long is unreachable
 FENCE_AFTER_S = 0.5  # a member's node whose raylet stayed unreachable this long is declared dead ...
 FENCE_PROBES = 3  # ... after at least this many failed probes in a row (a lost SYN costs one probe, not three)
-SWEEP_EVERY_S = 0.25  # how often the node of every member is probed while fencing is on
-SWEEP_PER_TICK = 64  # the most nodes a sweep probes in one tick of the watcher
+SWEEP_EVERY_S = 0.1  # how often the node of every member is probed while fencing is on (``_sweep``)
+SWEEP_PER_TICK = 64  # the most nodes a sweep probes at once
 PROBES_IN_FLIGHT = 3  # the most probes of one node at once (``_reprobe``) ...
 REPROBE_S = 0.1  # ... one more every this long while one is unanswered or the node's streak of failures lasts
 
@@ -85,6 +85,7 @@ class GenerationCoordinator:
         self._watch_interval_s = watch_interval_s
         self._killed: list[dict[str, Any]] = []
         self._watcher: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._alive: set[str] | None = None  # alive node ids as of the watcher's last tick
         self._raylets: dict[str, str] = {}  # node id -> its raylet's address, as of the last tick
         self._unreachable: set[str] = set()  # nodes whose raylet did not answer the last probe
@@ -111,6 +112,8 @@ class GenerationCoordinator:
     def _ensure_watcher(self) -> None:
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        if self._sweeper is None and self._fence:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     async def begin(self, world_size: int) -> BeginReply:
         """A full start of ``world_size`` workers: a new epoch and its first generation."""
@@ -299,7 +302,7 @@ class GenerationCoordinator:
         due = sorted(
             (self._probed_at.get(n, 0.0), n)
             for n in members
-            if time.monotonic() - self._probed_at.get(n, 0.0) >= SWEEP_EVERY_S
+            if time.monotonic() - self._probed_at.get(n, 0.0) >= 0.8 * SWEEP_EVERY_S  # a probe takes a little
         )
         nodes |= {n for _, n in due[:SWEEP_PER_TICK]}
         return nodes
@@ -397,6 +400,20 @@ class GenerationCoordinator:
                 self._probing[node_id] = left
             else:
                 self._probing.pop(node_id, None)
+
+    async def _sweep(self) -> None:
+        """Probe the members' nodes every ``SWEEP_EVERY_S`` (``_probe``), between the watcher's
+        ticks, which also ask the GCS for its node table: a node cut off from the head is probed
+        at most this long after the cut, and fenced ``FENCE_AFTER_S`` after that probe."""
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            if self._alive is None:
+                continue
+            try:
+                async with self._changed:
+                    self._probe(self._gens.silent(time.time()))
+            except Exception:  # the next sweep tries again; the watcher's ticks probe too
+                logger.exception("ray_ckpt: a sweep of the run's nodes failed")
 
     async def _watch(self) -> None:
         """Form a generation when its round is complete; kill hung members."""
