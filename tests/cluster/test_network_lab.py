@@ -28,8 +28,9 @@ RATE_GBIT = 1.0
 OBJECT_BYTES = 32 << 20
 
 
-@pytest.fixture
-def lab() -> Iterator[network_lab.NetworkLab]:
+@pytest.fixture(scope="module")
+def module_lab() -> Iterator[network_lab.NetworkLab]:
+    """One lab of two nodes for the module; once it is taken down, nothing of it is left."""
     reason = network_lab.lab_unsupported()
     if reason is not None:
         pytest.skip(reason)
@@ -40,6 +41,21 @@ def lab() -> Iterator[network_lab.NetworkLab]:
     left = network_lab.sh("ip", "-o", "link", "show", check=False).stdout + network_lab.sh("ip", "netns").stdout
     assert not [name for name in names if name in left], left
     assert not made.state.path.exists()
+
+
+@pytest.fixture
+def lab(module_lab: network_lab.NetworkLab) -> Iterator[network_lab.NetworkLab]:
+    """The module's lab, healed after the test: every link up at its rate, no rule, no frozen
+    process, and a node Ray no longer lists alive (declared dead) started again."""
+    yield module_lab
+    for node in module_lab.nodes:
+        link_faults.link_up(node)
+        link_faults.thaw(node)
+        if network_lab.nft_unsupported() is None:
+            link_faults.uncut(node)
+        network_lab.set_rate(node, RATE_GBIT)
+        if not any(n.get("Alive") and n.get("NodeManagerAddress") == node.address for n in ray.nodes()):
+            module_lab.restart_node(node)
 
 
 @ray.remote(num_cpus=0)
