@@ -20,9 +20,10 @@ The oracle, per trial: the job ends; its final parameters are bit-identical to a
 run's; after a lost rank the survivor kept its process (``survivors_kept``); no rank that kept
 beating was taken for lost (``slow``, ``flap``: ``live_ranks_lost`` counts the recoveries those
 caused); no step was committed by two incarnations (the registry's committed steps each name
-one attempt, and none after the last restore's step is an older incarnation's). Measured: ``detect_s``, from the fault to the survivor leaving its collective (its
-rejoin's ``detected``); ``resume_s``, from the fault to rank 0's first step done by the group
-that restored after it (a node cut from the head only may train on with its peers until Ray
+one attempt, and none after the last restore's step is an older incarnation's). Measured:
+``detect_s``, from the fault to the survivor leaving its collective (its rejoin's
+``detected``); ``resume_s``, from the fault to rank 0's first step done by the group that
+restored after it (a node cut from the head only may train on with its peers until Ray
 declares it dead: that time counts).
 
     sudo python scripts/lab_campaign.py --quick --json out.json     # one trial per kind
@@ -236,7 +237,7 @@ def _commit_problems(job: str, groups: list[dict[int, dict[str, Any]]]) -> tuple
     registry = naming.registry_handle(namespace())
     last = groups[-1] if groups else {}
     last_attempt = next((r["attempt"] for r in last.values()), None)
-    restored = max((r["step"] for r in last.values() if r.get("step") is not None), default=-1)
+    restored = max((r["restored_step"] for r in last.values() if r.get("restored_step") is not None), default=-1)
     problems = []
     steps = ray.get(registry.committed_steps.remote(job))
     for step in steps:
