@@ -173,15 +173,11 @@ class LabCampaign:
         restored_at = min((r["time"] for g in groups[1:] for r in g.values() if r["time"] >= fault_s), default=None)
         steps = [s for s in self.example.read_steps(events) if s["rank"] == 0 and s["time"] >= (restored_at or 0.0)]
         resume_s = steps[0]["time"] - fault_s if steps and recovered and restored_at is not None else None
-        rejoins = [
-            e for e in RegistryClient(ray_ckpt.settings.namespace()).events()[1]
-            if e.get("kind") == "rejoin" and e.get("job") == job and e.get("role") == "survivor"
-        ]  # fmt: skip
+        registry = RegistryClient(ray_ckpt.settings.namespace())
+        rejoined = [e for e in registry.events()[1] if e.get("kind") == "rejoin" and e.get("job") == job]
+        rejoins = [e for e in rejoined if e.get("role") == "survivor"]
         detect_s = min((e["detected"] - fault_s for e in rejoins if e.get("detected")), default=None)
-        replacements = [
-            e for e in RegistryClient(ray_ckpt.settings.namespace()).events()[1]
-            if e.get("kind") == "rejoin" and e.get("job") == job and e.get("role") == "replacement"
-        ]  # fmt: skip
+        replacements = [e for e in rejoined if e.get("role") == "replacement"]
         first = min(replacements, key=lambda e: e["worker_started"], default=None)
         replacement = None if first is None else {  # where the time to resume went: the replacement's start
             "warm_spare": first.get("warmed") is not None and first["warmed"] < fault_s,
@@ -204,7 +200,7 @@ class LabCampaign:
             self.violations.append(f"{what}: the survivor did not keep its process")
         if live_lost:
             self.violations.append(f"{what}: a rank that kept beating was taken for lost {live_lost} time(s)")
-        problems, result["commits_checked"] = _commit_problems(job, groups)
+        problems, result["commits_checked"] = _commit_problems(registry, job, groups)
         self.violations.extend(f"{what}: {problem}" for problem in problems)
         print(f"{what}: {json.dumps(result)}", flush=True)
 
@@ -223,27 +219,21 @@ class LabCampaign:
                 "violation_details": self.violations, "kinds": kinds}  # fmt: skip
 
 
-def _commit_problems(job: str, groups: list[dict[int, dict[str, Any]]]) -> tuple[list[str], int]:
-    """What the registry's committed steps of ``job`` (those it still holds) show against "no
-    step committed by two incarnations": every record of a step, every rank's and shard's,
-    names one attempt; and every step after the last group's restored one is that group's (an
-    old incarnation awake again behind a link that came back committed nothing after it). With
-    how many steps were checked."""
-    import ray
-
-    from ray_ckpt.settings import namespace
-    from ray_ckpt.transport import naming
-
-    registry = naming.registry_handle(namespace())
+def _commit_problems(registry: Any, job: str, groups: list[dict[int, dict[str, Any]]]) -> tuple[list[str], int]:
+    """What the committed steps of ``job`` that ``registry`` (a ``RegistryClient``) still holds
+    show against "no step committed by two incarnations": every record of a step, every rank's
+    and shard's, names one attempt; and every step after the last group's restored one is that
+    group's (an old incarnation awake again behind a link that came back committed nothing
+    after it). With how many steps were checked."""
     last = groups[-1] if groups else {}
     last_attempt = next((r["attempt"] for r in last.values()), None)
     restored = max((r["restored_step"] for r in last.values() if r.get("restored_step") is not None), default=-1)
     problems = []
-    steps = ray.get(registry.committed_steps.remote(job))
+    steps = registry.call("committed_steps", job)
     for step in steps:
-        located = ray.get(registry.locate.remote(job, step))
-        metas = [m for record in located.values() for m in [*record["metas"].values(), record.get("local")] if m]
-        attempts = sorted({m.get("attempt", "") for m in metas})
+        records = registry.locate(job, step).values()
+        metas = [m for record in records for m in [*record.metas.values(), record.local] if m is not None]
+        attempts = sorted({m.attempt for m in metas})
         if len(attempts) != 1:
             problems.append(f"committed step {step} holds records of several incarnations: {attempts}")
         elif step > restored and last_attempt is not None and len(groups) > 1 and attempts[0] != last_attempt:

@@ -465,20 +465,27 @@ class NetworkLab:
         seconds); waits until it joined."""
         node.kill()
         _kill_group(self.state.node_pgids.get(node.index, 0))
-        import ray
-
         from ray_ckpt import _ray_compat
 
-        for entry in ray.nodes():
-            if entry.get("Alive") and entry.get("NodeManagerAddress") == node.address:
-                _ray_compat.declare_node_dead(str(entry["NodeID"]), "ray_ckpt lab: the node's processes were killed")
+        old = self.live_node_id(node)
+        if old is not None:
+            _ray_compat.declare_node_dead(old, "ray_ckpt lab: the node's processes were killed")
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while any(n.get("Alive") and n.get("NodeManagerAddress") == node.address for n in ray.nodes()):
+        while self.live_node_id(node) is not None:
             if time.monotonic() > deadline:  # Ray's health checks declare the old node dead first
                 raise LabError(f"Ray still lists lab node {node.address} alive after its processes died")
             time.sleep(0.5)
         self._start_node(node)
         self._wait_joined({node.resource})
+
+    def live_node_id(self, node: LabNode) -> str | None:
+        """The Ray node id of a lab node that Ray lists alive (None: none is)."""
+        import ray
+
+        for entry in ray.nodes():
+            if entry.get("Alive") and entry.get("NodeManagerAddress") == node.address:
+                return str(entry["NodeID"])
+        return None
 
     def node_id(self, node: LabNode) -> str:
         """The Ray node id of a lab node (alive or not)."""

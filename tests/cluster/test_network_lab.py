@@ -54,7 +54,7 @@ def lab(module_lab: network_lab.NetworkLab) -> Iterator[network_lab.NetworkLab]:
         if network_lab.nft_unsupported() is None:
             link_faults.uncut(node)
         network_lab.set_rate(node, RATE_GBIT)
-        if not any(n.get("Alive") and n.get("NodeManagerAddress") == node.address for n in ray.nodes()):
+        if module_lab.live_node_id(node) is None:
             module_lab.restart_node(node)
 
 
