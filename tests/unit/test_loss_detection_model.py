@@ -7,8 +7,9 @@ reports (of an accepted connection naming nobody; of some or all of a witness's 
 a member, live or dead; of one connection with a live member that is no evidence of anything, as
 a reused descriptor's or a connection that is not gloo's would be), process deaths, node deaths,
 dying members that join, live members whose node is fenced (declared dead by the coordinator
-while they still beat through their peers: a node cut off from the head), finished functions and
-rounds, and checks after every event:
+while they still beat through their peers: a node cut off from the head), fences Ray refuses
+(the node listed alive again once its members were lost), finished functions and rounds, and
+checks after every event:
 
 - safety: a member that is alive is lost only after a pause of its beats longer than the bound
   its evidence allows, checked as the coordinator finds it lost: ``QUIET_MIN_S`` without any
@@ -288,6 +289,14 @@ class LossDetection(RuleBasedStateMachine):
         rank = self._beating()[index % len(self._beating())]
         self.dead_nodes.add(self.members[rank].node_id)
         self.fenced.setdefault(rank, self.now)
+
+    @precondition(lambda self: any(r in self.gens.lost for r in self.fenced))
+    @rule(index=st.integers(0, 4))
+    def ray_refuses_a_fence(self, index: int) -> None:
+        """Ray refuses the declaration of a fenced node (its members already lost, at the fence):
+        the node is in the node table again, its member still beating through its peers."""
+        refused = sorted(r for r in self.fenced if r in self.gens.lost)
+        self.dead_nodes.discard(self.members[refused[index % len(refused)]].node_id)
 
     @rule(index=st.integers(0, 4), times_out=st.booleans())
     def a_probe_of_a_live_node_times_out(self, index: int, times_out: bool) -> None:
