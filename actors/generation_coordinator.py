@@ -20,6 +20,7 @@ from ray_ckpt import _ray_compat
 from ray_ckpt.core.generations import (
     POLL_S,
     Beat,
+    BeatReply,
     BeatWire,
     BeginReply,
     CoordinatorReport,
@@ -44,6 +45,7 @@ SWEEP_EVERY_S = 0.1  # how often the node of every member is probed while fencin
 SWEEP_PER_TICK = 64  # the most nodes a sweep probes at once
 PROBES_IN_FLIGHT = 3  # the most probes of one node at once (``_reprobe``) ...
 REPROBE_S = 0.1  # ... one more every this long while one is unanswered or the node's streak of failures lasts
+DRAIN_POLL_S = 0.5  # how often the watcher asks the GCS which nodes drain
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -99,6 +101,8 @@ class GenerationCoordinator:
         self._fence = fence_silent_nodes
         self._fenced: list[dict[str, Any]] = []
         self._fence_held = False  # most nodes fail their probes: fencing is held (logged once)
+        self._drains_read = 0.0  # when the watcher last asked the GCS which nodes drain
+        self._handed_over: list[dict[str, Any]] = []  # rank, pid, node_id, time of each handover
 
     def _try_form(self, now: float) -> None:
         """Form the next generation if every rank joined from a live process (caller holds
@@ -141,13 +145,35 @@ class GenerationCoordinator:
             now = time.time()
             return [self._gens.register(Member.from_wire(member), number, now) for member in members]
 
-    async def beat_many(self, beats: list[BeatWire]) -> list[bool]:
-        """Heartbeats (``Beat.to_wire``); True for each member that must leave its generation
-        now (``Generations.must_leave``: a peer is lost or a round to replace the generation is
-        open without it)."""
+    async def beat_many(self, beats: list[BeatWire]) -> list[BeatReply]:
+        """Heartbeats (``Beat.to_wire``); per member, whether it must leave its generation now
+        (``Generations.must_leave``: a peer is lost or a round to replace the generation is open
+        without it) and the drain under way in its generation (``Generations.notice``)."""
         return self._gens.beat_many(
             [Beat.from_wire(beat) for beat in beats], time.time(), self._alive, self._unreachable
         )
+
+    async def hand_over(self, member: Member) -> bool:
+        """``member`` leaves its place because its node drains (``Generations.hand_over``):
+        its peers leave the generation at their next beat. False where it was no live member."""
+        async with self._changed:
+            now = time.time()
+            handed = self._gens.hand_over(member, now)
+            if handed:
+                entry = {"rank": member.rank, "pid": member.pid, "node_id": member.node_id, "time": now}
+                self._handed_over.append(entry)
+                logger.warning("ray_ckpt: rank %d hands its place over: its node drains", member.rank)
+                self._changed.notify_all()
+                if not self._gens.live_on(member.node_id):
+                    self._in_background(self._declare_drained(entry))
+            return handed
+
+    async def _declare_drained(self, entry: dict[str, Any]) -> None:
+        """Every rank on a draining node handed its place over: declare the node dead to Ray
+        now, not at its deadline. Its placement-group bundles move to other nodes only then, so
+        the replacements can start (Ray starts nothing in a bundle on a draining node). Its
+        ranks' processes end with it; a node Ray refuses to declare dead goes at its deadline."""
+        await self._declare_dead(entry, "ray_ckpt: the node drains and its ranks handed their places over")
 
     async def finish(self, member: Member) -> None:
         """``member``'s training function returned: its beats stop and that is no loss."""
@@ -238,6 +264,7 @@ class GenerationCoordinator:
             hung_killed=tuple(self._killed),
             pending=tuple(sorted(self._gens.pending)),
             fenced=tuple(self._fenced),
+            handed_over=tuple(self._handed_over),
         )
 
     def _fence_silent_nodes(self, now: float) -> None:
@@ -415,6 +442,18 @@ class GenerationCoordinator:
             except Exception:  # the next sweep tries again; the watcher's ticks probe too
                 logger.exception("ray_ckpt: a sweep of the run's nodes failed")
 
+    def _read_drains(self, now: float) -> dict[str, float | None] | None:
+        """The nodes Ray drains (``_ray_compat.draining_nodes``), read at most every
+        ``DRAIN_POLL_S``; None when not read this tick (too soon, or the GCS did not answer)."""
+        if now - self._drains_read < DRAIN_POLL_S:
+            return None
+        self._drains_read = now
+        try:
+            return _ray_compat.draining_nodes()
+        except Exception as error:  # the next read tries again
+            logger.debug("ray_ckpt: reading the draining nodes: %s", error)
+            return None
+
     async def _watch(self) -> None:
         """Form a generation when its round is complete; kill hung members."""
         while True:
@@ -426,10 +465,13 @@ class GenerationCoordinator:
                 continue
             alive = {node.node_id for node in nodes} - self._fenced_out()
             self._alive = alive
+            drains = self._read_drains(now)
             self._raylets = {node.node_id: node.raylet_address for node in nodes if node.raylet_address}
             async with self._changed:
                 self._probe(self._gens.silent(now))
                 self._gens.find_lost(now, alive, self._unreachable)
+                if drains is not None:
+                    self._gens.set_drains(drains)
                 self._fence_silent_nodes(now)
                 self._try_form(now)
                 hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]

@@ -588,6 +588,56 @@ def mark_warm_spare(job_id: str, runtime_env: str, node_id: str, started: float 
         internal_kv._internal_kv_del(key, namespace=_WARM_NAMESPACE)
 
 
+# ---- drains: nodes Ray was told will go (preemption, maintenance) ------------------------------
+
+PREEMPTION = "DRAIN_NODE_REASON_PREEMPTION"  # the drain reason a cloud's reclaim of a node gives
+DRAIN_CALL_S = 5.0  # the longest ``drain_node`` waits for the GCS
+
+
+def draining_nodes() -> dict[str, float | None]:
+    """The nodes the GCS says are draining: node id (hex) -> the deadline Ray was given (Unix
+    seconds; None: no deadline). One GCS call (Ray keeps drains in its node manager's state,
+    read through ``ray._private.state``, as Ray Train's preemption watcher reads it). Raises
+    what the call raises: the caller decides whether a failed read means "none"."""
+    from ray._private.state import state
+
+    drains = state.get_draining_nodes()
+    return {str(node): (int(deadline_ms) / 1000.0 if deadline_ms else None) for node, deadline_ms in drains.items()}
+
+
+def drain_node(node_id: str, deadline_s: float, message: str) -> str | None:
+    """Ask the GCS to drain node ``node_id`` (hex) for a preemption whose deadline is
+    ``deadline_s`` (Unix seconds), as ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``
+    and a cloud's reclaim notice do: Ray schedules nothing new there, and what runs there goes
+    on until the node is gone (Ray does not end it at the deadline). Returns None once the
+    drain was accepted, else why it was not."""
+    from ray.core.generated import autoscaler_pb2
+
+    client = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)  # type: ignore[attr-defined]
+    reason = autoscaler_pb2.DrainNodeReason.Value(PREEMPTION)  # type: ignore[attr-defined]
+    accepted, refusal = client.drain_node(node_id, reason, message, int(deadline_s * 1000), timeout=DRAIN_CALL_S)
+    return None if accepted else str(refusal or "refused")
+
+
+def preemption_notice() -> tuple[dict[str, list[int]], float | None] | None:
+    """What Ray Train's preemption watcher told this worker of a drain under way (it polls the
+    GCS every ``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S``, 5 s by default, for runs without replica
+    groups): the draining nodes -> the world ranks there, and the earliest deadline (Unix
+    seconds; None: none given). None when no drain was told, outside a Ray Train worker, or
+    where this Ray keeps it elsewhere. Read from the worker's own train context: no collective
+    (``ray.train.get_preemption_info`` is one, a barrier every rank must reach)."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        info = get_train_context().preemption_context.preemption_info
+    except Exception:  # not a Ray Train worker, or the names moved
+        return None
+    if info is None:
+        return None
+    deadline = None if info.deadline_ms is None else int(info.deadline_ms) / 1000.0
+    return {str(node): [int(r) for r in ranks] for node, ranks in info.preempted_node_to_ranks.items()}, deadline
+
+
 # ---- the driver and the cluster: core Ray internals for the tools and the service -------------
 
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone

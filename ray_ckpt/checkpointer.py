@@ -150,9 +150,11 @@ class Checkpointer(WithIdentity):
 
     # ---- save ---------------------------------------------------------------------------
 
-    def save(self, step: int, state: Any) -> SaveHandle:
+    def save(self, step: int, state: Any, *, force: bool = False) -> SaveHandle:
         """Checkpoint ``state`` as ``step`` (steps must increase). Returns once the state is
-        copied; see SaveHandle for completion. Raises the previous save's background error, and
+        copied; see SaveHandle for completion. ``force``: save it even where
+        ``CheckpointConfig.every`` or ``on_busy="skip"`` would skip it (every rank must force the
+        same steps, or those steps never commit). Raises the previous save's background error, and
         on this Checkpointer's first save PlacementError when no node runs a store (nothing is
         saved then). Fewer stores than ``data_shards + parity_shards`` is no error: shards then
         share nodes and ``last_protection`` says what the step survives. Without an attempt and
@@ -172,11 +174,12 @@ class Checkpointer(WithIdentity):
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
         started = time.perf_counter()
         reason = self._skip_reason(step, started)
-        if reason is not None:
+        if reason is not None and not force:
             return self._skip(step, started, reason)
         layout = snapshot.build_layout(state)  # validates before anything is waited for or touched
         self._saves.check_placement()
-        if self.config.on_busy == "skip" and self._in_flight is not None and not self._in_flight.done():
+        busy = self._in_flight is not None and not self._in_flight.done()
+        if self.config.on_busy == "skip" and busy and not force:
             return self._skip(step, started, "busy")
         self._finish_in_flight(step)
         copy_start = time.perf_counter()

@@ -136,6 +136,16 @@ class PeerLost(BaseException):
         super().__init__(message)
 
 
+class HandedOver(PeerLost):
+    """Raised by the Ray Train Checkpointer's ``save`` in a rank whose node drains, once a step
+    saved after the drain notice committed: the rank has handed its place over (a replacement
+    restores that step), and ``InPlaceRecovery.wrap`` ends its part. Like ``PeerLost``, a
+    ``BaseException`` that the training function's ``except Exception`` blocks let through."""
+
+    def __init__(self, message: str = "this rank's node drains; it handed its place over") -> None:
+        super().__init__(message)
+
+
 class CliError(RayCkptError):
     """A command-line failure, reported as one line on stderr (exit status 1)."""
 

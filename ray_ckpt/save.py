@@ -162,7 +162,8 @@ class SavePipeline(WithIdentity):
     attributes: ``job``, ``rank``, ...). ``record(kind, **fields)`` sends an event.
     ``own_copies``: where the blob of each step staged with a local copy is noted while the
     buffer holds it (the process's, ``ProcessCopies.own_copies``).
-    ``last_protection``: node losses the last placement survives. Not thread-safe: the
+    ``last_protection``: node losses the last placement survives. ``avoid``: nodes whose stores
+    get no shards while other stores run (the caller's: nodes Ray drains). Not thread-safe: the
     checkpointer calls ``snapshot`` on the caller's thread and ``complete`` on its one
     background thread, never two of either at once."""
 
@@ -191,6 +192,7 @@ class SavePipeline(WithIdentity):
         self._degraded = False
         self._completed = 0  # saves completed since creation or the last restore
         self.last_protection: int | None = None
+        self.avoid: frozenset[str] = frozenset()  # nodes that take no new shards while others can (they drain)
 
     def check_placement(self) -> None:
         """Once, at the first save: PlacementError if no store runs; rank 0 says how many node
@@ -333,6 +335,8 @@ class SavePipeline(WithIdentity):
             nodes = [
                 n for n in self.stores.storage_nodes(self.config.failure_domain_label) if n.node_id not in excluded
             ]
+            kept = [n for n in nodes if n.node_id not in self.avoid]
+            nodes = kept or nodes  # a draining node's store takes shards only where no other can
             targets = place(
                 nodes, shards=len(shards), rank=self.rank, rank_node_id=self.node_id, data_shards=self.code.data_shards
             )

@@ -167,6 +167,32 @@ BeatWire = tuple[MemberWire, bool, bool, tuple[Connection, ...], Connections | N
 """A ``Beat`` on the wire (``Beat.to_wire``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DrainNotice:
+    """A drain under way in the current generation: Ray was told that the nodes ``nodes`` will
+    go (a preemption notice, a maintenance drain), and ``ranks`` train there; ``deadline`` is
+    the earliest deadline Ray was given (Unix seconds; None: none). Every rank saves each step
+    while it stands, and each rank in ``ranks`` hands its place over once a step saved after the
+    notice committed (``ray_ckpt.train.inplace_worker``)."""
+
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    deadline: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatReply:
+    """The coordinator's answer to a heartbeat: whether the member must ``leave`` its
+    generation now (``Generations.must_leave``), and the ``drain`` under way, if any."""
+
+    leave: bool
+    drain: DrainNotice | None = None
+
+
+STAY = BeatReply(False)
+LEAVE = BeatReply(True)
+
+
 class JoinStatus(enum.Enum):
     """How a join ended: its generation formed; the wait ran out (the member left the round);
     a full start of the worker group (a new epoch) overtook it; or the member's node is going
@@ -212,8 +238,10 @@ class CoordinatorReport:
     """What the coordinator can tell of its run: the ``epoch``, the current ``generation``
     (None before the first start), the ``history`` of generations formed after failures
     (``Generations.form``'s entries), the members killed as hung (``hung_killed``: rank, pid,
-    incarnation, time), the ranks ``pending`` in the open round, and the nodes declared dead
-    to Ray because they went silent (``fenced``: node_id, rank, time, declared)."""
+    incarnation, time), the ranks ``pending`` in the open round, the nodes declared dead
+    to Ray because they went silent (``fenced``: node_id, rank, time, declared), and the ranks
+    that handed their place over because their node drains (``handed_over``: rank, pid,
+    node_id, time)."""
 
     epoch: int
     generation: int | None
@@ -221,6 +249,7 @@ class CoordinatorReport:
     hung_killed: tuple[dict[str, Any], ...]
     pending: tuple[int, ...]
     fenced: tuple[dict[str, Any], ...] = ()
+    handed_over: tuple[dict[str, Any], ...] = ()
 
 
 @dataclasses.dataclass
@@ -286,6 +315,8 @@ class Generations:
         self.finished: set[str] = set()  # incarnations whose training function returned
         self.doomed: set[str] = set()  # incarnations whose node is going: never in a generation again
         self.history: list[dict[str, Any]] = []
+        self.drains: dict[str, float | None] = {}  # node id -> deadline, of the nodes Ray drains
+        self.notice: DrainNotice | None = None  # the current generation's drain (``set_drains``)
         self._formed_reply: JoinReply | None = None  # the FORMED reply of the current generation, once made
 
     def attempt(self, number: int) -> str:
@@ -307,6 +338,7 @@ class Generations:
         return number
 
     def _new_generation(self) -> None:
+        self.notice = None  # until the next ``set_drains``: every generation's members are new
         self.suspected = False
         self.closed = {}
         self.connections = {}
@@ -363,14 +395,64 @@ class Generations:
         now: float,
         alive_nodes: set[str] | None,
         unreachable: frozenset[str] | set[str] = frozenset(),
-    ) -> list[bool]:
+    ) -> list[BeatReply]:
         """The heartbeats of many members taken at once (as ``take`` takes one), then
-        ``find_lost``: whether each member must leave its generation (``must_leave``). One call
-        of a batch relayed up the stores' tree."""
+        ``find_lost``: for each member, whether it must leave its generation (``must_leave``)
+        and the drain under way (``notice``). One call of a batch relayed up the stores' tree."""
         for beat in beats:
             self.take(beat, now)
         self.find_lost(now, alive_nodes, unreachable)
-        return [self.must_leave(beat.member) for beat in beats]
+        notice = self.notice
+        if notice is None:
+            return [LEAVE if self.must_leave(beat.member) else STAY for beat in beats]
+        return [BeatReply(self.must_leave(beat.member), notice) for beat in beats]
+
+    def set_drains(self, drains: dict[str, float | None]) -> None:
+        """The nodes Ray drains now (node id -> deadline, Unix seconds or None), as the actor
+        reads them from the GCS: ``notice`` names the ranks of the current generation there that
+        are neither lost nor finished, or is None where none is."""
+        self.drains = dict(drains)
+        current = self.current
+        if current is None or not drains:
+            self.notice = None
+            return
+        ranks = sorted(
+            rank
+            for rank, member in current.members.items()
+            if member.node_id in drains and rank not in self.lost and member.incarnation not in self.finished
+        )
+        if not ranks:
+            self.notice = None
+            return
+        nodes = tuple(sorted({current.members[rank].node_id for rank in ranks}))
+        deadlines = [d for d in (drains[node] for node in nodes) if d is not None]
+        notice = DrainNotice(tuple(ranks), nodes, min(deadlines) if deadlines else None)
+        if notice != self.notice:
+            self.notice = notice
+
+    def live_on(self, node_id: str) -> list[int]:
+        """The ranks of the current generation on ``node_id`` that are neither lost nor finished."""
+        if self.current is None:
+            return []
+        return sorted(
+            rank
+            for rank, member in self.current.members.items()
+            if member.node_id == node_id and rank not in self.lost and member.incarnation not in self.finished
+        )
+
+    def hand_over(self, member: Member, now: float) -> bool:
+        """``member``, on a draining node, saved a step every rank committed after the notice
+        and leaves its place: it is lost ("drained") and doomed (it may not join again), so its
+        peers leave the generation and a replacement takes its rank. False where it is not a
+        live member of the current generation outside the round (nothing changes)."""
+        if not self._in_current(member) or member.rank in self.lost or member.incarnation in self.finished:
+            return False
+        if self.pending.get(member.rank) == member:  # it left its generation already: no step to hand over
+            return False
+        self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "drained", "time": now}
+        self.doomed.add(member.incarnation)
+        self.set_drains(self.drains)
+        return True
 
     def _doom(self, member: Member) -> None:
         """``member``'s node is going: it may not join a round, and leaves the one it is in."""

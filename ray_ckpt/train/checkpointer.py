@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -12,15 +14,22 @@ import pyarrow.fs as pafs
 import ray.train
 from ray.train.collective import broadcast_from_rank_zero
 
-from ray_ckpt import checkpointer
+from ray_ckpt import _ray_compat, checkpointer
 from ray_ckpt.config import CheckpointConfig
-from ray_ckpt.core.generations import generation_of
-from ray_ckpt.errors import ConfigError
+from ray_ckpt.core.generations import DrainNotice, generation_of
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, TornStepError
+from ray_ckpt.save import SaveHandle
 from ray_ckpt.train import inplace
 
 __all__ = ["Checkpointer", "default_backup_uri", "job_name"]
 
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
+DRAIN_MARGIN_S = 2.0  # a draining rank hands over at least this long before its node's deadline
+DEFAULT_DRAIN_S = 120.0  # a drain without a deadline is taken to end this long after the notice (Ray Train's default)
+HOLD_AFTER_DEADLINE_S = 60.0  # how long past the deadline a draining rank without in place waits to be ended
+HOLD_POLL_S = 0.5
+
+logger = logging.getLogger(__name__)
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -81,6 +90,8 @@ class Checkpointer(checkpointer.Checkpointer):
     def __init__(
         self, config: CheckpointConfig | None = None, *, job: str | None = None, namespace: str | None = None
     ) -> None:
+        self._drain_first: int | None = None  # the first step this rank saved after its node's drain notice
+        self._held = False  # this rank held for a restart at a drain's deadline that never came
         if job is not None and (not isinstance(job, str) or not job or "/" in job):
             raise ConfigError(
                 f"job must be a non-empty str without '/', got {job!r}; leave job out to use the "
@@ -114,7 +125,87 @@ class Checkpointer(checkpointer.Checkpointer):
             if rejoin is not None:
                 self._record("rejoin", **rejoin.to_wire())
 
-    save = _shielded(checkpointer.Checkpointer.save)
+    def save(self, step: int, state: Any, *, force: bool = False) -> SaveHandle:
+        """``ray_ckpt.Checkpointer.save``, and what a drain needs: while Ray drains the node of
+        a rank of this run (a preemption notice, a maintenance drain: ``_drain_notice``), every
+        step is saved whatever ``config.every`` says, and no new shard goes to a draining node's
+        store while another store runs. A rank on a draining node, at its first save after a
+        step it saved after the notice committed (every rank saves every step then), waits for
+        this step to commit, then under ``InPlaceRecovery`` hands its place over: ``HandedOver``
+        is raised, ``InPlaceRecovery.wrap`` ends the rank, and its replacement restores this
+        step. Without in place it holds here until Ray Train ends the workers at the deadline
+        and restarts them from this step (its preemption handling). Either way no step is
+        trained twice. Where the step does not commit in time, it tries again at the next step."""
+        notice = self._drain_notice()
+        if notice is None:
+            if self._drain_first is not None:
+                self._drain_first, self._saves.avoid = None, frozenset()
+            return self._save(step, state, force)
+        self._saves.avoid = frozenset(notice.nodes)
+        handle = self._save(step, state, True)
+        if self.rank not in notice.ranks or handle.skipped or self._held:
+            return handle
+        if self._drain_first is None:
+            self._drain_first = step
+            logger.warning(
+                "rank %d: this node drains (deadline %s); saving every step from step %d",
+                self.rank,
+                "none" if notice.deadline is None else f"in {notice.deadline - time.time():.1f} s",
+                step,
+            )
+            return handle
+        with inplace.shielded():
+            committed = self._registry.latest_committed(self.job)
+            if committed is None or committed < self._drain_first:
+                return handle
+            left = self.config.commit_timeout_s
+            if notice.deadline is not None:
+                left = max(1.0, min(left, notice.deadline - time.time() - DRAIN_MARGIN_S))
+            try:
+                handle.wait(left)
+            except (CommitTimeoutError, TornStepError) as error:
+                logger.warning("rank %d: step %d did not commit (%s); trying at the next step", self.rank, step, error)
+                return handle
+            if inplace.current_attempt() is None:
+                self._hold(step, notice)
+                return handle
+            handed_over = inplace.hand_over()
+        raise handed_over
+
+    def _drain_notice(self) -> DrainNotice | None:
+        """The drain under way: the in-place run's coordinator's word, or else what Ray Train's
+        preemption watcher told this worker (``_ray_compat.preemption_notice``)."""
+        if inplace.current_attempt() is not None:
+            return inplace.drain_notice()
+        told = _ray_compat.preemption_notice()
+        if told is None:
+            return None
+        nodes, deadline = told
+        ranks = tuple(sorted({rank for ranks in nodes.values() for rank in ranks}))
+        return DrainNotice(ranks, tuple(sorted(nodes)), deadline)
+
+    def _hold(self, step: int, notice: DrainNotice) -> None:
+        """Without in place, once ``step`` (saved after the drain notice) committed: wait for Ray
+        Train to end the workers at the deadline (it restarts them, and they restore this step),
+        so that no step after it is trained only to be trained again; past the deadline by
+        ``HOLD_AFTER_DEADLINE_S`` (nobody ended them), train on."""
+        deadline = notice.deadline if notice.deadline is not None else time.time() + DEFAULT_DRAIN_S
+        logger.warning(
+            "rank %d: step %d committed after this node's drain notice; holding until the workers are restarted "
+            "at the deadline (in %.1f s), so that no step is trained twice",
+            self.rank,
+            step,
+            deadline - time.time(),
+        )
+        while time.time() < deadline + HOLD_AFTER_DEADLINE_S:
+            time.sleep(HOLD_POLL_S)
+        self._held = True
+        logger.warning("rank %d: nobody ended the workers after the drain's deadline; training on", self.rank)
+
+    @_shielded
+    def _save(self, step: int, state: Any, force: bool) -> SaveHandle:
+        return checkpointer.Checkpointer.save(self, step, state, force=force)
+
     wait = _shielded(checkpointer.Checkpointer.wait)
     restore = _shielded(checkpointer.Checkpointer.restore)
     close = _shielded(checkpointer.Checkpointer.close)

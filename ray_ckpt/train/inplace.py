@@ -29,8 +29,8 @@ The code is in two halves, one per process: ``ray_ckpt.train.inplace_controller`
 and the warm spares, in Ray Train's controller) and ``ray_ckpt.train.inplace_worker`` (the
 wrapper's recovery loop, the heartbeat and the worker process's state, in every worker); this
 module is their public face. ``warm_up`` is here under its public name, the setup hook
-``WARM_HOOK`` names, and so are ``current_attempt``, ``take_rejoin``, ``track`` and
-``shielded``, which the Ray Train Checkpointer calls.
+``WARM_HOOK`` names, and so are ``current_attempt``, ``take_rejoin``, ``track``, ``shielded``,
+``drain_notice`` and ``hand_over``, which the Ray Train Checkpointer calls.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from ray_ckpt.train.inplace_worker import (
     _Settings,
     _Worker,
     current_attempt,
+    drain_notice,
+    hand_over,
     is_peer_failure,
     shielded,
     take_rejoin,
@@ -59,6 +61,8 @@ __all__ = [
     "WARM_HOOK",
     "InPlaceRecovery",
     "current_attempt",
+    "drain_notice",
+    "hand_over",
     "is_peer_failure",
     "shielded",
     "take_rejoin",

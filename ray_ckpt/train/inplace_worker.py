@@ -40,13 +40,14 @@ import ray.train
 import torch.distributed as dist
 
 from ray_ckpt import _ray_compat, prefetch, settings
-from ray_ckpt.core.generations import Beat, JoinStatus, Member, beat_interval_s, run_of
+from ray_ckpt.core.generations import Beat, DrainNotice, JoinStatus, Member, beat_interval_s, run_of
 from ray_ckpt.core.identity import RankIdentity
 from ray_ckpt.core.recovery_budget import RecoveryBudget
 from ray_ckpt.errors import (
     CommitTimeoutError,
     ConfigError,
     CoordinatorTimeoutError,
+    HandedOver,
     InPlaceRecoveryError,
     PeerLost,
 )
@@ -161,6 +162,10 @@ class ProcessState:
       ``take_rejoin`` (``rejoin`` is handed out once) and ``track``.
     - ``interrupts`` raises ``PeerLost`` into the training function (armed by ``_Worker.run``,
       fired by its heartbeat); ``shielded`` keeps it out of ray_ckpt's own calls.
+    - ``member`` (this process's ``Member`` in the run, set by ``_Worker``) and ``drain`` (the
+      generation and the ``DrainNotice`` of the drain under way there, as the coordinator's last
+      beat reply said; written by the heartbeat thread) are read through ``drain_notice`` and
+      ``hand_over``.
     - The reads a replacement begins ahead of its restores are not kept here: they go to the
       process's ``ProcessCopies`` (``ray_ckpt.process_copies.THIS_PROCESS``), which its
       checkpointers' restorers are handed; ``_Worker`` begins them and clears them at each
@@ -179,6 +184,9 @@ class ProcessState:
     warmed_at: float | None = None
     niceness_before: int | None = None
     interrupts: Interrupts = dataclasses.field(default_factory=Interrupts)
+    member: Member | None = None
+    generation: int | None = None  # the generation this process trains in (None: between)
+    drain: tuple[int, DrainNotice] | None = None
 
 
 PROCESS = ProcessState()
@@ -266,6 +274,30 @@ def track(checkpointer: Any) -> None:
     PROCESS.checkpointers.add(checkpointer)
 
 
+def drain_notice() -> DrainNotice | None:
+    """The drain under way in this worker's generation (Ray drains the node of some of its
+    ranks), as the coordinator's last beat reply said; None where none is, or outside an
+    in-place run."""
+    drain = PROCESS.drain
+    if PROCESS.role is None or drain is None or drain[0] != PROCESS.generation:
+        return None
+    return drain[1]
+
+
+def hand_over() -> HandedOver:
+    """This rank's node drains and a step saved after the notice committed: tell the
+    coordinator that this rank leaves its place (its peers leave the generation and a
+    replacement restores that step), and return the ``HandedOver`` to raise into the training
+    function. InPlaceRecoveryError where the coordinator did not take it (this rank is no live
+    member of the current generation any more)."""
+    role, member = PROCESS.role, PROCESS.member
+    if role is None or member is None:
+        raise InPlaceRecoveryError("hand_over() outside an in-place run's worker")
+    if not role.coordinator.hand_over(member):
+        raise InPlaceRecoveryError(f"rank {member.rank}: the coordinator did not take this rank's handover")
+    return HandedOver(f"rank {member.rank}: its node drains; it handed its place over")
+
+
 def _newest_saved_step() -> int | None:
     """The newest step this generation's checkpointers saved (None: none saved one), which
     says how far the failed generation got."""
@@ -315,7 +347,8 @@ class _Worker:
                 logger.debug("clearing this node's warm spare mark: %s", error)
         self._raylet = _raylet_parent()
         self._beating = threading.Event()
-        self._generation: int | None = None  # the generation this rank trains in (None: between)
+        PROCESS.member = self.member
+        PROCESS.generation = None
 
     def run(self, train_loop: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         coordinator = self.role.coordinator
@@ -324,10 +357,11 @@ class _Worker:
             if not coordinator.register(self.member, self.role.generation):
                 raise InPlaceRecoveryError("this worker group was superseded by a full restart before it started")
             PROCESS.attempt = self.role.attempt
-            self._generation = self.role.generation
+            PROCESS.generation = self.role.generation
         self._start_heartbeat()
         budget = RecoveryBudget(settings.inplace_max_recoveries())
         interrupts = PROCESS.interrupts
+        handed_over = ""
         try:
             if self.role.generation is None:
                 self._rejoin(role="replacement", detected_at=None)
@@ -344,6 +378,9 @@ class _Worker:
                 except BaseException as error:
                     if not isinstance(error, (Exception, PeerLost)):  # KeyboardInterrupt, SystemExit
                         raise
+                    if isinstance(error, HandedOver):  # its text only: the frames it holds must go
+                        handed_over = str(error)
+                        break
                     detected_at = time.time()
                     # once told a peer is lost, whatever the function raised next is that loss's doing
                     peer = interrupts.fired or is_peer_failure(error)
@@ -361,7 +398,7 @@ class _Worker:
                         if sendable is error:
                             raise
                         raise sendable from None
-                    self._generation = None
+                    PROCESS.generation = None
                     logger.warning("rank %d: a peer is gone (%s); recovering in place", self.rank, _first_line(error))
                 # Out of the except block: the failed generation's frames (its model, its DDP and
                 # so its process group) are released only now, and the teardown must close the
@@ -369,6 +406,13 @@ class _Worker:
                 self._teardown()
                 replaced = self._rejoin(role="survivor", detected_at=detected_at, torn_down_at=time.time())
                 budget.recovered(reached, replaced)
+            # Out of the except block, as above. This rank handed its place over: its peers'
+            # collectives fail now, and its process ends with its node, which the coordinator
+            # declares dead once every rank there handed over.
+            PROCESS.generation = None
+            self._teardown()
+            logger.warning("%s", handed_over)
+            self._await_own_end(handed_over)
         finally:
             self._beating.set()
 
@@ -393,14 +437,14 @@ class _Worker:
         (never, where the process was not started as the raylet's child)."""
         return self._raylet is not None and os.getppid() != self._raylet
 
-    def _await_own_end(self) -> None:
+    def _await_own_end(self, why: str = "its raylet is gone") -> None:
         """This process's node is going: wait for Ray to end the process, which then counts as
         the lost rank, rather than rejoin or fail as a job error. Raises InPlaceRecoveryError
         if it is still alive after ``timeout_s``."""
         logger.warning("rank %d: this worker's node is going; not rejoining", self.rank)
         time.sleep(self.settings.timeout_s)
         raise InPlaceRecoveryError(
-            f"rank {self.rank}: this worker's raylet is gone but the process lived on for "
+            f"rank {self.rank}: this worker's node is going ({why}) but the process lived on for "
             f"timeout_s={self.settings.timeout_s:g}s"
         )
 
@@ -413,7 +457,7 @@ class _Worker:
             reported: int | None = None  # the generation whose connections the coordinator took
             left: int | None = None  # the generation this rank was last told to leave
             while not self._beating.wait(interval):
-                generation = self._generation
+                generation = PROCESS.generation
                 if generation is not None and watched[0] != generation:
                     watched = (generation, self._watch_gloo())
                 watch = watched[1] if watched[0] == generation else None
@@ -424,13 +468,16 @@ class _Worker:
                 orphaned = self._orphaned()  # its node is going: say so before this process goes too
                 signs = Beat(member, closures.accepted, orphaned, closures.connections, connections)
                 try:
-                    leave = coordinator.beat(signs, timeout_s=interval)
+                    reply = coordinator.beat(signs, timeout_s=interval)
                 except CoordinatorTimeoutError:
                     continue
                 except Exception:  # the run is ending
                     return
+                leave = reply.leave
+                if generation is not None:
+                    PROCESS.drain = None if reply.drain is None else (generation, reply.drain)
                 reported = generation if connections is not None else reported
-                if not leave or generation is None or generation != self._generation or generation == left:
+                if not leave or generation is None or generation != PROCESS.generation or generation == left:
                     continue
                 left = generation
                 self._leave(generation)
@@ -534,7 +581,7 @@ class _Worker:
                 self._teardown()
                 continue
             PROCESS.attempt = reply.attempt
-            self._generation = reply.generation
+            PROCESS.generation = reply.generation
             PROCESS.rejoin = Rejoin(
                 role=role,
                 generation=reply.generation,

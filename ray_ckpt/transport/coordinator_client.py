@@ -35,7 +35,7 @@ from typing import Any
 import ray
 
 from ray_ckpt.core.coordinator_relay import OPS
-from ray_ckpt.core.generations import POLL_S, Beat, BeginReply, CoordinatorReport, JoinReply, Member
+from ray_ckpt.core.generations import POLL_S, Beat, BeatReply, BeginReply, CoordinatorReport, JoinReply, Member
 from ray_ckpt.errors import CoordinatorTimeoutError
 from ray_ckpt.transport import naming, remote
 
@@ -164,11 +164,17 @@ class CoordinatorClient:
         """A worker of a full start announces itself; False if its generation is superseded."""
         return bool(self._per_rank("register", (generation,), member.to_wire(), timeout_s=self.answer_s))
 
-    def beat(self, beat: Beat, timeout_s: float) -> bool:
-        """A heartbeat (``Beat`` says what it carries); True when its member must leave its
-        generation now (a peer of it is lost, or a round to replace it is open).
-        CoordinatorTimeoutError after ``timeout_s``."""
-        return bool(self._per_rank("beat", (), beat.to_wire(), timeout_s=timeout_s))
+    def beat(self, beat: Beat, timeout_s: float) -> BeatReply:
+        """A heartbeat (``Beat`` says what it carries); the reply says whether its member must
+        leave its generation now (a peer of it is lost, or a round to replace it is open) and
+        the drain under way, if any. CoordinatorTimeoutError after ``timeout_s``."""
+        reply = self._per_rank("beat", (), beat.to_wire(), timeout_s=timeout_s)
+        return reply if isinstance(reply, BeatReply) else BeatReply(bool(reply))
+
+    def hand_over(self, member: Member) -> bool:
+        """``member`` leaves its place because its node drains; False where it was no live
+        member of the current generation."""
+        return bool(self._call("hand_over", member, timeout_s=self.answer_s))
 
     def finish(self, member: Member) -> None:
         """``member``'s training function returned; its heartbeats stop."""

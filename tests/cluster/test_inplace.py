@@ -22,7 +22,9 @@ from support import pace
 from support.warm_spares import idle_warm_spares
 
 import ray_ckpt
+from ray_ckpt import _ray_compat
 from ray_ckpt.core import timeline
+from ray_ckpt.core.protection import rank_protection
 from ray_ckpt.testing import SimulatedCluster
 from ray_ckpt.transport.registry_client import RegistryClient
 
@@ -137,13 +139,14 @@ def run_with(
     name: str,
     workers: int,
     faults: Callable[[str], None],
-    in_place: dict[str, Any],
+    in_place: dict[str, Any] | None,
     fsdp2: bool = False,
     step_sleep_s: float = 0.15,
     **job: Any,
 ) -> dict[str, Any]:
-    """Run job ``name`` in place with ``faults(events_dir)`` on a thread; the report. ``job``:
-    more of the example's ``run`` arguments."""
+    """Run job ``name`` in place (``in_place`` None: with Ray Train's full restarts) with
+    ``faults(events_dir)`` on a thread; the report. ``job``: more of the example's ``run``
+    arguments."""
     _, example, references = cluster
     client = RegistryClient(ray_ckpt.settings.namespace())
     events = tempfile.mkdtemp()
@@ -165,10 +168,10 @@ def run_with(
             events_dir=events,
             steps=STEPS,
             workers=workers,
-            checkpoint=CHECKPOINT,
+            checkpoint=job.pop("checkpoint", CHECKPOINT),
             step_sleep_s=step_sleep_s,
             max_failures=8,
-            in_place={"warm_spares": SPARES, **in_place},
+            in_place=None if in_place is None else {"warm_spares": SPARES, **in_place},
             fsdp2=fsdp2,
             **job,
         )
@@ -177,6 +180,7 @@ def run_with(
         thread.join(timeout=pace.bound(30))
     assert not failures, failures
     return {
+        "events": events,
         "computes": example.read_computes(events),
         "restores": example.read_restores(events),
         "bit_exact": final["params_digest"] == references["fsdp2" if fsdp2 else workers],
@@ -373,6 +377,122 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
     assert final["params_digest"] == references["fsdp2-4"]
     rejoins = [e for e in client.events()[1] if e["kind"] == "rejoin" and e["job"] == "fsdp4"]
     assert len({e["generation"] for e in rejoins}) == 1, rejoins
+
+
+def reference_digest(cluster: tuple[SimulatedCluster, Any, dict[Any, str]], workers: int) -> str:
+    """The uninterrupted DDP run's digest at ``workers`` ranks, run once on first use."""
+    _, example, references = cluster
+    if workers not in references:
+        final = example.run(
+            name=f"reference{workers}",
+            storage_path=tempfile.mkdtemp(),
+            events_dir=tempfile.mkdtemp(),
+            steps=STEPS,
+            workers=workers,
+            checkpoint=CHECKPOINT,
+            step_sleep_s=0.0,
+        )
+        references[workers] = str(final["params_digest"])
+    return references[workers]
+
+
+def drain_at_step(sim: SimulatedCluster, example: Any, job: str, step: int, drained: dict[str, Any]) -> Any:
+    """Faults for ``run_with``: once ``step`` committed, Ray is told that rank 2's node drains
+    with a 10 s deadline (the call ``ray drain-node`` makes); at the deadline the node is
+    killed. ``drained`` gets the node, the notice's time, the deadline and the kill's time."""
+
+    def faults(events: str) -> None:
+        example.wait_committed(job, step)
+        node = example.rank_node(job, 2)
+        deadline = time.time() + 10.0
+        assert _ray_compat.drain_node(node, deadline, "a test's preemption notice") is None
+        drained.update(node=node, notice=time.time(), deadline=deadline)
+        time.sleep(max(0.0, deadline - time.time()))
+        drained["killed"] = time.time()
+        if any(str(n.node_id) == node for n in sim.workers):
+            example.remove_node(sim, node)
+
+    return faults
+
+
+def test_a_drained_node_hands_its_rank_over_with_no_step_redone_and_no_protection_lost(cluster: Any) -> None:
+    """4 ranks saving every 5th step; after step 4 committed, Ray is told that rank 2's node
+    drains with a 10 s deadline (a preemption notice, the call ``ray drain-node`` makes), and
+    the node is killed at the deadline. Every rank saves each step from the notice on, no new
+    shard goes to the draining node, and rank 2 hands its place over once a step saved after
+    the notice committed: its replacement restores that very step from peers, the survivors keep
+    their processes and restore it from their local copies, so no step is trained twice, all
+    before the deadline. After the kill the newest committed step still survives as many node
+    losses as parity shards, and the final weights are bit-identical."""
+    sim, example, _ = cluster
+    reference_digest(cluster, 4)  # run_with compares the run's final weights with it
+    sim.add_workers(1)
+    drained: dict[str, Any] = {}
+    faults = drain_at_step(sim, example, "drain", 4, drained)
+    every_5 = {**CHECKPOINT, "every": 5, "keep_committed": 16}  # the handover's step is kept to be looked at
+    report = run_with(cluster, "drain", 4, faults, {}, checkpoint=every_5, log_steps=True)
+    assert drained.get("killed"), "the run ended before the node's deadline"
+    groups = by_attempt(report["restores"])
+    assert len(groups) == 2, groups  # one planned loss, one handover
+    first, second = groups
+    assert [rank for rank in (0, 1, 3) if second[rank]["pid"] == first[rank]["pid"]] == [0, 1, 3], groups
+    assert second[2]["pid"] != first[2]["pid"] and second[2]["node_id"] != drained["node"]
+    assert (second[0]["source"], second[2]["source"]) == ("local", "peers")
+    handed = second[0]["restored_step"]
+    steps = example.read_steps(report["events"])
+    ends = [(s["rank"], s["step"]) for s in steps]
+    assert len(ends) == len(set(ends)), "a step was trained twice"
+    assert max(s["step"] for s in steps if s["rank"] == 2 and s["pid"] == first[2]["pid"]) == handed - 1
+    (recovery,) = report["recoveries"]
+    assert recovery.mode == "in_place"
+    (rejoin,) = [r for r in report["rejoins"] if r["role"] == "replacement"]
+    assert [list(lost) for lost in rejoin["lost"]] == [[2, "drained"]], rejoin
+    survivors = [r for r in report["rejoins"] if r["role"] == "survivor"]
+    stall = max(r["ready"] - r["detected"] for r in survivors)
+    begun = min(r["detected"] for r in survivors)
+    assert begun < drained["deadline"], (survivors, drained)  # handed over before the node's deadline
+    phases = {
+        k: round(rejoin[k] - begun, 2) for k in ("process_started", "warmed", "worker_started", "joined", "ready")
+    }
+    after = begun - drained["notice"]
+    print(f"handover at step {handed}, {after:.2f} s after the notice: survivors stalled {stall:.2f} s;")
+    print(f"the replacement's moments from the handover: {phases}")
+    client = RegistryClient(ray_ckpt.settings.namespace())
+    latest = client.latest_committed("drain")
+    alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+    for step in (handed, latest):
+        located = client.locate("drain", step)
+        for rank, entry in located.items():
+            nodes = list(entry.nodes.values())
+            assert drained["node"] not in nodes, (step, rank, nodes)
+            assert rank_protection(nodes, CHECKPOINT["data_shards"], alive) == CHECKPOINT["parity_shards"], nodes
+    assert report["bit_exact"]
+
+
+def test_without_in_place_a_drain_costs_no_step_the_restart_resumes_from_the_step_saved_after_the_notice(
+    cluster: Any,
+) -> None:
+    """The same drain under Ray Train's full restarts (no ``InPlaceRecovery``): Ray Train's
+    preemption watcher tells every worker; every rank saves each step from then on, and rank 2,
+    once one of those steps committed, holds at the next until Ray Train restarts the workers at
+    the deadline. They restore that step, so no step is trained twice; bit-identical."""
+    sim, example, _ = cluster
+    reference_digest(cluster, 4)
+    sim.add_workers(1)
+    drained: dict[str, Any] = {}
+    faults = drain_at_step(sim, example, "drain_restart", 4, drained)
+    every_5 = {**CHECKPOINT, "every": 5}
+    # Ray Train's watcher asks every 5 s: steps slow enough that the notice comes mid-run
+    report = run_with(cluster, "drain_restart", 4, faults, None, checkpoint=every_5, log_steps=True, step_sleep_s=0.5)
+    assert drained.get("killed"), "the run ended before the node's deadline"
+    groups = by_attempt(report["restores"])
+    assert len(groups) == 2, groups  # one planned loss, one restart
+    second = groups[1]
+    assert second[0]["restored_step"] > 4, groups  # a step saved after the notice
+    ends = [(s["rank"], s["step"]) for s in example.read_steps(report["events"])]
+    assert len(ends) == len(set(ends)), "a step was trained twice"
+    assert all(record["node_id"] != drained["node"] for record in second.values())
+    assert report["bit_exact"]
 
 
 def test_two_kills_in_sequence_and_a_kill_during_a_recovery_end_bit_exact(cluster: Any) -> None:

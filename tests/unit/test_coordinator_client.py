@@ -75,7 +75,7 @@ def test_every_call_has_its_bound_scaled_by_the_runs_size(fake: Coordinator) -> 
     assert client.begin(1000) == BeginReply(epoch=2, generation=5, attempt="r.g5")
     assert client.epoch() == 2
     assert client.register(MEMBER, 5) is True
-    assert client.beat(Beat(MEMBER), timeout_s=0.25) is False
+    assert client.beat(Beat(MEMBER), timeout_s=0.25).leave is False
     assert client.join(MEMBER, 12.0) == FORMED
     client.publish(6, "10.0.0.1:4242")
     assert client.address(6, 3.0) == "10.0.0.1:4242"
@@ -168,7 +168,7 @@ def test_a_store_that_fails_is_dropped_and_the_call_goes_to_the_coordinator(
     fake: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client = client_with_a_failing_store(fake, monkeypatch, ray.exceptions.RayActorError())
-    assert client.beat(Beat(MEMBER), timeout_s=0.25) is False
+    assert client.beat(Beat(MEMBER), timeout_s=0.25).leave is False
     assert client.store is None and [method for method, _, _ in fake.calls] == ["beat_many"]
 
 
@@ -197,7 +197,7 @@ def test_a_store_that_stops_answering_is_dropped_after_a_few_calls_and_the_rank_
         with pytest.raises(CoordinatorTimeoutError, match="through this node's store"):
             client.beat(Beat(MEMBER), timeout_s=0.1)
     assert client.store is None
-    assert client.beat(Beat(MEMBER), timeout_s=0.1) is False and [m for m, _, _ in fake.calls] == ["beat_many"]
+    assert client.beat(Beat(MEMBER), timeout_s=0.1).leave is False and [m for m, _, _ in fake.calls] == ["beat_many"]
 
 
 def test_asking_whether_the_run_recovers_waits_in_the_coordinator_for_a_change(fake: Coordinator) -> None:

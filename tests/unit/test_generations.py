@@ -482,3 +482,42 @@ def test_a_recovery_is_under_way_from_a_loss_or_a_join_until_the_next_generation
     assert not gens.recovering(), "the next generation formed"
     gens.join(member(1), now=2.0)  # a survivor whose collective failed before any loss was found
     assert gens.recovering(), "a round is open"
+
+
+def test_a_drain_is_told_to_every_member_and_names_the_ranks_on_the_draining_nodes() -> None:
+    gens = started(4)
+    gens.set_drains({"n2": 1000.0, "elsewhere": None})
+    replies = gens.beat_many([generations.Beat(member(rank)) for rank in range(4)], 0.1, None)
+    assert [reply.leave for reply in replies] == [False] * 4
+    assert {reply.drain for reply in replies} == {generations.DrainNotice((2,), ("n2",), 1000.0)}
+    gens.set_drains({})
+    assert gens.beat_many([generations.Beat(member(0))], 0.2, None) == [generations.STAY]
+
+
+def test_a_handover_makes_the_rank_lost_and_doomed_and_its_peers_leave() -> None:
+    gens = started(3)
+    gens.set_drains({"n1": None})
+    assert gens.live_on("n1") == [1]
+    assert gens.hand_over(member(1), now=0.5)
+    assert gens.lost[1]["reason"] == "drained" and gens.live_on("n1") == []
+    assert gens.notice is None  # no live rank is left on a draining node
+    assert [reply.leave for reply in gens.beat_many([generations.Beat(member(r)) for r in (0, 2)], 0.6, None)] == [
+        True,
+        True,
+    ]
+    assert gens.join(member(1), now=0.7) == generations.JoinReply(generations.JoinStatus.DOOMED)
+    assert not gens.hand_over(member(1), now=0.8)  # once
+    for rank in (0, 2):
+        assert gens.join(member(rank), now=0.9) is None
+    assert gens.join(member(1, "b", node="n9"), now=1.0) is None
+    assert gens.complete()
+    formed = gens.form(now=1.1)
+    assert formed.members[1].node_id == "n9" and gens.history[-1]["replaced"] == [1]
+    gens.set_drains({"n1": None})
+    assert gens.notice is None  # the replacement is elsewhere
+
+
+def test_a_member_that_is_not_in_the_generation_cannot_hand_over() -> None:
+    gens = started(2)
+    assert not gens.hand_over(member(1, "stranger"), now=0.1)
+    assert not gens.lost

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from ray_ckpt import _ray_compat, settings
 from ray_ckpt.core import events
 from ray_ckpt.core.generations import JoinReply, JoinStatus, Member
-from ray_ckpt.errors import CommitTimeoutError, ConfigError, InPlaceRecoveryError
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, HandedOver, InPlaceRecoveryError
 from ray_ckpt.train import inplace, inplace_controller, inplace_worker
 from ray_ckpt.train.inplace import InPlaceRecovery, is_peer_failure
 
@@ -239,9 +240,38 @@ def test_a_worker_whose_node_is_going_waits_for_its_end_instead_of_rejoining(mon
     def train() -> None:
         raise dist.DistBackendError("peer gone")
 
-    with pytest.raises(InPlaceRecoveryError, match="raylet is gone but the process lived on"):
+    with pytest.raises(InPlaceRecoveryError, match=r"node is going \(its raylet is gone\) but the process lived on"):
         w.run(train, ())
     assert rejoined == [1], "only its first join, as the replacement it starts as"
+    assert sleeps.slept == [w.settings.timeout_s]
+
+
+def test_a_rank_that_handed_its_place_over_tears_its_generation_down_and_waits_for_its_node_to_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HandedOver`` out of the training function (its node drains and a step saved after the
+    notice committed): the rank neither rejoins nor raises the error as the job's; its peers'
+    collectives fail at once (teardown), and it waits ``timeout_s`` for its node to be declared
+    dead, raising InPlaceRecoveryError only if it is still alive then."""
+    sleeps = Sleeps()
+    monkeypatch.setattr(inplace_worker, "time", sleeps)
+    rejoined: list[int] = []
+    torn_down: list[int] = []
+    w = worker(lambda: rejoined.append(1) or [])  # type: ignore[func-returns-value]
+    w.role.generation = 1  # a full start's worker: no join before its first run
+    for field in ("generation", "attempt"):  # what the run sets in the process's state, given back after
+        monkeypatch.setattr(inplace_worker.PROCESS, field, None)
+    w._teardown = lambda: torn_down.append(1)  # type: ignore[method-assign]
+    w.backend = "gloo"
+    monkeypatch.setattr(w.role, "coordinator", types.SimpleNamespace(register=lambda member, generation: True))
+    w.member = Member(rank=0, incarnation="a0", node_id="n0", pid=1000, host="h", epoch=1)
+
+    def train() -> None:
+        raise HandedOver("rank 0: its node drains; it handed its place over")
+
+    with pytest.raises(InPlaceRecoveryError, match=r"node is going \(rank 0: its node drains"):
+        w.run(train, ())
+    assert rejoined == [] and torn_down == [1]
     assert sleeps.slept == [w.settings.timeout_s]
 
 

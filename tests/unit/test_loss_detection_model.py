@@ -8,7 +8,8 @@ a member, live or dead; of one connection with a live member that is no evidence
 a reused descriptor's or a connection that is not gloo's would be), process deaths, node deaths,
 dying members that join, live members whose node is fenced (declared dead by the coordinator
 while they still beat through their peers: a node cut off from the head), fences Ray refuses
-(the node listed alive again once its members were lost), finished functions and rounds, and
+(the node listed alive again once its members were lost), nodes Ray drains and members there
+that hand their place over (their node then declared dead), finished functions and rounds, and
 checks after every event:
 
 - safety: a member that is alive is lost only after a pause of its beats longer than the bound
@@ -31,8 +32,12 @@ checks after every event:
 - the hang watcher: a member whose function finished is never hung, however long the others go
   on; every other current member outside the round that falls silent is;
 - a member whose node is going (it said its raylet is gone, or the node table showed its node
-  dead while it was outside the round) is refused a place in the round, and leaves the round it
-  joined before it said so: no generation forms with a dying process.
+  dead while it was outside the round, or it handed its place over) is refused a place in the
+  round, and leaves the round it joined before it said so: no generation forms with a dying process;
+- drains: every beat reply carries the generation's drain notice, which names exactly the
+  current members on draining nodes that are neither lost nor finished as of the coordinator's
+  last read of the drains; a handover is taken exactly from such a live member of the current
+  generation, makes it lost ("drained") at once, and makes every other member outside the round leave.
 """
 
 from __future__ import annotations
@@ -106,10 +111,12 @@ class LossDetection(RuleBasedStateMachine):
         self.unreachable: set[str] = set()  # the coordinator's view: probed silent members' nodes
         self.lost_unreachable: set[int] = set()  # found lost while their node was unreachable
         self.fenced: dict[int, float] = {}  # live rank -> when its node was declared dead (cut off)
+        self.draining: set[str] = set()  # nodes Ray drains
+        self.handed_over: set[int] = set()  # ranks whose handover the coordinator took
 
     def doomed(self) -> set[int]:
         """The members whose node the coordinator knows is going (or found unreachable)."""
-        return self.orphaned | self.seen_on_dead_nodes | self.lost_unreachable
+        return self.orphaned | self.seen_on_dead_nodes | self.lost_unreachable | self.handed_over
 
     def _beating(self) -> list[int]:
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
@@ -151,6 +158,9 @@ class LossDetection(RuleBasedStateMachine):
                 assert self.members[rank].node_id in self.unreachable, (rank, self.unreachable)
                 self.lost_unreachable.add(rank)
             assert rank not in self.finished_unlost, (rank, self.gens.lost)
+            if rank in self.handed_over:
+                assert self.gens.lost[rank]["reason"] == "drained", (rank, self.gens.lost)
+                continue
             if rank in self.dead:
                 continue
             if rank in self.fenced:  # lost by the verdict on its node, not by a pause
@@ -214,13 +224,14 @@ class LossDetection(RuleBasedStateMachine):
                     self.closures.setdefault((rank, named, group), (self.taken[named], self.now))
             if beat.orphaned and rank not in self.gens.lost:
                 failing = True
-        leave = self.gens.beat_many(beats, self.now, None, self.unreachable)
+        replies = self.gens.beat_many(beats, self.now, None, self.unreachable)
         self._check_losses()
         for beat in beats:
             if beat.orphaned:
                 self.orphaned.add(beat.member.rank)
                 self.joined.discard(beat.member.rank)
-        assert leave == [self.gens.must_leave(beat.member) for beat in beats]
+        assert [reply.leave for reply in replies] == [self.gens.must_leave(beat.member) for beat in beats]
+        assert all(reply.drain == self.gens.notice for reply in replies), (replies, self.gens.notice)
 
     @rule(order=st.permutations(range(5)), late=st.sets(st.integers(0, 4), max_size=2), stall=st.booleans())
     def tick(self, order: list[int], late: set[int], stall: bool) -> None:
@@ -246,6 +257,19 @@ class LossDetection(RuleBasedStateMachine):
             self.seen_on_dead_nodes.update(
                 r for r, m in enumerate(self.members) if m.node_id in self.dead_nodes and r not in self.joined
             )
+            self._read_drains()
+
+    def _read_drains(self) -> None:
+        """The actor's read of the draining nodes; the notice names the live ranks there."""
+        self.gens.set_drains(dict.fromkeys(self.draining, 100.0))
+        current = self.gens.current.members if self.gens.current is not None else {}
+        expected = sorted(
+            r
+            for r, m in current.items()
+            if m.node_id in self.draining and r not in self.gens.lost and m.incarnation not in self.gens.finished
+        )
+        notice = self.gens.notice
+        assert (notice.ranks if notice is not None else ()) == tuple(expected), (notice, expected)
 
     @rule(count=st.integers(5, 40))
     def ticks(self, count: int) -> None:
@@ -352,6 +376,32 @@ class LossDetection(RuleBasedStateMachine):
         or one beat at a time."""
         ranks = sorted(self.dead)
         self.report_closed(index, accepted=False, named=ranks[dead % len(ranks)], groups=groups)
+
+    @precondition(lambda self: len(self._beating()) > 1)
+    @rule(index=st.integers(0, 4))
+    def node_drains(self, index: int) -> None:
+        """Ray is told that a member's node will go (a preemption notice): the coordinator reads it."""
+        rank = self._beating()[index % len(self._beating())]
+        self.draining.add(self.members[rank].node_id)
+        self._read_drains()
+
+    @precondition(lambda self: any(self.members[r].node_id in self.draining for r in self._beating()))
+    @rule(index=st.integers(0, 4))
+    def hands_over(self, index: int) -> None:
+        """A member on a draining node hands its place over (a step saved after the notice
+        committed); once taken, its node is declared dead and its process ends with it."""
+        ranks = [r for r in self._beating() if self.members[r].node_id in self.draining]
+        rank = ranks[index % len(ranks)]
+        member = self.members[rank]
+        live = self.gens.current is not None and self.gens.current.members.get(rank) == member
+        expected = live and rank not in self.gens.lost and rank not in self.joined
+        assert self.gens.hand_over(member, now=self.now) == expected, (rank, self.gens.lost, self.joined)
+        if expected:
+            self.handed_over.add(rank)
+            self.checked.discard(rank)
+            self._check_losses()
+            self.dead[rank] = self.now
+            self.dead_nodes.add(member.node_id)
 
     @precondition(lambda self: len(self._beating()) > 1)
     @rule(index=st.integers(0, 4))

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ray_ckpt.core.generations import LEAVE, BeatReply
 from ray_ckpt.train import _torch_compat, inplace_worker, process_groups
 
 
@@ -148,9 +149,9 @@ class LeaveCoordinator:
         self.beats = 0
         self.store = None  # no node store: beats go straight to the coordinator
 
-    def beat(self, member: Any, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> bool:
+    def beat(self, member: Any, timeout_s: float, *, suspect: bool = False, orphaned: bool = False) -> BeatReply:
         self.beats += 1
-        return True
+        return LEAVE
 
 
 class RecordedInterrupts:
@@ -194,7 +195,8 @@ def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_p
     )
     worker.settings, worker.rank, worker.world_size, worker.backend = settings, 0, 4, backend
     worker.member, worker._beating, worker._store = None, threading.Event(), None  # type: ignore[assignment]
-    worker._generation, worker._raylet = 1, os.getppid()
+    worker._raylet = os.getppid()
+    monkeypatch.setattr(inplace_worker.PROCESS, "generation", 1)
 
     def wait_for_beats(count: int) -> None:
         deadline = time.monotonic() + 10
@@ -205,7 +207,7 @@ def test_a_heartbeat_told_to_leave_interrupts_and_aborts_every_nccl_group_once_p
     worker._start_heartbeat()
     wait_for_beats(4)
     assert aborts == fired == [1]
-    worker._generation = 2  # the rank joined the next generation
+    inplace_worker.PROCESS.generation = 2  # the rank joined the next generation
     wait_for_beats(coordinator.beats + 3)
     worker._beating.set()
     assert len(aborts) == len(fired) == 2 and aborts == fired

@@ -3,11 +3,13 @@ tools): this fails when a Ray upgrade moves them."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import socket
 from typing import Any, ClassVar
 
 import pytest
+import ray
 
 from ray_ckpt import _ray_compat
 from ray_ckpt.core.nodes import RayNode
@@ -485,3 +487,29 @@ def test_declaring_a_node_dead_uses_a_gcs_call_this_ray_has() -> None:
 
 def test_declaring_a_node_dead_without_a_cluster_says_so_and_raises_nothing() -> None:
     assert _ray_compat.declare_node_dead("ab" * 28, "a test", timeout_s=0.5) is False
+
+
+def test_drains_are_read_and_asked_for_through_calls_this_ray_has() -> None:
+    """``draining_nodes`` and ``drain_node`` use the GCS calls ``ray drain-node`` and Ray Train's
+    preemption watcher use; an upgrade that moves them fails here (the drain cluster test checks
+    what the GCS does with them)."""
+    from ray._private.state import GlobalState
+    from ray.core.generated import autoscaler_pb2
+
+    assert callable(GlobalState.get_draining_nodes)
+    assert autoscaler_pb2.DrainNodeReason.Value(_ray_compat.PREEMPTION)  # type: ignore[attr-defined]
+    signature = ray._raylet.InnerGcsClient.drain_node.__doc__ or ""  # a Cython method: its signature is its doc
+    assert "node_id" in signature and "reason_message" in signature and "deadline_timestamp_ms" in signature
+    assert "timeout" in signature
+
+
+def test_ray_trains_preemption_notice_is_read_where_this_ray_keeps_it() -> None:
+    """``preemption_notice`` reads the worker's train context, where Ray Train's preemption
+    watcher puts what it found; outside a worker it says there is none."""
+    from ray.train.v2._internal.execution.context import TrainContext, get_train_context
+    from ray.train.v2.api.preemption import PreemptionInfo
+
+    assert callable(get_train_context)
+    assert "preemption_context" in {field.name for field in dataclasses.fields(TrainContext)}
+    assert {field.name for field in dataclasses.fields(PreemptionInfo)} == {"deadline_ms", "preempted_node_to_ranks"}
+    assert _ray_compat.preemption_notice() is None
