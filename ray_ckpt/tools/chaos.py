@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ray_ckpt import service, settings
+from ray_ckpt import _ray_compat, service, settings
 from ray_ckpt.core import events
 from ray_ckpt.core.wire import KillResult, StoreHoldings
 from ray_ckpt.errors import ConfigError, KillTimeoutError, StoreUnavailableError
@@ -219,6 +219,52 @@ def inject(
     times = fault.fire([armed[n] for n in node_ids])
     results = [KillResult(n, times[n], fault.mode, armed[n].host) for n in node_ids]
     registry = _registry(namespace) if record else None
+    _announce_kills(results, registry, by, progress)
+    _wait_gone(fault, results, wait_dead_s, namespace, registry, progress)
+    return results
+
+
+def drain_then_inject(
+    fault: Fault,
+    node_ids: Iterable[str],
+    drain_s: float,
+    *,
+    namespace: str | None = None,
+    wait_dead_s: float | None = 60.0,
+    by: str = DEFAULT_BY,
+    progress: Progress | None = None,
+    record: bool = True,
+) -> list[KillResult]:
+    """A planned loss, as a cloud's preemption notice gives one: Ray is told that each node
+    drains with a deadline ``drain_s`` seconds away (``_ray_compat.drain_node``, the call
+    ``ray drain-node`` makes: Ray starts nothing new there; ray_ckpt's in-place runs save and
+    hand the node's ranks over), then ``fault`` strikes the nodes at the deadline, as the cloud
+    would. Victims are armed before the drain (nothing new starts on a draining node). Each
+    drain is recorded as a ``kill`` event of mode "drain" (with its ``deadline``), the strike as
+    ``inject`` records it. Results and errors as ``inject``'s; ConfigError where Ray refuses a
+    drain (nothing is struck then)."""
+    if not drain_s > 0:
+        raise ConfigError(f"a drain needs a deadline > 0 seconds away, got {drain_s!r}")
+    service._require_ray()
+    node_ids = [str(n) for n in node_ids]
+    namespace = namespace or settings.namespace()
+    fault.check(node_ids, namespace=namespace, allow_head=False)
+    armed = fault.arm(node_ids, namespace=namespace)
+    registry = _registry(namespace) if record else None
+    deadline = time.time() + drain_s
+    for node_id in node_ids:
+        refused = _ray_compat.drain_node(node_id, deadline, f"{by}: a drain with a {drain_s:g} s deadline")
+        if refused is not None:
+            fault.disarm(armed.values())
+            raise ConfigError(f"Ray did not accept the drain of node {node_id}: {refused}")
+        notice = KillResult(node_id, time.time(), "drain", armed[node_id].host)
+        drain = events.event("kill", node_id=node_id, mode="drain", by=by, time=notice.kill_time, deadline=deadline)
+        notice.recorded = _record(registry, drain)
+        if progress is not None:
+            progress("drain", notice)
+    time.sleep(max(0.0, deadline - time.time()))
+    times = fault.fire([armed[n] for n in node_ids])
+    results = [KillResult(n, times[n], fault.mode, armed[n].host) for n in node_ids]
     _announce_kills(results, registry, by, progress)
     _wait_gone(fault, results, wait_dead_s, namespace, registry, progress)
     return results

@@ -443,6 +443,14 @@ def _add_kill_node(commands: Any, common: argparse.ArgumentParser) -> None:
     kill.add_argument(
         "--fraction", type=float, metavar="F", help="--fault slow: the share of its rate the link keeps (default 0.01)"
     )
+    kill.add_argument(
+        "--drain",
+        type=float,
+        metavar="S",
+        help="with --node or --random: a planned loss, as a preemption notice gives one: tell Ray each node "
+        "drains with a deadline S seconds away (as `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION "
+        "--deadline-remaining-seconds S`), then strike the fault at the deadline",
+    )
     kill.add_argument("--store-only", action="store_true", help="the same as --fault store")
     kill.add_argument("--seed", type=int, help="random seed (victims, gaps)")
     kill.add_argument(
@@ -478,6 +486,8 @@ def _check_kill_args(args: argparse.Namespace) -> None:
         (args.min_step is not None and args.during_save is None, "--min-step", "--during-save"),
         (args.allow_head and not args.node, "--allow-head", "--node"),
         (args.yes and not args.allow_head, "--yes", "--allow-head"),
+        (args.drain is not None and not (args.node or args.random), "--drain", "--node or --random"),
+        (args.drain is not None and args.allow_head, "--drain", "--node or --random without --allow-head"),
     ]
     for wrong, option, allowed in misplaced:
         if wrong:
@@ -486,6 +496,8 @@ def _check_kill_args(args: argparse.Namespace) -> None:
         raise CliError("--count and --kills must be >= 1")
     if args.mtbf is not None and not args.mtbf > 0:
         raise CliError("--mtbf must be > 0 seconds")
+    if args.drain is not None and not args.drain > 0:
+        raise CliError("--drain must be > 0 seconds (the deadline the drain gives)")
 
 
 def resolve_node(text: str) -> str:
@@ -510,7 +522,9 @@ def _clock(moment: float | None) -> str:
 def _kill_progress(kind: str, result: KillResult) -> None:
     node = _short(result.node_id)
     host = f" on host {result.host}" if result.host else ""
-    if kind == "kill" and result.mode == "store":
+    if kind == "drain":
+        print(f"drained node {node}{host} at {_clock(result.kill_time)} (a preemption notice)", flush=True)
+    elif kind == "kill" and result.mode == "store":
         print(f"killed the ray_ckpt store of node {node}{host} at {_clock(result.kill_time)}", flush=True)
     elif kind == "kill" and result.mode in link_faults.LAB_FAULTS:
         print(f"struck node {node}{host} with {result.mode} at {_clock(result.kill_time)}", flush=True)
@@ -599,7 +613,10 @@ def _cmd_kill_node(args: argparse.Namespace) -> int:
                 confirm_head_kill(head, yes=args.yes)
         else:
             victims = chaos.pick_nodes(args.count, seed=args.seed, job=args.holding, namespace=namespace)
-        results = chaos.inject(fault, victims, allow_head=args.allow_head, **common)
+        if args.drain is not None:
+            results = chaos.drain_then_inject(fault, victims, args.drain, **common)
+        else:
+            results = chaos.inject(fault, victims, allow_head=args.allow_head, **common)
     if isinstance(fault, link_faults.LabFault) and fault.duration_s:
         if not args.json:
             print(f"waiting {fault.duration_s:g} s for the {fault.mode} fault to end", flush=True)
