@@ -129,6 +129,14 @@ def _backend_class() -> type:
                     target=_poll_promptly_in_recoveries, args=(coordinator,), name="ray_ckpt-recoveries", daemon=True
                 ).start()
 
+        def on_shutdown(self, group: Any, config: InPlaceRecovery) -> None:
+            if path.missing is None and _ray_compat.is_replica_group(group):
+                # A failed worker on its way out (its node dead, or its process ending with the
+                # group): Ray's shutdown would call into it and wait for the call to fail (0.8 s
+                # here) before its replacement may start. Its process groups are the wrapper's.
+                return
+            super().on_shutdown(group, config)
+
     return _InPlaceBackend
 
 
