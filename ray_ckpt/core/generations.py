@@ -427,7 +427,7 @@ class Generations:
         nodes = tuple(sorted({current.members[rank].node_id for rank in ranks}))
         deadlines = [d for d in (drains[node] for node in nodes) if d is not None]
         notice = DrainNotice(tuple(ranks), nodes, min(deadlines) if deadlines else None)
-        if notice != self.notice:
+        if notice != self.notice:  # an equal one is kept: one object in every reply of a batch
             self.notice = notice
 
     def live_on(self, node_id: str) -> list[int]:

@@ -138,8 +138,7 @@ class Checkpointer(checkpointer.Checkpointer):
         trained twice. Where the step does not commit in time, it tries again at the next step."""
         notice = self._drain_notice()
         if notice is None:
-            if self._drain_first is not None:
-                self._drain_first, self._saves.avoid = None, frozenset()
+            self._drain_first, self._saves.avoid = None, frozenset()
             return self._save(step, state, force)
         self._saves.avoid = frozenset(notice.nodes)
         handle = self._save(step, state, True)
@@ -170,6 +169,8 @@ class Checkpointer(checkpointer.Checkpointer):
                 self._hold(step, notice)
                 return handle
             handed_over = inplace.hand_over()
+        if handed_over is None:  # not taken: this generation is failing already
+            return handle
         raise handed_over
 
     def _drain_notice(self) -> DrainNotice | None:

@@ -284,17 +284,16 @@ def drain_notice() -> DrainNotice | None:
     return drain[1]
 
 
-def hand_over() -> HandedOver:
+def hand_over() -> HandedOver | None:
     """This rank's node drains and a step saved after the notice committed: tell the
     coordinator that this rank leaves its place (its peers leave the generation and a
     replacement restores that step), and return the ``HandedOver`` to raise into the training
-    function. InPlaceRecoveryError where the coordinator did not take it (this rank is no live
-    member of the current generation any more)."""
+    function. None where the coordinator did not take it: this rank is no live member of the
+    current generation any more (a peer was lost meanwhile; ``PeerLost`` follows), or this
+    process is no worker of an in-place run."""
     role, member = PROCESS.role, PROCESS.member
-    if role is None or member is None:
-        raise InPlaceRecoveryError("hand_over() outside an in-place run's worker")
-    if not role.coordinator.hand_over(member):
-        raise InPlaceRecoveryError(f"rank {member.rank}: the coordinator did not take this rank's handover")
+    if role is None or member is None or not role.coordinator.hand_over(member):
+        return None
     return HandedOver(f"rank {member.rank}: its node drains; it handed its place over")
 
 
