@@ -17,7 +17,7 @@ from ray.train.collective import broadcast_from_rank_zero
 from ray_ckpt import _ray_compat, checkpointer
 from ray_ckpt.config import CheckpointConfig
 from ray_ckpt.core.generations import DrainNotice, generation_of
-from ray_ckpt.errors import CommitTimeoutError, ConfigError, TornStepError
+from ray_ckpt.errors import CommitTimeoutError, ConfigError, HandedOver, TornStepError
 from ray_ckpt.save import SaveHandle
 from ray_ckpt.train import inplace
 
@@ -136,14 +136,22 @@ class Checkpointer(checkpointer.Checkpointer):
         step. Without in place it holds here until Ray Train ends the workers at the deadline
         and restarts them from this step (its preemption handling). Either way no step is
         trained twice. Where the step does not commit in time, it tries again at the next step."""
+        handle, handed_over = self._save_or_hand_over(step, state, force)
+        if handed_over is not None:
+            raise handed_over
+        return handle
+
+    @_shielded
+    def _save_or_hand_over(self, step: int, state: Any, force: bool) -> tuple[SaveHandle, HandedOver | None]:
+        """``save``'s work: the handle, and the ``HandedOver`` to raise once the shield is left."""
         notice = self._drain_notice()
         if notice is None:
             self._drain_first, self._saves.avoid = None, frozenset()
-            return self._save(step, state, force)
+            return self._save(step, state, force), None
         self._saves.avoid = frozenset(notice.nodes)
         handle = self._save(step, state, True)
         if self.rank not in notice.ranks or handle.skipped or self._held:
-            return handle
+            return handle, None
         if self._drain_first is None:
             self._drain_first = step
             logger.warning(
@@ -152,26 +160,22 @@ class Checkpointer(checkpointer.Checkpointer):
                 "none" if notice.deadline is None else f"in {notice.deadline - time.time():.1f} s",
                 step,
             )
-            return handle
-        with inplace.shielded():
-            committed = self._registry.latest_committed(self.job)
-            if committed is None or committed < self._drain_first:
-                return handle
-            left = self.config.commit_timeout_s
-            if notice.deadline is not None:
-                left = max(1.0, min(left, notice.deadline - time.time() - DRAIN_MARGIN_S))
-            try:
-                handle.wait(left)
-            except (CommitTimeoutError, TornStepError) as error:
-                logger.warning("rank %d: step %d did not commit (%s); trying at the next step", self.rank, step, error)
-                return handle
-            if inplace.current_attempt() is None:
-                self._hold(step, notice)
-                return handle
-            handed_over = inplace.hand_over()
-        if handed_over is None:  # not taken: this generation is failing already
-            return handle
-        raise handed_over
+            return handle, None
+        committed = self._registry.latest_committed(self.job)
+        if committed is None or committed < self._drain_first:
+            return handle, None
+        left = self.config.commit_timeout_s
+        if notice.deadline is not None:
+            left = max(1.0, min(left, notice.deadline - time.time() - DRAIN_MARGIN_S))
+        try:
+            handle.wait(left)
+        except (CommitTimeoutError, TornStepError) as error:
+            logger.warning("rank %d: step %d did not commit (%s); trying at the next step", self.rank, step, error)
+            return handle, None
+        if inplace.current_attempt() is None:
+            self._hold(step, notice)
+            return handle, None
+        return handle, inplace.hand_over()  # None where not taken: this generation is failing already
 
     def _drain_notice(self) -> DrainNotice | None:
         """The drain under way: the in-place run's coordinator's word, or else what Ray Train's
