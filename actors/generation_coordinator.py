@@ -46,6 +46,7 @@ SWEEP_PER_TICK = 64  # the most nodes a sweep probes at once
 PROBES_IN_FLIGHT = 3  # the most probes of one node at once (``_reprobe``) ...
 REPROBE_S = 0.1  # ... one more every this long while one is unanswered or the node's streak of failures lasts
 DRAIN_POLL_S = 0.5  # how often the watcher asks the GCS which nodes drain
+DECLARE_TRIES = 5  # how many times a drained node's declaration is tried while Ray lists it alive
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -173,7 +174,11 @@ class GenerationCoordinator:
         now, not at its deadline. Its placement-group bundles move to other nodes only then, so
         the replacements can start (Ray starts nothing in a bundle on a draining node). Its
         ranks' processes end with it; a node Ray refuses to declare dead goes at its deadline."""
-        await self._declare_dead(entry, "ray_ckpt: the node drains and its ranks handed their places over")
+        for _ in range(DECLARE_TRIES):
+            await self._declare_dead(entry, "ray_ckpt: the node drains and its ranks handed their places over")
+            if entry["declared"] or entry["node_id"] not in (self._alive or set()):
+                return
+            await asyncio.sleep(self._watch_interval_s)
 
     async def finish(self, member: Member) -> None:
         """``member``'s training function returned: its beats stop and that is no loss."""
@@ -465,13 +470,14 @@ class GenerationCoordinator:
                 continue
             alive = {node.node_id for node in nodes} - self._fenced_out()
             self._alive = alive
+            heads = {node.node_id for node in nodes if _ray_compat.is_head_node(node)}
             drains = self._read_drains(now)
             self._raylets = {node.node_id: node.raylet_address for node in nodes if node.raylet_address}
             async with self._changed:
                 self._probe(self._gens.silent(now))
                 self._gens.find_lost(now, alive, self._unreachable)
                 if drains is not None:
-                    self._gens.set_drains(drains)
+                    self._gens.set_drains(drains, heads)
                 self._fence_silent_nodes(now)
                 self._try_form(now)
                 hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]

@@ -137,6 +137,7 @@ class Checkpointer(WithIdentity):
         )
         self._previous_call: tuple[int, float, bool] | None = None  # (step, when save returned, a save ran then)
         self._last_step: int | None = None
+        self.forced_step: int | None = None  # the newest step saved only because save() was forced
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
         self.last_save_phases_s: dict[str, float] = {}
@@ -176,6 +177,7 @@ class Checkpointer(WithIdentity):
         reason = self._skip_reason(step, started)
         if reason is not None and not force:
             return self._skip(step, started, reason)
+        self.forced_step = step if reason is not None else self.forced_step
         layout = snapshot.build_layout(state)  # validates before anything is waited for or touched
         self._saves.check_placement()
         busy = self._in_flight is not None and not self._in_flight.done()

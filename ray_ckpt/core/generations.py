@@ -169,11 +169,12 @@ BeatWire = tuple[MemberWire, bool, bool, tuple[Connection, ...], Connections | N
 
 @dataclasses.dataclass(frozen=True)
 class DrainNotice:
-    """A drain under way in the current generation: Ray was told that the nodes ``nodes`` will
-    go (a preemption notice, a maintenance drain), and ``ranks`` train there; ``deadline`` is
-    the earliest deadline Ray was given (Unix seconds; None: none). Every rank saves each step
-    while it stands, and each rank in ``ranks`` hands its place over once a step saved after the
-    notice committed (``ray_ckpt.train.inplace_worker``)."""
+    """A drain under way: Ray was told that the nodes ``nodes`` will go (a preemption notice,
+    a maintenance drain; no new shard goes there), and the ranks ``ranks`` of the current
+    generation train there (none: only stores are there); ``deadline`` is the earliest deadline
+    Ray was given for those ranks' nodes, else for any (Unix seconds; None: none). While
+    ``ranks`` is not empty every rank saves each step, and each rank in it hands its place over
+    once every rank saves each step (``ray_ckpt.train.checkpointer``)."""
 
     ranks: tuple[int, ...]
     nodes: tuple[str, ...]
@@ -317,6 +318,7 @@ class Generations:
         self.history: list[dict[str, Any]] = []
         self.drains: dict[str, float | None] = {}  # node id -> deadline, of the nodes Ray drains
         self.notice: DrainNotice | None = None  # the current generation's drain (``set_drains``)
+        self.keep: frozenset[str] = frozenset()  # nodes whose ranks never hand over (the head)
         self._formed_reply: JoinReply | None = None  # the FORMED reply of the current generation, once made
 
     def attempt(self, number: int) -> str:
@@ -407,11 +409,14 @@ class Generations:
             return [LEAVE if self.must_leave(beat.member) else STAY for beat in beats]
         return [BeatReply(self.must_leave(beat.member), notice) for beat in beats]
 
-    def set_drains(self, drains: dict[str, float | None]) -> None:
+    def set_drains(self, drains: dict[str, float | None], keep: frozenset[str] | set[str] = frozenset()) -> None:
         """The nodes Ray drains now (node id -> deadline, Unix seconds or None), as the actor
-        reads them from the GCS: ``notice`` names the ranks of the current generation there that
-        are neither lost nor finished, or is None where none is."""
+        reads them from the GCS: ``notice`` names them all, and the ranks of the current
+        generation there that are neither lost nor finished, but those on a node of ``keep``
+        (the head node: it cannot be declared dead, so its ranks cannot hand over); None where
+        no node drains."""
         self.drains = dict(drains)
+        self.keep = frozenset(keep)
         current = self.current
         if current is None or not drains:
             self.notice = None
@@ -419,13 +424,14 @@ class Generations:
         ranks = sorted(
             rank
             for rank, member in current.members.items()
-            if member.node_id in drains and rank not in self.lost and member.incarnation not in self.finished
+            if member.node_id in drains
+            and member.node_id not in self.keep
+            and rank not in self.lost
+            and member.incarnation not in self.finished
         )
-        if not ranks:
-            self.notice = None
-            return
-        nodes = tuple(sorted({current.members[rank].node_id for rank in ranks}))
-        deadlines = [d for d in (drains[node] for node in nodes) if d is not None]
+        nodes = tuple(sorted(drains))
+        theirs = {current.members[rank].node_id for rank in ranks} or set(nodes)
+        deadlines = [d for d in (drains[node] for node in theirs) if d is not None]
         notice = DrainNotice(tuple(ranks), nodes, min(deadlines) if deadlines else None)
         if notice != self.notice:  # an equal one is kept: one object in every reply of a batch
             self.notice = notice
@@ -442,16 +448,23 @@ class Generations:
 
     def hand_over(self, member: Member, now: float) -> bool:
         """``member``, on a draining node, saved a step every rank committed after the notice
-        and leaves its place: it is lost ("drained") and doomed (it may not join again), so its
-        peers leave the generation and a replacement takes its rank. False where it is not a
-        live member of the current generation outside the round (nothing changes)."""
+        and leaves its place, and so does every other live member on its node (that step
+        committed with theirs too): each is lost ("drained") and doomed (it may not join
+        again), so their peers leave the generation and replacements take their ranks. False
+        where ``member`` is not a live member of the current generation outside the round, or
+        its node may not hand over (``keep``; nothing changes)."""
         if not self._in_current(member) or member.rank in self.lost or member.incarnation in self.finished:
             return False
         if self.pending.get(member.rank) == member:  # it left its generation already: no step to hand over
             return False
-        self.lost[member.rank] = {"rank": member.rank, "pid": member.pid, "reason": "drained", "time": now}
-        self.doomed.add(member.incarnation)
-        self.set_drains(self.drains)
+        if member.node_id in self.keep:
+            return False
+        members = self.current.members if self.current is not None else {}
+        for rank in self.live_on(member.node_id):
+            leaving = members[rank]
+            self.lost[rank] = {"rank": rank, "pid": leaving.pid, "reason": "drained", "time": now}
+            self._doom(leaving)  # out of the round too, should it wait there
+        self.set_drains(self.drains, self.keep)
         return True
 
     def _doom(self, member: Member) -> None:

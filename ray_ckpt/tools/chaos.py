@@ -252,11 +252,17 @@ def drain_then_inject(
     armed = fault.arm(node_ids, namespace=namespace)
     registry = _registry(namespace) if record else None
     deadline = time.time() + drain_s
+    drained: list[str] = []
     for node_id in node_ids:
-        refused = _ray_compat.drain_node(node_id, deadline, f"{by}: a drain with a {drain_s:g} s deadline")
+        try:
+            refused = _ray_compat.drain_node(node_id, deadline, f"{by}: a drain with a {drain_s:g} s deadline")
+        except Exception as error:
+            refused = f"{type(error).__name__}: {error}"
         if refused is not None:
             fault.disarm(armed.values())
-            raise ConfigError(f"Ray did not accept the drain of node {node_id}: {refused}")
+            left = f"; node(s) {drained} drain already, and Ray keeps them draining" if drained else ""
+            raise ConfigError(f"Ray did not accept the drain of node {node_id}: {refused}{left}; nothing was struck")
+        drained.append(node_id)
         notice = KillResult(node_id, time.time(), "drain", armed[node_id].host)
         drain = events.event("kill", node_id=node_id, mode="drain", by=by, time=notice.kill_time, deadline=deadline)
         notice.recorded = _record(registry, drain)

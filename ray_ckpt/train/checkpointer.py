@@ -90,7 +90,9 @@ class Checkpointer(checkpointer.Checkpointer):
     def __init__(
         self, config: CheckpointConfig | None = None, *, job: str | None = None, namespace: str | None = None
     ) -> None:
-        self._drain_first: int | None = None  # the first step this rank saved after its node's drain notice
+        self._drain_first: int | None = None  # the first step this rank saved after a drain notice
+        self._forced_since_notice: set[int] = set()  # steps saved since then only because of it
+        self._every_rank_forces = False  # one of those committed: every rank saves each step
         self._held = False  # this rank held for a restart at a drain's deadline that never came
         if job is not None and (not isinstance(job, str) or not job or "/" in job):
             raise ConfigError(
@@ -129,13 +131,14 @@ class Checkpointer(checkpointer.Checkpointer):
         """``ray_ckpt.Checkpointer.save``, and what a drain needs: while Ray drains the node of
         a rank of this run (a preemption notice, a maintenance drain: ``_drain_notice``), every
         step is saved whatever ``config.every`` says, and no new shard goes to a draining node's
-        store while another store runs. A rank on a draining node, at its first save after a
-        step it saved after the notice committed (every rank saves every step then), waits for
-        this step to commit, then under ``InPlaceRecovery`` hands its place over: ``HandedOver``
-        is raised, ``InPlaceRecovery.wrap`` ends the rank, and its replacement restores this
-        step. Without in place it holds here until Ray Train ends the workers at the deadline
-        and restarts them from this step (its preemption handling). Either way no step is
-        trained twice. Where the step does not commit in time, it tries again at the next step."""
+        store while another store runs. A rank on a draining node, at its first save of a step
+        every rank saves (one ``every`` saves anyway, or any once a step ``every`` skips
+        committed after the notice), waits for it to commit, then under ``InPlaceRecovery``
+        hands its place over: ``HandedOver`` is raised, ``InPlaceRecovery.wrap`` ends the rank,
+        and its replacement restores this step. Without in place it holds here until Ray Train
+        ends the workers at the deadline and restarts them from this step (its preemption
+        handling). Either way no step is trained twice. Where the step does not commit in time,
+        it tries again at the next step."""
         handle, handed_over = self._save_or_hand_over(step, state, force)
         if handed_over is not None:
             raise handed_over
@@ -143,27 +146,35 @@ class Checkpointer(checkpointer.Checkpointer):
 
     @_shielded
     def _save_or_hand_over(self, step: int, state: Any, force: bool) -> tuple[SaveHandle, HandedOver | None]:
-        """``save``'s work: the handle, and the ``HandedOver`` to raise once the shield is left."""
+        """``save``'s work: the handle, and the ``HandedOver`` to raise once the shield is left.
+        A draining rank waits for ``step`` to commit only where every rank saves it: it is due by
+        ``config.every`` anyway, or a step that ``every`` skips committed after the notice (so
+        every rank had the notice and saves each step)."""
         notice = self._drain_notice()
-        if notice is None:
-            self._drain_first, self._saves.avoid = None, frozenset()
+        self._saves.avoid = frozenset() if notice is None else frozenset(notice.nodes)
+        if notice is None or not notice.ranks:  # no drain, or only stores drain: saves as asked
+            self._drain_first, self._forced_since_notice = None, set()
             return self._save(step, state, force), None
-        self._saves.avoid = frozenset(notice.nodes)
         handle = self._save(step, state, True)
-        if self.rank not in notice.ranks or handle.skipped or self._held:
+        if handle.skipped or self._held:
             return handle, None
+        if self.forced_step == step:
+            self._forced_since_notice.add(step)
         if self._drain_first is None:
             self._drain_first = step
-            logger.warning(
-                "rank %d: this node drains (deadline %s); saving every step from step %d",
-                self.rank,
-                "none" if notice.deadline is None else f"in {notice.deadline - time.time():.1f} s",
-                step,
-            )
+            if self.rank in notice.ranks:
+                logger.warning(
+                    "rank %d: this node drains (deadline %s); saving every step from step %d",
+                    self.rank,
+                    "none" if notice.deadline is None else f"in {notice.deadline - time.time():.1f} s",
+                    step,
+                )
+        if self.rank not in notice.ranks:
             return handle, None
-        committed = self._registry.latest_committed(self.job)
-        if committed is None or committed < self._drain_first:
-            return handle, None
+        if self.forced_step == step and not self._every_rank_forces:
+            self._every_rank_forces = self._registry.latest_committed(self.job) in self._forced_since_notice
+            if not self._every_rank_forces:
+                return handle, None
         left = self.config.commit_timeout_s
         if notice.deadline is not None:
             left = max(1.0, min(left, notice.deadline - time.time() - DRAIN_MARGIN_S))

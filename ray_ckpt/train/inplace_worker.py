@@ -187,6 +187,7 @@ class ProcessState:
     member: Member | None = None
     generation: int | None = None  # the generation this process trains in (None: between)
     drain: tuple[int, DrainNotice] | None = None
+    handing_over: bool = False  # this rank hands its place over, or did
 
 
 PROCESS = ProcessState()
@@ -292,9 +293,15 @@ def hand_over() -> HandedOver | None:
     current generation any more (a peer was lost meanwhile; ``PeerLost`` follows), or this
     process is no worker of an in-place run."""
     role, member = PROCESS.role, PROCESS.member
-    if role is None or member is None or not role.coordinator.hand_over(member):
+    if role is None or member is None:
         return None
-    return HandedOver(f"rank {member.rank}: its node drains; it handed its place over")
+    PROCESS.handing_over = True  # its own heartbeat, told to leave once it is taken, stays quiet
+    try:
+        taken = role.coordinator.hand_over(member)
+    except CoordinatorTimeoutError:  # maybe taken: then its peers leave, and its join is refused
+        taken = False
+    PROCESS.handing_over = taken
+    return HandedOver(f"rank {member.rank}: its node drains; it handed its place over") if taken else None
 
 
 def _newest_saved_step() -> int | None:
@@ -347,7 +354,7 @@ class _Worker:
         self._raylet = _raylet_parent()
         self._beating = threading.Event()
         PROCESS.member = self.member
-        PROCESS.generation = None
+        PROCESS.generation, PROCESS.drain, PROCESS.handing_over = None, None, False
 
     def run(self, train_loop: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         coordinator = self.role.coordinator
@@ -377,8 +384,8 @@ class _Worker:
                 except BaseException as error:
                     if not isinstance(error, (Exception, PeerLost)):  # KeyboardInterrupt, SystemExit
                         raise
-                    if isinstance(error, HandedOver):  # its text only: the frames it holds must go
-                        handed_over = str(error)
+                    if isinstance(error, HandedOver) or PROCESS.handing_over:  # its text only: frames must go
+                        handed_over = str(error) if isinstance(error, HandedOver) else "it handed its place over"
                         break
                     detected_at = time.time()
                     # once told a peer is lost, whatever the function raised next is that loss's doing
@@ -479,7 +486,8 @@ class _Worker:
                 if not leave or generation is None or generation != PROCESS.generation or generation == left:
                     continue
                 left = generation
-                self._leave(generation)
+                if not PROCESS.handing_over:  # a rank that hands over leaves by ``HandedOver``
+                    self._leave(generation)
 
         threading.Thread(target=beat, name=f"ray_ckpt-heartbeat-{self.rank}", daemon=True).start()
 
@@ -556,6 +564,10 @@ class _Worker:
             if reply.status is JoinStatus.DOOMED:
                 if self._orphaned():  # its node is going: Ray ends this process, the lost rank
                     self._await_own_end()
+                drain = PROCESS.drain
+                if PROCESS.handing_over or (drain is not None and self.member.node_id in drain[1].nodes):
+                    # its node drains, and goes once its ranks handed over (this one, or another there)
+                    self._await_own_end("its node drains and its ranks handed their places over")
                 # its raylet lives: the run took it for lost while its node did not answer (a
                 # link that flapped, a partition that healed) and replaces it; it ends now
                 raise InPlaceRecoveryError(

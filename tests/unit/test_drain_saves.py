@@ -1,7 +1,8 @@
 """The Ray Train Checkpointer under a drain notice, without Ray: every step is saved whatever
 ``every`` says, new shards avoid the draining nodes, and a rank on a draining node hands its
-place over (in place) or holds (full restarts) only at its first save after a step saved after
-the notice committed, once the step it saves committed too; otherwise it trains on."""
+place over (in place) or holds (full restarts) only at a step every rank saves (one ``every``
+saves anyway, or any once a step ``every`` skips committed after the notice), once it
+committed; otherwise it trains on."""
 
 from __future__ import annotations
 
@@ -36,11 +37,12 @@ class Registry:
         return self.latest
 
 
-def checkpointer(rank: int, notices: list[DrainNotice | None], commits: bool = True) -> Any:
-    """A Ray Train Checkpointer of ``rank`` whose saves record (step, forced) and whose drain
-    notice is ``notices[0]`` (a list the test changes)."""
+def checkpointer(rank: int, notices: list[DrainNotice | None], commits: bool = True, every: int = 5) -> Any:
+    """A Ray Train Checkpointer of ``rank`` saving every ``every`` steps, whose saves record
+    (step, forced) and whose drain notice is ``notices[0]`` (a list the test changes)."""
     ckpt = train_checkpointer.Checkpointer.__new__(train_checkpointer.Checkpointer)
-    ckpt._drain_first, ckpt._held = None, False
+    ckpt._drain_first, ckpt._held, ckpt.forced_step = None, False, None
+    ckpt._forced_since_notice, ckpt._every_rank_forces = set(), False
     ckpt._saves = types.SimpleNamespace(avoid=frozenset())
     ckpt._registry = Registry()
     ckpt.config = types.SimpleNamespace(commit_timeout_s=30.0)
@@ -49,6 +51,8 @@ def checkpointer(rank: int, notices: list[DrainNotice | None], commits: bool = T
 
     def save(step: int, state: Any, force: bool) -> Handle:
         ckpt.saved.append((step, force))
+        if step % every and force:  # what the base class notes of a step saved only because forced
+            ckpt.forced_step = step
         return Handle(step, commits)
 
     ckpt._save = save
@@ -71,17 +75,33 @@ def test_without_a_notice_saves_go_as_asked(in_place: list[str]) -> None:
     assert ckpt.saved == [(1, False)] and ckpt._saves.avoid == frozenset()
 
 
-def test_a_draining_rank_hands_over_once_a_step_after_the_notice_committed(in_place: list[str]) -> None:
+def test_a_draining_rank_hands_over_once_a_step_every_skips_committed_after_the_notice(in_place: list[str]) -> None:
     notices: list[DrainNotice | None] = [NOTICE]
     ckpt = checkpointer(2, notices)
-    ckpt.save(7, {})  # the first step after the notice: saved, forced, nothing more
-    assert ckpt.saved == [(7, True)] and ckpt._saves.avoid == {"drained"} and in_place == []
-    ckpt.save(8, {})  # step 7 has not committed (another rank had not saved it): train on
+    ckpt.save(6, {})  # the first step after the notice: saved, forced, nothing more
+    assert ckpt.saved == [(6, True)] and ckpt._saves.avoid == {"drained"} and in_place == []
+    ckpt._registry.latest = 5  # a step every rank saves anyway: no sign that the others force
+    ckpt.save(7, {})
     assert in_place == []
-    ckpt._registry.latest = 8
+    ckpt._registry.latest = 7  # a step ``every`` skips committed: every rank saves each step
     with pytest.raises(HandedOver):
-        ckpt.save(9, {})  # a step after the notice committed: step 9 commits, then the handover
-    assert in_place == ["handed"] and ckpt.saved[-1] == (9, True)
+        ckpt.save(8, {})  # step 8 commits, then the handover
+    assert in_place == ["handed"] and ckpt.saved[-1] == (8, True)
+
+
+def test_a_draining_rank_hands_over_at_a_step_every_saves_anyway(in_place: list[str]) -> None:
+    ckpt = checkpointer(2, [NOTICE])
+    ckpt.save(9, {})
+    assert in_place == []
+    with pytest.raises(HandedOver):
+        ckpt.save(10, {})  # due by ``every``: every rank saves it, with or without the notice
+    assert in_place == ["handed"]
+
+
+def test_only_stores_on_draining_nodes_change_where_shards_go_not_which_steps_are_saved(in_place: list[str]) -> None:
+    ckpt = checkpointer(0, [DrainNotice(ranks=(), nodes=("stores-only",), deadline=None)])
+    ckpt.save(7, {})
+    assert ckpt.saved == [(7, False)] and ckpt._saves.avoid == {"stores-only"}
 
 
 def test_a_peer_of_the_draining_rank_saves_every_step_and_never_hands_over(in_place: list[str]) -> None:
@@ -98,9 +118,7 @@ def test_a_peer_of_the_draining_rank_saves_every_step_and_never_hands_over(in_pl
 
 def test_a_step_that_does_not_commit_in_time_is_tried_again_at_the_next(in_place: list[str]) -> None:
     ckpt = checkpointer(2, [NOTICE], commits=False)
-    ckpt.save(7, {})
-    ckpt._registry.latest = 7
-    assert ckpt.save(8, {}).waited and in_place == []
+    assert ckpt.save(10, {}).waited and in_place == []
 
 
 def test_without_in_place_the_draining_rank_holds_instead_of_handing_over(monkeypatch: pytest.MonkeyPatch) -> None:

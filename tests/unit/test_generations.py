@@ -489,7 +489,7 @@ def test_a_drain_is_told_to_every_member_and_names_the_ranks_on_the_draining_nod
     gens.set_drains({"n2": 1000.0, "elsewhere": None})
     replies = gens.beat_many([generations.Beat(member(rank)) for rank in range(4)], 0.1, None)
     assert [reply.leave for reply in replies] == [False] * 4
-    assert {reply.drain for reply in replies} == {generations.DrainNotice((2,), ("n2",), 1000.0)}
+    assert {reply.drain for reply in replies} == {generations.DrainNotice((2,), ("elsewhere", "n2"), 1000.0)}
     gens.set_drains({})
     assert gens.beat_many([generations.Beat(member(0))], 0.2, None) == [generations.STAY]
 
@@ -500,7 +500,7 @@ def test_a_handover_makes_the_rank_lost_and_doomed_and_its_peers_leave() -> None
     assert gens.live_on("n1") == [1]
     assert gens.hand_over(member(1), now=0.5)
     assert gens.lost[1]["reason"] == "drained" and gens.live_on("n1") == []
-    assert gens.notice is None  # no live rank is left on a draining node
+    assert gens.notice is not None and gens.notice.ranks == ()  # no live rank is left on a draining node
     assert [reply.leave for reply in gens.beat_many([generations.Beat(member(r)) for r in (0, 2)], 0.6, None)] == [
         True,
         True,
@@ -514,10 +514,31 @@ def test_a_handover_makes_the_rank_lost_and_doomed_and_its_peers_leave() -> None
     formed = gens.form(now=1.1)
     assert formed.members[1].node_id == "n9" and gens.history[-1]["replaced"] == [1]
     gens.set_drains({"n1": None})
-    assert gens.notice is None  # the replacement is elsewhere
+    assert gens.notice is not None and gens.notice.ranks == ()  # the replacement is elsewhere
 
 
 def test_a_member_that_is_not_in_the_generation_cannot_hand_over() -> None:
     gens = started(2)
     assert not gens.hand_over(member(1, "stranger"), now=0.1)
     assert not gens.lost
+
+
+def test_a_handover_takes_every_live_rank_on_the_node_and_never_one_on_the_head() -> None:
+    gens = Generations()
+    number = gens.begin(4, now=0.0)
+    nodes = ["n0", "shared", "shared", "head"]
+    for rank, node in enumerate(nodes):
+        assert gens.register(member(rank, node=node), number, now=0.0)
+    gens.set_drains({"shared": 50.0, "head": 40.0, "stores-only": 30.0}, keep={"head"})
+    assert gens.notice == generations.DrainNotice((1, 2), ("head", "shared", "stores-only"), 50.0)
+    assert not gens.hand_over(member(3, node="head"), now=0.1)  # the head cannot be declared dead
+    assert gens.hand_over(member(1, node="shared"), now=0.2)
+    assert {rank: lost["reason"] for rank, lost in gens.lost.items()} == {1: "drained", 2: "drained"}
+    assert gens.live_on("shared") == [] and gens.notice is not None and gens.notice.ranks == ()
+    assert gens.join(member(2, node="shared"), now=0.3) == generations.JoinReply(generations.JoinStatus.DOOMED)
+
+
+def test_a_node_that_only_runs_a_store_is_named_with_no_rank_to_hand_over() -> None:
+    gens = started(2)
+    gens.set_drains({"stores-only": None})
+    assert gens.notice == generations.DrainNotice((), ("stores-only",), None)

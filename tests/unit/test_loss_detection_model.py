@@ -163,9 +163,10 @@ class LossDetection(RuleBasedStateMachine):
                 continue
             if rank in self.dead:
                 continue
-            if rank in self.fenced:  # lost by the verdict on its node, not by a pause
-                assert self.gens.lost[rank]["reason"] == "node dead", (rank, self.gens.lost)
-                continue
+            if rank in self.fenced and self.gens.lost[rank]["reason"] == "node dead":
+                continue  # lost by the verdict on its node, not by a pause
+            # else (fenced or not) lost by silence, found in a batch of beats before the next
+            # node table: only after a pause longer than its bound
             resumed = self.queued[rank][0] if self.queued[rank] else self.tick_no
             pause_s = (resumed - self.taken_sent[rank]) * INTERVAL_S
             assert pause_s > self._bound_s(rank) - 1e-9, (rank, pause_s, self._bound_s(rank), self.gens.lost)
