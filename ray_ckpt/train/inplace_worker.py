@@ -485,9 +485,10 @@ class _Worker:
                 reported = generation if connections is not None else reported
                 if not leave or generation is None or generation != PROCESS.generation or generation == left:
                     continue
+                if PROCESS.handing_over:  # it leaves by ``HandedOver``; told again if not taken
+                    continue
                 left = generation
-                if not PROCESS.handing_over:  # a rank that hands over leaves by ``HandedOver``
-                    self._leave(generation)
+                self._leave(generation)
 
         threading.Thread(target=beat, name=f"ray_ckpt-heartbeat-{self.rank}", daemon=True).start()
 
