@@ -65,6 +65,8 @@ class Checkpointer(WithIdentity):
     is set, else none. Pass one or the other, not both. Not thread-safe: one caller.
     """
 
+    forced_step: int | None = None  # the newest step saved only because save() was forced
+
     def __init__(
         self,
         *,
@@ -137,7 +139,6 @@ class Checkpointer(WithIdentity):
         )
         self._previous_call: tuple[int, float, bool] | None = None  # (step, when save returned, a save ran then)
         self._last_step: int | None = None
-        self.forced_step: int | None = None  # the newest step saved only because save() was forced
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
         self.last_save_phases_s: dict[str, float] = {}
