@@ -241,7 +241,9 @@ def drain_then_inject(
     hand the node's ranks over), then ``fault`` strikes the nodes at the deadline, as the cloud
     would. Victims are armed before the drain (nothing new starts on a draining node). Each
     drain is recorded as a ``kill`` event of mode "drain" (with its ``deadline``), the strike as
-    ``inject`` records it. Results and errors as ``inject``'s; ConfigError where Ray refuses a
+    ``inject`` records it; a node already gone at the deadline (an in-place run declared it dead
+    once its ranks handed over) is still struck, its result's details saying
+    ``gone_before_kill``. Results and errors as ``inject``'s; ConfigError where Ray refuses a
     drain (nothing is struck then)."""
     if not drain_s > 0:
         raise ConfigError(f"a drain needs a deadline > 0 seconds away, got {drain_s!r}")
@@ -269,8 +271,17 @@ def drain_then_inject(
         if progress is not None:
             progress("drain", notice)
     time.sleep(max(0.0, deadline - time.time()))
+    try:  # an in-place run declares a node dead once its ranks handed over: gone before the strike
+        gone_before = fault.gone(set(node_ids), namespace=namespace)
+    except Exception:  # the GCS did not answer: the strike goes on, the note is left out
+        gone_before = set()
     times = fault.fire([armed[n] for n in node_ids])
-    results = [KillResult(n, times[n], fault.mode, armed[n].host) for n in node_ids]
+    results = [
+        KillResult(
+            n, times[n], fault.mode, armed[n].host, details={"gone_before_kill": True} if n in gone_before else {}
+        )
+        for n in node_ids
+    ]
     _announce_kills(results, registry, by, progress)
     _wait_gone(fault, results, wait_dead_s, namespace, registry, progress)
     return results

@@ -531,6 +531,8 @@ def _kill_progress(kind: str, result: KillResult) -> None:
     elif kind == "kill":
         when = _clock(result.kill_time)
         print(f"killed node {node}{host} at {when} (SIGKILL to its raylet and every process under it)", flush=True)
+    elif result.dead_time is not None and result.details.get("gone_before_kill"):
+        print(f"  node {node}: was declared dead before the kill (its ranks had handed their places over)", flush=True)
     elif result.dead_time is not None:
         what = "store is gone" if result.mode == "store" else "declared dead by Ray"
         took = result.dead_time - result.kill_time

@@ -104,3 +104,37 @@ def test_a_drain_ray_refuses_strikes_nothing(world: Any, monkeypatch: pytest.Mon
     with pytest.raises(ConfigError, match=r"Ray did not accept the drain of node n+: not a node Ray knows"):
         chaos.drain_then_inject(Fault(log, clock), [NODE], 10.0, namespace="ns")
     assert [what for what, _ in log] == ["check", "arm", "disarm"]
+
+
+def test_a_node_declared_dead_before_its_deadline_is_struck_and_said_so(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An in-place run declares the drained node dead once its ranks handed over: the strike
+    still comes at the deadline, and the result says the node was gone before it."""
+    log, clock, _ = world
+    monkeypatch.setattr(chaos._ray_compat, "drain_node", lambda node, deadline, message: None)
+    (result,) = chaos.drain_then_inject(Fault(log, clock), [NODE], 10.0, namespace="ns", wait_dead_s=5.0)
+    assert [what for what, _ in log] == ["check", "arm", "fire"]
+    assert result.details == {"gone_before_kill": True}
+
+
+def test_a_node_still_alive_at_its_deadline_is_reported_as_killed(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    log, clock, _ = world
+    monkeypatch.setattr(chaos._ray_compat, "drain_node", lambda node, deadline, message: None)
+    fault = Fault(log, clock)
+    fired: list[bool] = []
+    monkeypatch.setattr(fault, "fire", lambda armed: fired.append(True) or {a.node_id: clock[0] for a in armed})
+    monkeypatch.setattr(fault, "gone", lambda node_ids, namespace: set(node_ids) if fired else set())
+    (result,) = chaos.drain_then_inject(fault, [NODE], 10.0, namespace="ns", wait_dead_s=5.0)
+    assert result.details == {} and result.dead_time == 1010.0
+
+
+def test_the_cli_says_a_handed_over_node_was_declared_dead_before_the_kill(capsys: pytest.CaptureFixture[str]) -> None:
+    from ray_ckpt.core.wire import KillResult
+
+    gone = KillResult(NODE, 1010.0, "node", dead_time=1010.02, details={"gone_before_kill": True})
+    cli._kill_progress("dead", gone)
+    cli._kill_progress("dead", KillResult(NODE, 1010.0, "node", dead_time=1012.5))
+    before, after = capsys.readouterr().out.splitlines()
+    assert "declared dead before the kill" in before and "after the kill" not in before
+    assert "declared dead by Ray" in after and "2.50s after the kill" in after
