@@ -4,24 +4,30 @@ On one machine, with no arguments: starts a simulated Ray cluster (a head plus s
 one-CPU nodes, dashboard off, its own temp dir), trains a small transformer language model on
 a generated corpus with ``TorchTrainer`` (DDP over gloo), first once without failures or
 checkpoints (the reference for bit-exactness and for the step time without checkpoints), then
-with ray_ckpt RS(2,2) at the interval ``CheckpointConfig(every="auto")`` picks, hard-killing
-nodes on a schedule: one node halfway through the run, then two at once three quarters
-through. The same kills hit three modes. ``in_place``: ray_ckpt with
+with ray_ckpt RS(2,2) at the interval ``CheckpointConfig(every="auto")`` picks, losing nodes
+on a schedule: a planned loss an eighth through (Ray is told that one node drains with a 10 s
+deadline, as a cloud's preemption notice does, and the node is hard-killed at the deadline),
+then hard kills: one node halfway through the run (or once the drained node is gone), two at
+once three quarters through. The same failures hit three modes. ``in_place``: ray_ckpt with
 ``InPlaceRecovery``; Ray Train replaces only the lost workers, survivors keep their processes
 and roll back from their local copy, replacements restore from peers (in a warm spare process
 when Ray schedules them where one waits: "(warm)" in the sources column). ``full_restart``:
 ray_ckpt alone; Ray Train restarts the whole worker group and every rank resumes from peer
 memory. ``ray_train``: the same job checkpointing the way Ray Train does by default
-(``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path) at an interval
+(``torch.save`` + ``ray.train.report(checkpoint=...)`` to the run's storage path), with Ray
+Train's own preemption handling (a just-in-time checkpoint when ``get_preemption_info()``
+reports the drain; Ray Train restarts the workers at the deadline), at an interval
 estimated to cost, per step, the stall of a ray_ckpt save every step (each report taken as two
 controller polls, which is what a report costs when reports come faster than the controller
 polls; the measured stalls are printed, and ``scripts/bench_goodput.py`` compares at the
-measured equal stall). The report shows, per mode and failure, the time to resume and its
-phases, the steps lost, each rank's restore source and whether the survivors kept their
-processes; per mode, the steps saved and the intervals chosen, the time lost to the failures
-(``wasted_s``: until back where it was at the kill), what checkpointing added to the steps, the wall time and
-the goodput (steps per wall second), and which mode's is highest; and checks that the final
-models equal the uninterrupted run's, bit for bit.
+measured equal stall). The report shows, per mode and failure, its kind (crash or drain),
+the time to resume and its phases, the steps lost (for a drain: the steps redone, and the
+longest time no step was done), each rank's restore source and whether the survivors kept
+their processes; per mode, the steps saved and the intervals chosen, the time lost to the
+failures (``wasted_s``: until back where it was at the kill; for a drain, its longest stop
+and the steps redone), what checkpointing added to the steps, the wall time and the goodput
+(steps per wall second), and which mode's is highest; and checks that the final models equal
+the uninterrupted run's, bit for bit.
 
     python scripts/demo.py [--steps 200] [--json PATH] [--events PATH]
 """
@@ -29,6 +35,7 @@ models equal the uninterrupted run's, bit for bit.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -40,7 +47,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from ray_ckpt.core.timeline import Recovery
@@ -185,6 +192,7 @@ def train_loop(config: dict[str, Any]) -> None:
     busy_s = config["compute_s"] if config.get("compute") == "busy" else 0.0
     loss = torch.zeros(())
     step_ends: list[float] = []
+    saved_on_notice = False  # the baseline's just-in-time checkpoint on a preemption notice
     for step in range(start, config["steps"]):
         if sleep_compute:
             time.sleep(config["compute_s"])
@@ -206,7 +214,16 @@ def train_loop(config: dict[str, Any]) -> None:
                 record("save", step, phases_s=blocking, bytes=0, returned=time.time(), skipped=True)
         else:
             stall = 0.0
-            if config["baseline_every"] and (step + 1) % config["baseline_every"] == 0:
+            due = bool(config["baseline_every"]) and (step + 1) % config["baseline_every"] == 0
+            check = config.get("preemption_check_every", 0)
+            if check and not saved_on_notice and (step + 1) % check == 0:
+                # Ray Train's own preemption handling, as its docs recommend: on a notice, a
+                # just-in-time checkpoint, then train on; at the deadline Ray Train restarts the
+                # workers from the latest checkpoint. The check is a barrier of every worker.
+                if ray.train.get_preemption_info() is not None:
+                    due = saved_on_notice = True
+                stall = time.perf_counter() - began
+            if due:
                 with tempfile.TemporaryDirectory() as folder:
                     torch.save(
                         {"model": model.state_dict(), "optim": optim.state_dict(), "pad": pad, "step": step},
@@ -233,27 +250,54 @@ def train_loop(config: dict[str, Any]) -> None:
 # ---- orchestration --------------------------------------------------------------------------------
 
 
-class Killer(threading.Thread):
-    """Watches the job's save events and hard-kills nodes when given steps are reached:
-    ``schedule`` is a list of (step, [ranks whose nodes die], extra shard-holder nodes). With
-    ``delay_s`` > 0 each kill comes a seeded uniform 0..delay_s seconds after its step's save
-    returned (or at once, if that time has passed), i.e. at a random point of the next step, as a
-    real failure would."""
+DRAIN_DEADLINE_S = 10.0  # a drain's notice -> the node's end, as a cloud's reclaim notice gives
+# the Ray Train baseline asks ray.train.get_preemption_info() (a barrier) every this many steps:
+# about every 0.75 s here, well inside Ray Train's own 5 s poll of the drains
+PREEMPTION_CHECK_EVERY = 10
+# after a drain, the next failure waits this long past the deadline (the node's end there is a
+# burst of its own, ray_ckpt.core.timeline.BURST_S apart from the next)
+DRAIN_QUIET_S = 3.0
 
-    def __init__(
-        self, cluster: Any, job: str, schedule: list[tuple[int, list[int], int]], delay_s: float = 0.0, seed: int = 0
-    ) -> None:
+
+class Failure(NamedTuple):
+    """One scheduled failure: once ``step`` is done, the nodes of ``ranks`` and ``extra``
+    shard-holder nodes are lost. kind "crash": hard-killed at once; "drain": Ray is told they
+    drain with a deadline ``DRAIN_DEADLINE_S`` away (a preemption notice), and they are
+    hard-killed at the deadline."""
+
+    step: int
+    ranks: list[int]
+    extra: int = 0
+    kind: str = "crash"
+
+
+class Killer(threading.Thread):
+    """Watches the job's save events and strikes when given steps are reached (``schedule``, a
+    list of ``Failure``). With ``delay_s`` > 0 each strike comes a seeded uniform 0..delay_s
+    seconds after its step's save returned (or at once, if that time has passed), i.e. at a
+    random point of the next step, as a real failure would. A drain's kill at its deadline runs
+    on a thread of its own; ``finish`` waits for it."""
+
+    def __init__(self, cluster: Any, job: str, schedule: list[Failure], delay_s: float = 0.0, seed: int = 0) -> None:
         super().__init__(daemon=True)
         self.cluster, self.job, self.schedule = cluster, job, list(schedule)
         self.delay_s, self.rng = delay_s, random.Random(seed)
         self.kills: list[dict[str, Any]] = []
+        self.drains: list[dict[str, Any]] = []  # {"nodes", "time" (the notice), "deadline"}
         self.error: BaseException | None = None
+        self._deadline_kills: list[threading.Thread] = []
 
     def run(self) -> None:
         try:
             self._run()
         except BaseException as error:  # reported by the demo
             self.error = error
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait for the schedule's strikes, a pending drain's kill at its deadline included."""
+        self.join(timeout=timeout_s)
+        for thread in self._deadline_kills:
+            thread.join(timeout=DRAIN_DEADLINE_S + timeout_s)
 
     def _run(self) -> None:
         import ray
@@ -266,25 +310,64 @@ class Killer(threading.Thread):
         cursor = 0
         nodes_of: dict[int, str] = {}
         holders: list[str] = []
+        # failures do not overlap: the next strikes only once every rank it names was seen saving
+        # after the last strike, and a drain's kill at its deadline (a burst of its own) is past
+        quiet_until = 0.0
+        fresh: set[int] = set()
         while self.schedule:
             cursor, batch_ = ray.get(registry.events.remote(cursor))
             for record in batch_:
-                if record["kind"] == "save" and record.get("job") == self.job:
+                if record["kind"] == "save" and record.get("job") == self.job and float(record["time"]) >= quiet_until:
                     nodes_of[int(record["rank"])] = record["node_id"]
+                    fresh.add(int(record["rank"]))
                     step = int(record["step"])
-                    if self.schedule and step >= self.schedule[0][0]:
-                        _, ranks, extra = self.schedule.pop(0)
+                    if self.schedule and step >= self.schedule[0].step and fresh >= set(self.schedule[0].ranks):
+                        failure = self.schedule.pop(0)
                         # ray_ckpt logs a save once it committed; the step was done when save() returned
                         done = float(record.get("returned", record["time"]))
                         time.sleep(max(0.0, done + self.rng.uniform(0.0, self.delay_s) - time.time()))
-                        victims = {nodes_of[r] for r in ranks if r in nodes_of}
+                        victims = {nodes_of[r] for r in failure.ranks if r in nodes_of}
                         holders = self._shard_holders(registry)
                         for node_id in holders:
-                            if len(victims) >= len(ranks) + extra:
+                            if len(victims) >= len(failure.ranks) + failure.extra:
                                 break
                             victims.add(node_id)
-                        self._kill(sorted(victims), registry, events)
+                        if failure.kind == "drain":
+                            quiet_until = self._drain(sorted(victims), registry, events) + DRAIN_QUIET_S
+                        else:
+                            self._kill(sorted(victims), registry, events)
+                            quiet_until = time.time()
+                        fresh = set()
             time.sleep(0.05)
+
+    def _drain(self, victims: list[str], registry: Any, events: Any) -> float:
+        """Tell Ray the nodes drain (as ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``
+        and a cloud's reclaim notice do), then kill them at the deadline on a thread; the
+        deadline."""
+        from ray_ckpt import _ray_compat
+
+        notice = time.time()
+        deadline = notice + DRAIN_DEADLINE_S
+        for node_id in victims:
+            refused = _ray_compat.drain_node(node_id, deadline, f"demo: a drain with a {DRAIN_DEADLINE_S:g} s deadline")
+            if refused is not None:
+                raise RuntimeError(f"Ray refused the drain of node {node_id}: {refused}")
+            registry.record.remote(
+                events.event("kill", node_id=node_id, mode="drain", by="demo", time=notice, deadline=deadline)
+            )
+        self.drains.append({"nodes": victims, "time": notice, "deadline": deadline})
+
+        def at_deadline() -> None:
+            time.sleep(max(0.0, deadline - time.time()))
+            try:
+                self._kill(victims, registry, events)
+            except BaseException as error:  # reported by the demo
+                self.error = error
+
+        thread = threading.Thread(target=at_deadline, daemon=True)
+        thread.start()
+        self._deadline_kills.append(thread)
+        return deadline
 
     def _shard_holders(self, registry: Any) -> list[str]:
         import ray
@@ -316,7 +399,7 @@ def run_job(
     name: str,
     mode: str,
     steps: int,
-    kills: list[tuple[int, list[int], int]],
+    kills: list[Failure],
     kill_delay_s: float = 0.0,
     in_place: bool = False,
     max_failures: int = 6,
@@ -350,11 +433,12 @@ def run_job(
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     ).fit()
-    killer.join(timeout=5)
+    wall_s = time.time() - began
+    killer.finish(timeout_s=5)
     if killer.error is not None:
         raise killer.error
     final = json.loads((pathlib.Path(out_dir) / "final-0.json").read_text())
-    return {"final": final, "wall_s": time.time() - began, "kills": killer.kills}
+    return {"final": final, "wall_s": wall_s, "kills": killer.kills, "drains": killer.drains}
 
 
 def job_events(name: str) -> list[dict[str, Any]]:
@@ -367,7 +451,14 @@ def job_events(name: str) -> list[dict[str, Any]]:
     return [r for r in records if r.get("job") in (name, None) or r["kind"] in ("kill", "node_dead")]
 
 
-def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def failures_report(
+    name: str, records: list[dict[str, Any]], drains: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """One entry per recovery after a kill. ``kind``: "drain" when the nodes lost had been
+    drained (``drains``, the Killer's: in place the recovery is the handover after the notice,
+    with a restart it follows the kill at the deadline), else "crash". A drain's entry also has
+    ``notice_s`` (the notice -> the kill the recovery followed: 0 in place) and ``stall_s``: the
+    longest time rank 0 did no step, from the notice until the recovery's first step."""
     from ray_ckpt.core import timeline
 
     result = []
@@ -376,17 +467,33 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
         if recovery.kill_time is None:  # the baseline's first start, not a failure
             continue
         kill_time = recovery.kill_time
+        drain = next(
+            (d for d in drains or [] if set(d["nodes"]) & set(recovery.killed_nodes) and d["time"] <= kill_time + 1e-3),
+            None,
+        )
+        kind = "crash" if drain is None else "drain"
         if recovery.failed:  # a restart whose restore raised: a failure, with its error
             errors = sorted(set(recovery.errors.values()))
-            result.append({"failed": True, "errors": errors, "killed_nodes": [n[:8] for n in recovery.killed_nodes]})
+            result.append(
+                {"kind": kind, "failed": True, "errors": errors, "killed_nodes": [n[:8] for n in recovery.killed_nodes]}
+            )
             continue
         before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
         newest = max(before) if before else recovery.step
         done_at = [float(s.get("returned", s["time"])) for s in saves if before and int(s["step"]) == newest]
         done_at = [t for t in done_at if t <= kill_time]
         pids_before, pids_after = _survivor_pids(name, records, recovery)
+        drain_fields: dict[str, Any] = {}
+        if drain is not None and recovery.time_to_resume_s is not None:
+            resumed = kill_time + recovery.time_to_resume_s
+            drain_fields = {
+                "notice_s": kill_time - drain["time"],
+                "stall_s": longest_gap(name, records, drain["time"], resumed),
+            }
         result.append(
             {
+                "kind": kind,
+                **drain_fields,
                 "mode": recovery.mode,
                 "survivor_pids_before": pids_before,
                 "survivor_pids_after": pids_after,
@@ -402,6 +509,18 @@ def failures_report(name: str, records: list[dict[str, Any]]) -> list[dict[str, 
             }
         )
     return result
+
+
+def longest_gap(name: str, records: list[dict[str, Any]], start: float, end: float) -> float:
+    """The longest time rank 0 finished no step between ``start`` and ``end`` (Unix seconds):
+    the gaps between its steps' ends (save() returned), and from ``start`` to the first."""
+    ends = sorted(
+        float(r.get("returned", r["time"]))
+        for r in records
+        if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0
+    )
+    inside = [start] + [t for t in ends if start < t <= end + 1e-3]
+    return max((b - a for a, b in itertools.pairwise(inside)), default=end - start)
 
 
 def training_again_s(recovery: Recovery) -> float | None:
@@ -485,6 +604,10 @@ def wasted_s(failure: dict[str, Any], step_s: float) -> float | None:
     resume = failure.get("time_to_resume_s")
     if resume is None or failure.get("failed"):
         return None
+    if failure.get("kind") == "drain" and failure.get("stall_s") is not None:
+        # the job trained on after the notice: what it lost is its longest stop, less the step
+        # that stop held anyway, plus the steps it redid
+        return max(0.0, float(failure["stall_s"]) - step_s) + int(failure["steps_lost"]) * step_s
     into = min(step_s, max(0.0, float(failure.get("into_step_s") or 0.0)))
     return float(resume) + (int(failure["steps_lost"]) - 1) * step_s + into
 
@@ -499,11 +622,13 @@ TABLE_PHASES = ("detect", "restart", "replace", "rendezvous", "locate", "fetch",
 
 def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
     print(f"\n{title}")
-    head = f"  {'#':>2} {'resume s':>8} {'lost':>4} {'step':>4}  " + " ".join(f"{p[:8]:>8}" for p in TABLE_PHASES)
+    head = f"  {'#':>2} {'kind':<5} {'resume s':>8} {'lost':>4} {'step':>4}  " + " ".join(
+        f"{p[:8]:>8}" for p in TABLE_PHASES
+    )
     print(head + "  sources; survivors' processes")
     for i, f in enumerate(failures, 1):
         if f.get("failed"):
-            print(f"  {i:>2} FAILED to restore: {'; '.join(f['errors'])}")
+            print(f"  {i:>2} {f['kind']:<5} FAILED to restore: {'; '.join(f['errors'])}")
             continue
         phases = f["phases"]
         cells = " ".join(f"{phases.get(p):>8.2f}" if phases.get(p) is not None else f"{'-':>8}" for p in TABLE_PHASES)
@@ -514,7 +639,14 @@ def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
         survivors = "kept" if kept else ("new" if f["survivor_pids_before"] else "none survived")
         sources = f"{sources}; {survivors}"
         resume_text = f"{resume:>8.2f}" if resume is not None else f"{'-':>8}"
-        print(f"  {i:>2} {resume_text} {f['steps_lost']:>4} {f['restored_step']:>4}  {cells}  {sources}")
+        print(f"  {i:>2} {f['kind']:<5} {resume_text} {f['steps_lost']:>4} {f['restored_step']:>4}  {cells}  {sources}")
+    for i, f in enumerate(failures, 1):
+        if f.get("kind") == "drain" and f.get("stall_s") is not None:
+            print(
+                f"  #{i} drain: {f['steps_lost']} step(s) redone; rank 0 did no step for {f['stall_s']:.2f} s at most "
+                f"from the notice until training went on (resume s counts from the notice in place, from the "
+                f"node's end at the deadline after a restart: {f['notice_s']:.1f} s after the notice here)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,9 +670,16 @@ def main(argv: list[str] | None = None) -> int:
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
 
-    # halfway first: a job's first seconds, before its warm spares are up, are not when failures come
-    first, second = args.steps // 2, args.steps * 3 // 4
-    schedule = [(first, [1], 0), (second, [0], 1)]  # rank 1's node; then rank 0's node + a shard holder
+    # a drain an eighth in, its deadline well before the end in every mode (in place and Ray Train
+    # train on until it); the crashes halfway and three quarters in, and never before the drained
+    # node is gone: a job's first seconds, before its warm spares are up, are not when crashes come
+    drained, first, second = args.steps // 8, args.steps // 2, args.steps * 3 // 4
+    schedule = [
+        Failure(drained, [1], kind="drain"),  # rank 1's node drains, and goes at the deadline
+        Failure(first, [1]),  # rank 1's node crashes
+        Failure(second, [0], extra=1),  # rank 0's node and a shard holder crash at once
+    ]
+    lost_nodes = sum(len(f.ranks) + f.extra for f in schedule)
     print(f"starting a simulated Ray cluster: a head + {args.nodes} one-CPU nodes ...", flush=True)
     sim = SimulatedCluster(args.nodes, start_service=False, logging_level="ERROR")
     cluster = sim.cluster
@@ -551,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
         reference = run_job(cluster, "reference", "baseline", args.steps, [], baseline_every=0)
         reference_step_s = step_time("reference", job_events("reference"))
         kills = (
-            f"kill rank 1's node after step {first}, then rank 0's node and a shard holder at once after step {second}"
+            f"drain rank 1's node after step {drained} ({DRAIN_DEADLINE_S:g} s deadline, then killed), kill rank "
+            f"1's node after step {first}, then rank 0's node and a shard holder at once after step {second}"
         )
         modes: dict[str, dict[str, Any]] = {}
         records: list[dict[str, Any]] = []
@@ -563,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
             job_records = job_events(name)
             records += [r for r in job_records if r not in records]
             modes[name] = {
-                "failures": failures_report(name, job_records),
+                "failures": failures_report(name, job_records, run["drains"]),
                 "wall_s": run["wall_s"],
                 "save_stall_s": mean_stall(name, job_records),
                 "saves": saves_made(name, job_records),
@@ -571,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                 "step_s": step_time(name, job_records),
                 "bit_exact": run["final"]["params_digest"] == reference["final"]["params_digest"],
             }
-            sim.add_workers(3)  # replace the nodes killed above
+            sim.add_workers(lost_nodes)  # replace the nodes killed above
             ray_ckpt.start()
         # the baseline checkpoints at the interval estimated to match ray_ckpt's stall per step
         # when saving every step (its stall per save), each report taken as two controller polls
@@ -580,14 +720,23 @@ def main(argv: list[str] | None = None) -> int:
         report_stall_s = 2 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2"))
         baseline_every = max(1, min(args.steps // 3, math.ceil(report_stall_s / max(ours_stall, 1e-4))))
         print(
-            f"4/4 Ray Train default checkpointing (torch.save + report) every {baseline_every} steps, same kills ...",
+            f"4/4 Ray Train default checkpointing (torch.save + report) every {baseline_every} steps and on a "
+            f"preemption notice (checked every {PREEMPTION_CHECK_EVERY} steps), same failures ...",
             flush=True,
         )
-        baseline = run_job(cluster, "ray_train", "baseline", args.steps, schedule, baseline_every=baseline_every)
+        baseline = run_job(
+            cluster,
+            "ray_train",
+            "baseline",
+            args.steps,
+            schedule,
+            baseline_every=baseline_every,
+            preemption_check_every=PREEMPTION_CHECK_EVERY,
+        )
         base_records = job_events("ray_train")
         records += [r for r in base_records if r not in records]
         modes["ray_train"] = {
-            "failures": failures_report("ray_train", base_records),
+            "failures": failures_report("ray_train", base_records, baseline["drains"]),
             "wall_s": baseline["wall_s"],
             "save_stall_s": mean_stall("ray_train", base_records),
             "step_s": step_time("ray_train", base_records),
@@ -635,6 +784,14 @@ def main(argv: list[str] | None = None) -> int:
             not f.get("failed") and all(s in ("local", "peers") for s in f["sources"].values()) for f in ours
         )
         print("every ray_ckpt failure recovered from peer memory" if all_from_memory else "SOME failure fell back")
+        planned = [f for f in ours if f.get("kind") == "drain"]
+        drains_redo_nothing = all(not f.get("failed") and f["steps_lost"] == 0 for f in planned)
+        theirs = [str(f.get("steps_lost")) for f in modes["ray_train"]["failures"] if f.get("kind") == "drain"]
+        print(
+            f"the drain redid 0 steps in both ray_ckpt modes (Ray Train: {', '.join(theirs) or 'no recovery'})"
+            if drains_redo_nothing
+            else "A DRAIN REDID STEPS in a ray_ckpt mode"
+        )
         bit_exact = bool(modes["in_place"]["bit_exact"] and modes["full_restart"]["bit_exact"])
         print(
             "final models of both ray_ckpt modes bit-identical to the uninterrupted run"
@@ -661,6 +818,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = (
             bit_exact
             and all_from_memory
+            and drains_redo_nothing
+            and len(planned) == 2
             and all(len(modes[m]["failures"]) == len(schedule) for m in ("in_place", "full_restart"))
         )
         return 0 if ok else 1

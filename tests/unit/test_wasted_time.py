@@ -49,3 +49,21 @@ def test_training_runs_again_when_the_restore_is_done_before_the_first_step() ->
     assert demo.training_again_s(recovery(7.5, 5.25)) == pytest.approx(2.25)  # type: ignore[attr-defined]
     assert demo.training_again_s(recovery(None, 5.25)) is None  # type: ignore[attr-defined]
     assert demo.training_again_s(recovery(7.5, None)) is None  # type: ignore[attr-defined]
+
+
+def test_a_drain_wastes_its_longest_stop_less_a_step_and_the_steps_it_redid() -> None:
+    """The job trained on after the notice: what a drain cost is the longest time no step was
+    done (less the step that stop held anyway) plus the steps redone, not the notice -> resume."""
+    drain = {"kind": "drain", "time_to_resume_s": 12.0, "stall_s": 8.0, "steps_lost": 0, "into_step_s": 0.2}
+    assert demo.wasted_s(drain, STEP) == pytest.approx(8.0 - STEP)  # type: ignore[attr-defined]
+    assert demo.wasted_s({**drain, "stall_s": 1.0, "steps_lost": 3}, STEP) == pytest.approx(3 * STEP)  # type: ignore[attr-defined]
+
+
+def test_the_longest_gap_counts_from_the_notice_and_only_rank_0s_steps_of_the_job() -> None:
+    def save(time: float, rank: int = 0, job: str = "j") -> dict[str, object]:
+        return {"kind": "save", "job": job, "rank": rank, "step": 0, "time": time + 9, "returned": time}
+
+    records = [save(1.0), save(2.0), save(3.5, rank=1), save(7.0, job="other"), save(8.0), save(8.5), save(20.0)]
+    assert demo.longest_gap("j", records, 1.5, 8.5) == pytest.approx(6.0)  # type: ignore[attr-defined]
+    assert demo.longest_gap("j", records, 0.5, 2.0) == pytest.approx(1.0)  # type: ignore[attr-defined]
+    assert demo.longest_gap("j", records, 9.0, 10.0) == pytest.approx(1.0)  # type: ignore[attr-defined]  # none inside
