@@ -7,10 +7,11 @@ checkpoints (the reference for bit-exactness and for the step time without check
 with ray_ckpt RS(2,2) at the interval ``CheckpointConfig(every="auto")`` picks, losing nodes
 on a schedule: a planned loss an eighth through (Ray is told that one node drains with a 10 s
 deadline, as a cloud's preemption notice does, and the node is hard-killed at the deadline),
-then hard kills: one node halfway through the run (or once the drained node is gone), two at
-once three quarters through. The same failures hit three modes. ``in_place``: ray_ckpt with
-``InPlaceRecovery``; Ray Train replaces only the lost workers, survivors keep their processes
-and roll back from their local copy, replacements restore from peers (in a warm spare process
+then hard kills: one node halfway through the run, two at once three quarters through (never
+on a node that still drains, nor within seconds of the drained node's kill). The same
+failures hit three modes. ``in_place``: ray_ckpt with ``InPlaceRecovery``; Ray Train
+replaces only the lost workers, survivors keep their processes and roll back from their local
+copy, replacements restore from peers (in a warm spare process
 when Ray schedules them where one waits: "(warm)" in the sources column). ``full_restart``:
 ray_ckpt alone; Ray Train restarts the whole worker group and every rank resumes from peer
 memory. ``ray_train``: the same job checkpointing the way Ray Train does by default
@@ -254,9 +255,9 @@ DRAIN_DEADLINE_S = 10.0  # a drain's notice -> the node's end, as a cloud's recl
 # the Ray Train baseline asks ray.train.get_preemption_info() (a barrier) every this many steps:
 # about every 0.75 s here, well inside Ray Train's own 5 s poll of the drains
 PREEMPTION_CHECK_EVERY = 10
-# after a drain, the next failure waits this long past the deadline (the node's end there is a
-# burst of its own, ray_ckpt.core.timeline.BURST_S apart from the next)
-DRAIN_QUIET_S = 3.0
+# no other failure within this long of a drain's kill at its deadline: that kill is a burst of
+# its own (ray_ckpt.core.timeline.BURST_S apart from the next)
+DRAIN_QUIET_S = 2.5
 
 
 class Failure(NamedTuple):
@@ -311,9 +312,20 @@ class Killer(threading.Thread):
         nodes_of: dict[int, str] = {}
         holders: list[str] = []
         # failures do not overlap: the next strikes only once every rank it names was seen saving
-        # after the last strike, and a drain's kill at its deadline (a burst of its own) is past
+        # after the last strike, not on a node that drains, and not within DRAIN_QUIET_S of a
+        # drain's kill at its deadline (a burst of its own)
         quiet_until = 0.0
         fresh: set[int] = set()
+
+        def blocked(failure: Failure) -> bool:
+            now = time.time()
+            for drain in self.drains:
+                if abs(now - drain["deadline"]) <= DRAIN_QUIET_S:
+                    return True
+                if now < drain["deadline"] and any(nodes_of.get(r) in drain["nodes"] for r in failure.ranks):
+                    return True
+            return False
+
         while self.schedule:
             cursor, batch_ = ray.get(registry.events.remote(cursor))
             for record in batch_:
@@ -321,7 +333,8 @@ class Killer(threading.Thread):
                     nodes_of[int(record["rank"])] = record["node_id"]
                     fresh.add(int(record["rank"]))
                     step = int(record["step"])
-                    if self.schedule and step >= self.schedule[0].step and fresh >= set(self.schedule[0].ranks):
+                    upcoming = self.schedule[0] if self.schedule else None
+                    if upcoming and step >= upcoming.step and fresh >= set(upcoming.ranks) and not blocked(upcoming):
                         failure = self.schedule.pop(0)
                         # ray_ckpt logs a save once it committed; the step was done when save() returned
                         done = float(record.get("returned", record["time"]))
@@ -333,17 +346,16 @@ class Killer(threading.Thread):
                                 break
                             victims.add(node_id)
                         if failure.kind == "drain":
-                            quiet_until = self._drain(sorted(victims), registry, events) + DRAIN_QUIET_S
+                            self._drain(sorted(victims), registry, events)
                         else:
                             self._kill(sorted(victims), registry, events)
-                            quiet_until = time.time()
+                        quiet_until = time.time()
                         fresh = set()
             time.sleep(0.05)
 
-    def _drain(self, victims: list[str], registry: Any, events: Any) -> float:
+    def _drain(self, victims: list[str], registry: Any, events: Any) -> None:
         """Tell Ray the nodes drain (as ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``
-        and a cloud's reclaim notice do), then kill them at the deadline on a thread; the
-        deadline."""
+        and a cloud's reclaim notice do), then kill them at the deadline on a thread."""
         from ray_ckpt import _ray_compat
 
         notice = time.time()
@@ -367,7 +379,6 @@ class Killer(threading.Thread):
         thread = threading.Thread(target=at_deadline, daemon=True)
         thread.start()
         self._deadline_kills.append(thread)
-        return deadline
 
     def _shard_holders(self, registry: Any) -> list[str]:
         import ray
@@ -438,7 +449,7 @@ def run_job(
     if killer.error is not None:
         raise killer.error
     final = json.loads((pathlib.Path(out_dir) / "final-0.json").read_text())
-    return {"final": final, "wall_s": wall_s, "kills": killer.kills, "drains": killer.drains}
+    return {"final": final, "wall_s": wall_s, "began": began, "kills": killer.kills, "drains": killer.drains}
 
 
 def job_events(name: str) -> list[dict[str, Any]]:
@@ -585,6 +596,17 @@ def intervals_chosen(name: str, records: list[dict[str, Any]]) -> str:
     return " -> ".join(chosen)
 
 
+def start_time(name: str, records: list[dict[str, Any]], began: float) -> float:
+    """Seconds from the fit's start (``began``) to rank 0's first step done: the workers' start
+    (and, in place, the warm spares' warm-up it waits for, ``InPlaceRecovery(await_spares_s)``)."""
+    ends = [
+        float(r.get("returned", r["time"]))
+        for r in records
+        if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0
+    ]
+    return min(ends) - began if ends else float("nan")
+
+
 def step_time(name: str, records: list[dict[str, Any]]) -> float:
     """Median seconds between consecutive steps of rank 0 within one attempt."""
     saves: dict[str, dict[int, float]] = {}
@@ -671,8 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     from ray_ckpt.tools import quiet
 
     # a drain an eighth in, its deadline well before the end in every mode (in place and Ray Train
-    # train on until it); the crashes halfway and three quarters in, and never before the drained
-    # node is gone: a job's first seconds, before its warm spares are up, are not when crashes come
+    # train on until it); the crashes halfway and three quarters in (a job's first seconds, before
+    # its warm spares are up, are not when crashes come), never on a node that still drains
     drained, first, second = args.steps // 8, args.steps // 2, args.steps * 3 // 4
     schedule = [
         Failure(drained, [1], kind="drain"),  # rank 1's node drains, and goes at the deadline
@@ -705,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
             modes[name] = {
                 "failures": failures_report(name, job_records, run["drains"]),
                 "wall_s": run["wall_s"],
+                "start_s": start_time(name, job_records, run["began"]),
                 "save_stall_s": mean_stall(name, job_records),
                 "saves": saves_made(name, job_records),
                 "intervals": intervals_chosen(name, job_records),
@@ -738,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         modes["ray_train"] = {
             "failures": failures_report("ray_train", base_records, baseline["drains"]),
             "wall_s": baseline["wall_s"],
+            "start_s": start_time("ray_train", base_records, baseline["began"]),
             "save_stall_s": mean_stall("ray_train", base_records),
             "step_s": step_time("ray_train", base_records),
             "bit_exact": None,  # restarts from an older checkpoint: not comparable step for step
@@ -770,14 +794,17 @@ def main(argv: list[str] | None = None) -> int:
             overhead = max(0.0, mode["step_s"] - reference_step_s) * args.steps
             mode.update(time_lost_s=lost, overhead_s=overhead, goodput=args.steps / mode["wall_s"])
             print(
-                f"  {name:<13} wall {mode['wall_s']:6.1f} s, goodput {mode['goodput']:.2f} steps/s; "
+                f"  {name:<13} wall {mode['wall_s']:6.1f} s ({mode['start_s']:.1f} s to its first step), "
+                f"goodput {mode['goodput']:.2f} steps/s; "
                 f"median step {mode['step_s']:.3f} s (checkpointing adds {overhead:.1f} s over the run), "
                 f"lost to the {len(schedule)} failures {lost:.1f} s"
             )
         best = max(modes, key=lambda name: modes[name]["goodput"])
         print(
             f"highest goodput: {best}; every simulated node shares this machine's {os.cpu_count()} cores, so "
-            "the background work of a save competes with training here as it would not on a GPU node"
+            "the background work of a save competes with training here as it would not on a GPU node, and in "
+            "place the warm spares of every free node import torch one after another before the first step "
+            "(on a cluster each node warms its own, during the workers' start)"
         )
         ours = modes["in_place"]["failures"] + modes["full_restart"]["failures"]
         all_from_memory = all(
