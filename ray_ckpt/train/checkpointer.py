@@ -28,6 +28,9 @@ DRAIN_MARGIN_S = 2.0  # a draining rank hands over at least this long before its
 DEFAULT_DRAIN_S = 120.0  # a drain without a deadline is taken to end this long after the notice (Ray Train's default)
 HOLD_AFTER_DEADLINE_S = 60.0  # how long past the deadline a draining rank without in place waits to be ended
 HOLD_POLL_S = 0.5
+# without in place, a draining rank trains on (saving every step) until the deadline is this many
+# of its steps (save included) plus DRAIN_MARGIN_S away: a step, its commit, and one of slack
+HOLD_STEPS = 3
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +89,9 @@ class Checkpointer(checkpointer.Checkpointer):
     ``PeerLost`` lands inside its methods: one that comes during a call is raised as it returns.
     """
 
+    _last_save_at: float | None = None  # when save() was last called (time.monotonic())
+    _step_s = 0.0  # the time between this rank's last two save() calls: a step and its save
+
     @_shielded
     def __init__(
         self, config: CheckpointConfig | None = None, *, job: str | None = None, namespace: str | None = None
@@ -137,8 +143,10 @@ class Checkpointer(checkpointer.Checkpointer):
         hands its place over: ``HandedOver`` is raised, ``InPlaceRecovery.wrap`` ends the rank,
         and its replacement restores this step. Without in place it holds here until Ray Train
         ends the workers at the deadline and restarts them from this step (its preemption
-        handling). Either way no step is trained twice. Where the step does not commit in time,
-        it tries again at the next step."""
+        handling); it trains on, saving every step, until the deadline is ``HOLD_STEPS`` of its
+        steps plus ``DRAIN_MARGIN_S`` away, so the notice's window is not spent idle. Either way
+        no step is trained twice. Where the step does not commit in time, it tries again at the
+        next step."""
         handle, handed_over = self._save_or_hand_over(step, state, force)
         if handed_over is not None:
             raise handed_over
@@ -149,7 +157,12 @@ class Checkpointer(checkpointer.Checkpointer):
         """``save``'s work: the handle, and the ``HandedOver`` to raise once the shield is left.
         A draining rank waits for ``step`` to commit only where every rank saves it: it is due by
         ``config.every`` anyway, or a step that ``every`` skips committed after the notice (so
-        every rank had the notice and saves each step)."""
+        every rank had the notice and saves each step). Without in place it waits only once the
+        deadline is near (``_hold_is_due``)."""
+        called = time.monotonic()
+        if self._last_save_at is not None:
+            self._step_s = called - self._last_save_at
+        self._last_save_at = called
         notice = self._drain_notice()
         self._saves.avoid = frozenset() if notice is None else frozenset(notice.nodes)
         if notice is None or not notice.ranks:  # no drain, or only stores drain: saves as asked
@@ -175,6 +188,9 @@ class Checkpointer(checkpointer.Checkpointer):
             self._every_rank_forces = self._registry.latest_committed(self.job) in self._forced_since_notice
             if not self._every_rank_forces:
                 return handle, None
+        in_place = inplace.current_attempt() is not None
+        if not in_place and not self._hold_is_due(notice):
+            return handle, None
         left = self.config.commit_timeout_s
         if notice.deadline is not None:
             left = max(1.0, min(left, notice.deadline - time.time() - DRAIN_MARGIN_S))
@@ -183,10 +199,18 @@ class Checkpointer(checkpointer.Checkpointer):
         except (CommitTimeoutError, TornStepError) as error:
             logger.warning("rank %d: step %d did not commit (%s); trying at the next step", self.rank, step, error)
             return handle, None
-        if inplace.current_attempt() is None:
+        if not in_place:
             self._hold(step, notice)
             return handle, None
         return handle, inplace.hand_over()  # None where not taken: this generation is failing already
+
+    def _hold_is_due(self, notice: DrainNotice) -> bool:
+        """Without in place: whether a draining rank should hold at this step, rather than train
+        on and save the next. Yes once the deadline is ``HOLD_STEPS`` steps (as this rank's last
+        step and save took) plus ``DRAIN_MARGIN_S`` away, or when the drain has no deadline."""
+        if notice.deadline is None:
+            return True
+        return time.time() + DRAIN_MARGIN_S + HOLD_STEPS * self._step_s >= notice.deadline
 
     def _drain_notice(self) -> DrainNotice | None:
         """The drain under way: the in-place run's coordinator's word, or else what Ray Train's

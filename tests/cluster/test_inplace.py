@@ -473,9 +473,10 @@ def test_without_in_place_a_drain_costs_no_step_the_restart_resumes_from_the_ste
     cluster: Any,
 ) -> None:
     """The same drain under Ray Train's full restarts (no ``InPlaceRecovery``): Ray Train's
-    preemption watcher tells every worker; every rank saves each step from then on, and rank 2,
-    once one of those steps committed, holds at the next until Ray Train restarts the workers at
-    the deadline. They restore that step, so no step is trained twice; bit-identical."""
+    preemption watcher tells every worker; every rank saves each step from then on, and rank 2
+    trains on until the deadline is a few steps away, then holds at a committed step until Ray
+    Train restarts the workers at the deadline. They restore that step, so no step is trained
+    twice; bit-identical."""
     sim, example, _ = cluster
     reference_digest(cluster, 4)
     sim.add_workers(1)

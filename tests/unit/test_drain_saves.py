@@ -130,3 +130,30 @@ def test_without_in_place_the_draining_rank_holds_instead_of_handing_over(monkey
     ckpt._registry.latest = 7
     ckpt.save(8, {})
     assert held == [8] and ckpt.saved == [(7, True), (8, True)]
+
+
+def test_without_in_place_the_draining_rank_trains_on_until_the_deadline_is_a_few_steps_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 10 s deadline and 1 s steps: the draining rank saves every step and trains on while the
+    deadline is more than HOLD_STEPS steps plus DRAIN_MARGIN_S away, then holds at the next
+    committed step (the restart resumes from it: no step redone, little of the window idle)."""
+    clock = [100.0]
+    monkeypatch.setattr(
+        train_checkpointer, "time", types.SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    )
+    monkeypatch.setattr(inplace, "current_attempt", lambda: None)
+    notice = DrainNotice(ranks=(2,), nodes=("drained",), deadline=110.0)
+    held: list[int] = []
+    ckpt = checkpointer(2, [notice])
+    ckpt._registry.latest = 0  # a committed step saved only because of the notice: every rank saves each step
+    ckpt._every_rank_forces = True
+    ckpt._hold = lambda step, notice: held.append(step)
+    for step in range(1, 10):
+        if held:
+            break
+        ckpt.save(step, {})
+        clock[0] += 1.0  # the step and its save took 1 s
+    margin = train_checkpointer.DRAIN_MARGIN_S + train_checkpointer.HOLD_STEPS * 1.0
+    assert held == [int(110.0 - margin) - 100 + 1]  # the first step saved with the deadline <= margin away
+    assert all(force for _, force in ckpt.saved)
