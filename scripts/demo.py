@@ -328,6 +328,9 @@ class Killer(threading.Thread):
 
         while self.schedule:
             cursor, batch_ = ray.get(registry.events.remote(cursor))
+            struck = max((d.get("struck", 0.0) for d in self.drains), default=0.0)
+            if struck > quiet_until:  # a drained node is gone: where the ranks run is seen anew
+                quiet_until, fresh = struck, set()
             for record in batch_:
                 if record["kind"] == "save" and record.get("job") == self.job and float(record["time"]) >= quiet_until:
                     nodes_of[int(record["rank"])] = record["node_id"]
@@ -367,7 +370,8 @@ class Killer(threading.Thread):
             registry.record.remote(
                 events.event("kill", node_id=node_id, mode="drain", by="demo", time=notice, deadline=deadline)
             )
-        self.drains.append({"nodes": victims, "time": notice, "deadline": deadline})
+        drain: dict[str, Any] = {"nodes": victims, "time": notice, "deadline": deadline}
+        self.drains.append(drain)
 
         def at_deadline() -> None:
             time.sleep(max(0.0, deadline - time.time()))
@@ -375,6 +379,7 @@ class Killer(threading.Thread):
                 self._kill(victims, registry, events)
             except BaseException as error:  # reported by the demo
                 self.error = error
+            drain["struck"] = time.time()  # the nodes are gone (or the kill failed)
 
         thread = threading.Thread(target=at_deadline, daemon=True)
         thread.start()
@@ -489,10 +494,15 @@ def failures_report(
                 {"kind": kind, "failed": True, "errors": errors, "killed_nodes": [n[:8] for n in recovery.killed_nodes]}
             )
             continue
-        before = [int(s["step"]) for s in saves if s.get("returned", s["time"]) <= kill_time]
+        done = sorted(
+            (s for s in saves if float(s.get("returned", s["time"])) <= kill_time),
+            key=lambda s: float(s.get("returned", s["time"])),
+        )
+        # the steps the attempt running at the kill had done (an earlier attempt may have gone further)
+        running = str(done[-1].get("attempt")) if done else None
+        before = [int(s["step"]) for s in done if str(s.get("attempt")) == running]
         newest = max(before) if before else recovery.step
-        done_at = [float(s.get("returned", s["time"])) for s in saves if before and int(s["step"]) == newest]
-        done_at = [t for t in done_at if t <= kill_time]
+        done_at = [float(s.get("returned", s["time"])) for s in done if before and int(s["step"]) == newest]
         pids_before, pids_after = _survivor_pids(name, records, recovery)
         drain_fields: dict[str, Any] = {}
         if drain is not None and recovery.time_to_resume_s is not None:
