@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -279,9 +280,18 @@ class Killer(threading.Thread):
     random point of the next step, as a real failure would. A drain's kill at its deadline runs
     on a thread of its own; ``finish`` waits for it."""
 
-    def __init__(self, cluster: Any, job: str, schedule: list[Failure], delay_s: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        job: str,
+        schedule: Sequence[Failure | tuple[int, list[int], int]],
+        delay_s: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.job, self.schedule = cluster, job, list(schedule)
+        # a plain (step, ranks, extra) tuple is a crash (the benchmarks' schedules)
+        self.cluster, self.job = cluster, job
+        self.schedule = [f if isinstance(f, Failure) else Failure(*f) for f in schedule]
         self.delay_s, self.rng = delay_s, random.Random(seed)
         self.kills: list[dict[str, Any]] = []
         self.drains: list[dict[str, Any]] = []  # {"nodes", "time" (the notice), "deadline"}
@@ -415,7 +425,7 @@ def run_job(
     name: str,
     mode: str,
     steps: int,
-    kills: list[Failure],
+    kills: Sequence[Failure | tuple[int, list[int], int]],
     kill_delay_s: float = 0.0,
     in_place: bool = False,
     max_failures: int = 6,
@@ -660,7 +670,7 @@ def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
     print(head + "  sources; survivors' processes")
     for i, f in enumerate(failures, 1):
         if f.get("failed"):
-            print(f"  {i:>2} {f['kind']:<5} FAILED to restore: {'; '.join(f['errors'])}")
+            print(f"  {i:>2} {f.get('kind', 'crash'):<5} FAILED to restore: {'; '.join(f['errors'])}")
             continue
         phases = f["phases"]
         cells = " ".join(f"{phases.get(p):>8.2f}" if phases.get(p) is not None else f"{'-':>8}" for p in TABLE_PHASES)
@@ -671,7 +681,8 @@ def print_failures(title: str, failures: list[dict[str, Any]]) -> None:
         survivors = "kept" if kept else ("new" if f["survivor_pids_before"] else "none survived")
         sources = f"{sources}; {survivors}"
         resume_text = f"{resume:>8.2f}" if resume is not None else f"{'-':>8}"
-        print(f"  {i:>2} {f['kind']:<5} {resume_text} {f['steps_lost']:>4} {f['restored_step']:>4}  {cells}  {sources}")
+        kind = f.get("kind", "crash")
+        print(f"  {i:>2} {kind:<5} {resume_text} {f['steps_lost']:>4} {f['restored_step']:>4}  {cells}  {sources}")
     for i, f in enumerate(failures, 1):
         if f.get("kind") == "drain" and f.get("stall_s") is not None:
             print(

@@ -67,3 +67,8 @@ def test_the_longest_gap_counts_from_the_notice_and_only_rank_0s_steps_of_the_jo
     assert demo.longest_gap("j", records, 1.5, 8.5) == pytest.approx(6.0)  # type: ignore[attr-defined]
     assert demo.longest_gap("j", records, 0.5, 2.0) == pytest.approx(1.0)  # type: ignore[attr-defined]
     assert demo.longest_gap("j", records, 9.0, 10.0) == pytest.approx(1.0)  # type: ignore[attr-defined]  # none inside
+
+
+def test_the_killer_takes_a_benchmarks_plain_schedule_as_crashes() -> None:
+    killer = demo.Killer(None, "j", [(5, [1], 0), demo.Failure(9, [0], kind="drain")])  # type: ignore[attr-defined]
+    assert killer.schedule == [demo.Failure(5, [1], 0, "crash"), demo.Failure(9, [0], 0, "drain")]  # type: ignore[attr-defined]
