@@ -542,15 +542,19 @@ def failures_report(
     return result
 
 
-def longest_gap(name: str, records: list[dict[str, Any]], start: float, end: float) -> float:
-    """The longest time rank 0 finished no step between ``start`` and ``end`` (Unix seconds):
-    the gaps between its steps' ends (save() returned), and from ``start`` to the first."""
-    ends = sorted(
+def rank0_step_ends(name: str, records: list[dict[str, Any]]) -> list[float]:
+    """When each of rank 0's steps of job ``name`` was done (its save() returned), in order."""
+    return sorted(
         float(r.get("returned", r["time"]))
         for r in records
         if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0
     )
-    inside = [start] + [t for t in ends if start < t <= end + 1e-3]
+
+
+def longest_gap(name: str, records: list[dict[str, Any]], start: float, end: float) -> float:
+    """The longest time rank 0 finished no step between ``start`` and ``end`` (Unix seconds):
+    the gaps between its steps' ends (save() returned), and from ``start`` to the first."""
+    inside = [start] + [t for t in rank0_step_ends(name, records) if start < t <= end + 1e-3]
     return max((b - a for a, b in itertools.pairwise(inside)), default=end - start)
 
 
@@ -619,12 +623,8 @@ def intervals_chosen(name: str, records: list[dict[str, Any]]) -> str:
 def start_time(name: str, records: list[dict[str, Any]], began: float) -> float:
     """Seconds from the fit's start (``began``) to rank 0's first step done: the workers' start
     (and, in place, the warm spares' warm-up it waits for, ``InPlaceRecovery(await_spares_s)``)."""
-    ends = [
-        float(r.get("returned", r["time"]))
-        for r in records
-        if r["kind"] == "save" and r.get("job") == name and int(r.get("rank", -1)) == 0
-    ]
-    return min(ends) - began if ends else float("nan")
+    ends = rank0_step_ends(name, records)
+    return ends[0] - began if ends else float("nan")
 
 
 def step_time(name: str, records: list[dict[str, Any]]) -> float:
