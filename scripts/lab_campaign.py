@@ -85,11 +85,8 @@ class LabCampaign:
         self.reference = ""
 
     def run_reference(self) -> None:
-        final = self.example.run(
-            name="lab-reference", storage_path=tempfile.mkdtemp(), events_dir=tempfile.mkdtemp(),
-            steps=STEPS, workers=2, checkpoint=CHECKPOINT, step_sleep_s=0.0,
-        )  # fmt: skip
-        self.reference = str(final["params_digest"])
+        """The uninterrupted run's digest, computed outside Ray (the trials must end on it)."""
+        self.reference = self.example.uninterrupted_digest(steps=STEPS, workers=2)
 
     def trial(self, index: int, kind: str, at_step: int, last: bool = False) -> None:
         """One trial: the job run beside the fault, then checked; the struck node is brought

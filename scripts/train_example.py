@@ -20,6 +20,8 @@ import contextlib
 import json
 import os
 import pathlib
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -55,6 +57,31 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
+def sharded_model(world_size: int, per_layer: bool) -> torch.nn.Module:
+    """``build_model()`` sharded with FSDP2 ``fully_shard`` over a 1-D CPU mesh of the default
+    process group's ``world_size`` ranks; ``per_layer``: each Linear an FSDP unit of its own,
+    under the root's (more collectives)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = build_model()
+    mesh = init_device_mesh("cpu", (world_size,))
+    if per_layer:
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def train_step(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, rank: int) -> None:
+    """One step of rank ``rank``'s deterministic batch: forward, backward, Adam."""
+    x, y = batch(step, rank)
+    optim.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optim.step()
+
+
 def fsdp2_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
     """The FSDP2 model's and optimizer's state dicts (DTensors), as saved and restored into."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -74,16 +101,8 @@ def train_loop(config: dict[str, Any]) -> None:
     fsdp2 = bool(config.get("fsdp2"))
     if fsdp2:  # parameters and Adam's moments sharded over the ranks: DTensors
         from torch.distributed.checkpoint.state_dict import set_state_dict
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
-        model = build_model()
-        mesh = init_device_mesh("cpu", (context.get_world_size(),))
-        if config.get("fsdp2_per_layer"):  # each Linear its own FSDP unit, then the root: more collectives
-            for layer in model:
-                if isinstance(layer, torch.nn.Linear):
-                    fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        model = sharded_model(context.get_world_size(), bool(config.get("fsdp2_per_layer")))
     else:
         model = ray.train.torch.prepare_model(build_model(), parallel_strategy_kwargs={"find_unused_parameters": True})
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -121,10 +140,7 @@ def train_loop(config: dict[str, Any]) -> None:
             record = {"rank": rank, "pid": os.getpid(), "started": time.time(), "seconds": config["compute_s"]}
             (events / f"compute-{rank}-{uuid.uuid4().hex[:8]}.json").write_text(json.dumps(record))
             busy(config["compute_s"])
-        x, y = batch(step, rank)
-        optim.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optim.step()
+        train_step(model, optim, step, rank)
         state = fsdp2_state(model, optim) if fsdp2 else {"model": model.state_dict(), "optim": optim.state_dict()}
         if fsdp2:  # what this step saves, to compare a later (resharded) restore with
             # written before the save: a step can commit only after rank 0 staged it, so every
@@ -215,6 +231,54 @@ def run(
     if len(finals) != 1:
         raise RuntimeError(f"expected one final record of rank 0, found {len(finals)}")
     return finals[0]
+
+
+def uninterrupted_digest(*, steps: int, workers: int, fsdp2: bool = False, fsdp2_per_layer: bool = False) -> str:
+    """The final parameters' digest of the job run ``steps`` steps without an interruption,
+    computed outside Ray: ``workers`` local processes (gloo on this host) run ``train_loop``'s
+    math with no checkpointer (a TorchTrainer run of the same job ends on the same digest, a
+    recovered one too). Seconds instead of a Ray Train run's start; raises RuntimeError when a
+    rank fails, with its output."""
+    with socket.socket() as probe:  # a free port for the ranks' rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, os.path.abspath(__file__), "--uninterrupted-rank"]
+    options = ["--steps", str(steps), "--workers", str(workers), "--rendezvous-port", str(port)]
+    options += ["--fsdp2"] * fsdp2 + ["--fsdp2-per-layer"] * fsdp2_per_layer
+    ranks = [
+        subprocess.Popen([*command, str(rank), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(workers)
+    ]
+    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    failed = [(r, out) for r, (rank, out) in enumerate(zip(ranks, outputs, strict=True)) if rank.returncode != 0]
+    if failed:
+        raise RuntimeError(f"the uninterrupted run's rank {failed[0][0]} failed:\n{failed[0][1][-2000:]}")
+    return outputs[0].strip().splitlines()[-1]
+
+
+def _uninterrupted_rank(rank: int, workers: int, steps: int, port: int, fsdp2: bool, per_layer: bool) -> str:
+    """One rank of ``uninterrupted_digest``: ``train_loop``'s model, optimizer and steps, in the
+    same order of calls, with a process group of its own; the digest of its parameters."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+    try:
+        if fsdp2:
+            model = sharded_model(workers, per_layer)
+        elif workers > 1:  # as ray.train.torch.prepare_model wraps it on CPU
+            model = torch.nn.parallel.DistributedDataParallel(build_model(), find_unused_parameters=True)
+        else:
+            model = build_model()
+        optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+        if fsdp2:
+            fsdp2_state(model, optim)  # the state a restore would fill: it creates Adam's, as in the job
+        for step in range(steps):
+            train_step(model, optim, step, rank)
+        return params_digest(model)
+    finally:
+        dist.destroy_process_group()
 
 
 def kill_rank_node_when(
@@ -346,11 +410,11 @@ def run_with_kill(
     cluster: SimulatedCluster | None = None,
 ) -> dict[str, Any]:
     """On a fresh simulated cluster of ``nodes`` workers (or on ``cluster``, see ``cluster_of``):
-    an uninterrupted reference run, then the same job with the node of rank 1 hard-killed after
-    ``kill_at_step`` committed. ``checkpoint``: the CheckpointConfig fields (default RS(2,1)).
-    Returns the report: ``{"killed", "restores", "bit_exact", "reference_digest",
-    "final_digest", "final_status"}`` (``final_status``: the job's ``ray_ckpt.status()`` entry
-    at the end, with its protection). ``quiet_driver``: keep Ray's messages about the killed
+    the job with the node of rank 1 hard-killed after ``kill_at_step`` committed, compared with
+    an uninterrupted run of the same seed (``uninterrupted_digest``). ``checkpoint``: the
+    CheckpointConfig fields (default RS(2,1)). Returns the report: ``{"killed", "restores",
+    "bit_exact", "reference_digest", "final_digest", "final_status"}`` (``final_status``: the
+    job's ``ray_ckpt.status()`` entry at the end, with its protection). ``quiet_driver``: keep Ray's messages about the killed
     node off this process's output (``quiet.quiet_driver``)."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
@@ -359,7 +423,7 @@ def run_with_kill(
         if quiet_driver:
             quiet.quiet_driver()  # Ray's messages about the node killed below stay in its logs
         common: dict[str, Any] = {"storage_path": storage, "steps": steps, "workers": workers, "checkpoint": checkpoint}
-        reference = run(name="reference", events_dir=tempfile.mkdtemp(), step_sleep_s=0.0, **common)
+        reference = uninterrupted_digest(steps=steps, workers=workers)
         events = tempfile.mkdtemp()
         killed: dict[str, Any] = {}
         namespace = ray_ckpt.settings.namespace()
@@ -378,9 +442,9 @@ def run_with_kill(
             "killed": killed,
             "final_status": ray_ckpt.status(namespace=namespace)["jobs"].get("killed"),
             "restores": read_restores(events),
-            "reference_digest": reference["params_digest"],
+            "reference_digest": reference,
             "final_digest": final["params_digest"],
-            "bit_exact": final["params_digest"] == reference["params_digest"],
+            "bit_exact": final["params_digest"] == reference,
         }
 
 
@@ -530,7 +594,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: an elastic FSDP2 run (2 to 4 workers) that loses a node and gets one back, resharding",
     )
+    parser.add_argument("--fsdp2", action="store_true", help=argparse.SUPPRESS)  # of --uninterrupted-rank
+    parser.add_argument("--fsdp2-per-layer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rendezvous-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--uninterrupted-rank", type=int, help=argparse.SUPPRESS)  # see uninterrupted_digest
     args = parser.parse_args(argv)
+    if args.uninterrupted_rank is not None:
+        rank, port = args.uninterrupted_rank, args.rendezvous_port
+        print(_uninterrupted_rank(rank, args.workers, args.steps, port, args.fsdp2, args.fsdp2_per_layer))
+        return 0
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rcktrain"))
     if args.elastic:
         elastic = run_elastic(quiet_driver=True)

@@ -4,7 +4,6 @@ ends bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import pathlib
 import random
@@ -41,8 +40,8 @@ SPARES = 2
 
 
 class InPlaceClusters:
-    """The module's cluster of 9 one-CPU nodes and the uninterrupted runs' digests (by worker
-    count for DDP, "fsdp2" for the 2-rank FSDP2 job), handed to the tests in turn. A test that
+    """The module's cluster of 9 one-CPU nodes and the uninterrupted runs' digests (keyed as in
+    ``reference_digest``), handed to the tests in turn. A test that
     failed, or a cluster that lost a node nobody removed, is replaced by a fresh cluster before
     the next test, so one failure reports one failure. ``start_s``: how long the reference run
     took to start its workers on this machine, the unit of the bounds that depend on its speed."""
@@ -74,32 +73,24 @@ class InPlaceClusters:
         return {str(n.node_id) for n in sim.workers} <= alive
 
     def _run_references(self) -> None:
-        """The 2-rank DDP run alone (its start is the unit of the bounds: ``start_s``), then the
-        3-rank DDP and 2-rank FSDP2 runs at once (their digests do not depend on what else runs)."""
-
-        def reference(workers: int, fsdp2: bool = False) -> str:
-            events = tempfile.mkdtemp()
-            started = time.time()
-            final = self.example.run(
-                name=f"reference{workers}{'_fsdp2' if fsdp2 else ''}",
-                storage_path=tempfile.mkdtemp(),
-                events_dir=events,
-                steps=STEPS,
-                workers=workers,
-                checkpoint=CHECKPOINT,
-                step_sleep_s=0.0,
-                fsdp2=fsdp2,
-            )
-            first = min(r["time"] for r in self.example.read_restores(events))
-            self.start_s = max(self.start_s, first - started)
-            return str(final["params_digest"])
-
-        self.references = {2: reference(2)}
-        start_s = self.start_s
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            three, fsdp2 = pool.submit(reference, 3), pool.submit(reference, 2, True)
-            self.references[3], self.references["fsdp2"] = three.result(), fsdp2.result()
-        self.start_s = start_s
+        """The 2-rank DDP run under Ray Train (its start is the unit of the bounds: ``start_s``),
+        and the uninterrupted digests of the other jobs computed outside Ray
+        (``uninterrupted_digest``), which must agree with Ray Train's at 2 ranks."""
+        events = tempfile.mkdtemp()
+        started = time.time()
+        final = self.example.run(
+            name="reference2",
+            storage_path=tempfile.mkdtemp(),
+            events_dir=events,
+            steps=STEPS,
+            workers=2,
+            checkpoint=CHECKPOINT,
+            step_sleep_s=0.0,
+        )
+        self.start_s = min(r["time"] for r in self.example.read_restores(events)) - started
+        local = self.example.uninterrupted_digest(steps=STEPS, workers=2)
+        assert final["params_digest"] == local, "the run outside Ray must end where Ray Train's ends"
+        self.references = {2: local}
 
     def close(self) -> None:
         if self.sim is not None:
@@ -147,7 +138,7 @@ def run_with(
     """Run job ``name`` in place (``in_place`` None: with Ray Train's full restarts) with
     ``faults(events_dir)`` on a thread; the report. ``job``: more of the example's ``run``
     arguments."""
-    _, example, references = cluster
+    _, example, _ = cluster
     client = RegistryClient(ray_ckpt.settings.namespace())
     events = tempfile.mkdtemp()
     failures: list[BaseException] = []
@@ -183,7 +174,7 @@ def run_with(
         "events": events,
         "computes": example.read_computes(events),
         "restores": example.read_restores(events),
-        "bit_exact": final["params_digest"] == references["fsdp2" if fsdp2 else workers],
+        "bit_exact": final["params_digest"] == reference_digest(cluster, workers, "root" if fsdp2 else ""),
         "recoveries": [r for r in timeline.recoveries(client.events()[1]) if r.job == name],
         "rejoins": [e for e in client.events()[1] if e["kind"] == "rejoin" and e["job"] == name],
     }
@@ -325,21 +316,7 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
     round's heartbeat close their gloo connections) instead of waiting out its timeout. All
     three survivors keep their processes, one failure is one in-place recovery, and the final
     weights are bit-identical to an uninterrupted run's."""
-    sim, example, references = cluster
-    if "fsdp2-4" not in references:
-        events = tempfile.mkdtemp()
-        final = example.run(
-            name="reference4_fsdp2",
-            storage_path=tempfile.mkdtemp(),
-            events_dir=events,
-            steps=STEPS,
-            workers=4,
-            checkpoint=CHECKPOINT,
-            step_sleep_s=0.0,
-            fsdp2=True,
-            fsdp2_per_layer=True,
-        )
-        references["fsdp2-4"] = str(final["params_digest"])
+    sim, example, _ = cluster
     sim.add_workers(1)
 
     def faults(events: str) -> None:
@@ -374,26 +351,21 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
     first, second = groups
     kept = [rank for rank in (0, 1, 3) if second[rank]["pid"] == first[rank]["pid"]]
     assert kept == [0, 1, 3], groups
-    assert final["params_digest"] == references["fsdp2-4"]
+    assert final["params_digest"] == reference_digest(cluster, 4, "per_layer")
     rejoins = [e for e in client.events()[1] if e["kind"] == "rejoin" and e["job"] == "fsdp4"]
     assert len({e["generation"] for e in rejoins}) == 1, rejoins
 
 
-def reference_digest(cluster: tuple[SimulatedCluster, Any, dict[Any, str]], workers: int) -> str:
-    """The uninterrupted DDP run's digest at ``workers`` ranks, run once on first use."""
+def reference_digest(cluster: tuple[SimulatedCluster, Any, dict[Any, str]], workers: int, fsdp2: str = "") -> str:
+    """The uninterrupted run's digest at ``workers`` ranks (``fsdp2``: "" for DDP, "root" for
+    FSDP2 on the root, "per_layer" for FSDP2 per layer), computed once, outside Ray, on first use."""
     _, example, references = cluster
-    if workers not in references:
-        final = example.run(
-            name=f"reference{workers}",
-            storage_path=tempfile.mkdtemp(),
-            events_dir=tempfile.mkdtemp(),
-            steps=STEPS,
-            workers=workers,
-            checkpoint=CHECKPOINT,
-            step_sleep_s=0.0,
+    key: Any = workers if not fsdp2 else f"fsdp2-{workers}-{fsdp2}"
+    if key not in references:
+        references[key] = example.uninterrupted_digest(
+            steps=STEPS, workers=workers, fsdp2=bool(fsdp2), fsdp2_per_layer=fsdp2 == "per_layer"
         )
-        references[workers] = str(final["params_digest"])
-    return references[workers]
+    return str(references[key])
 
 
 def drain_at_step(sim: SimulatedCluster, example: Any, job: str, step: int, drained: dict[str, Any]) -> Any:
@@ -425,7 +397,6 @@ def test_a_drained_node_hands_its_rank_over_with_no_step_redone_and_no_protectio
     before the deadline. After the kill the newest committed step still survives as many node
     losses as parity shards, and the final weights are bit-identical."""
     sim, example, _ = cluster
-    reference_digest(cluster, 4)  # run_with compares the run's final weights with it
     sim.add_workers(1)
     drained: dict[str, Any] = {}
     faults = drain_at_step(sim, example, "drain", 4, drained)
