@@ -160,6 +160,9 @@ def test_a_store_holder_losing_power_during_a_save_and_a_restore_costs_no_commit
     link_faults.link_down(victim)
     link_faults.freeze(victim)
     try:
+        # the save's calls to the silent store time out after 5 s (the driver reads the setting
+        # at each call); the restore's below after 30 s, which the test tells from routing around
+        monkeypatch.setenv("RAY_CKPT_PEER_TIMEOUT_S", "5")
         try:
             saver.save(2, _state(2)).wait(timeout_s=pace.bound(90))
             newest = 2
@@ -171,6 +174,7 @@ def test_a_store_holder_losing_power_during_a_save_and_a_restore_costs_no_commit
         link_faults.link_up(victim)
         link_faults.thaw(victim)
         raise
+    monkeypatch.setenv("RAY_CKPT_PEER_TIMEOUT_S", "30")
     try:
         result: dict[str, Any] = {}
 
