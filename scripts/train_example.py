@@ -245,40 +245,46 @@ def uninterrupted_digest(*, steps: int, workers: int, fsdp2: bool = False, fsdp2
     command = [sys.executable, os.path.abspath(__file__), "--uninterrupted-rank"]
     options = ["--steps", str(steps), "--workers", str(workers), "--rendezvous-port", str(port)]
     options += ["--fsdp2"] * fsdp2 + ["--fsdp2-per-layer"] * fsdp2_per_layer
-    ranks = [
-        subprocess.Popen([*command, str(rank), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(workers)
-    ]
-    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
-    failed = [(r, out) for r, (rank, out) in enumerate(zip(ranks, outputs, strict=True)) if rank.returncode != 0]
+    with tempfile.TemporaryDirectory(prefix="rckref") as folder:  # files, not pipes: each rank's output
+        logs = [pathlib.Path(folder, f"rank-{rank}.log") for rank in range(workers)]
+        ranks = []
+        for rank, log in enumerate(logs):
+            with log.open("w") as out:
+                ranks.append(subprocess.Popen([*command, str(rank), *options], stdout=out, stderr=subprocess.STDOUT))
+        try:
+            codes = [rank.wait(timeout=300) for rank in ranks]
+        finally:
+            for rank in ranks:
+                if rank.poll() is None:
+                    rank.kill()
+        outputs = [log.read_text() for log in logs]
+    failed = [rank for rank, code in enumerate(codes) if code != 0]
     if failed:
-        raise RuntimeError(f"the uninterrupted run's rank {failed[0][0]} failed:\n{failed[0][1][-2000:]}")
+        raise RuntimeError(f"the uninterrupted run's rank {failed[0]} failed:\n{outputs[failed[0]][-2000:]}")
     return outputs[0].strip().splitlines()[-1]
 
 
 def _uninterrupted_rank(rank: int, workers: int, steps: int, port: int, fsdp2: bool, per_layer: bool) -> str:
     """One rank of ``uninterrupted_digest``: ``train_loop``'s model, optimizer and steps, in the
-    same order of calls, with a process group of its own; the digest of its parameters."""
+    same order of calls, in the default process group; the digest of its parameters. The
+    process ends without tearing the group down (``main``)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
-    try:
-        if fsdp2:
-            model = sharded_model(workers, per_layer)
-        elif workers > 1:  # as ray.train.torch.prepare_model wraps it on CPU
-            model = torch.nn.parallel.DistributedDataParallel(build_model(), find_unused_parameters=True)
-        else:
-            model = build_model()
-        optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-        if fsdp2:
-            fsdp2_state(model, optim)  # the state a restore would fill: it creates Adam's, as in the job
-        for step in range(steps):
-            train_step(model, optim, step, rank)
-        return params_digest(model)
-    finally:
-        dist.destroy_process_group()
+    if fsdp2:
+        model = sharded_model(workers, per_layer)
+    elif workers > 1:  # as ray.train.torch.prepare_model wraps it on CPU
+        model = torch.nn.parallel.DistributedDataParallel(build_model(), find_unused_parameters=True)
+    else:
+        model = build_model()
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    if fsdp2:
+        fsdp2_state(model, optim)  # the state a restore would fill: it creates Adam's, as in the job
+    for step in range(steps):
+        train_step(model, optim, step, rank)
+    return params_digest(model)
 
 
 def kill_rank_node_when(
@@ -414,8 +420,8 @@ def run_with_kill(
     an uninterrupted run of the same seed (``uninterrupted_digest``). ``checkpoint``: the
     CheckpointConfig fields (default RS(2,1)). Returns the report: ``{"killed", "restores",
     "bit_exact", "reference_digest", "final_digest", "final_status"}`` (``final_status``: the
-    job's ``ray_ckpt.status()`` entry at the end, with its protection). ``quiet_driver``: keep Ray's messages about the killed
-    node off this process's output (``quiet.quiet_driver``)."""
+    job's ``ray_ckpt.status()`` entry at the end, with its protection). ``quiet_driver``: keep
+    Ray's messages about the killed node off this process's output (``quiet.quiet_driver``)."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     storage = tempfile.mkdtemp(prefix="rcktrain-storage")
     checkpoint = {"data_shards": 2, "parity_shards": 1} if checkpoint is None else checkpoint
@@ -601,8 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.uninterrupted_rank is not None:
         rank, port = args.uninterrupted_rank, args.rendezvous_port
-        print(_uninterrupted_rank(rank, args.workers, args.steps, port, args.fsdp2, args.fsdp2_per_layer))
-        return 0
+        print(_uninterrupted_rank(rank, args.workers, args.steps, port, args.fsdp2, args.fsdp2_per_layer), flush=True)
+        # no teardown: a DDP reducer freed after its gloo group can deadlock on the GIL at exit
+        os._exit(0)
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rcktrain"))
     if args.elastic:
         elastic = run_elastic(quiet_driver=True)

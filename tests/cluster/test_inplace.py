@@ -232,60 +232,67 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
     assert report["bit_exact"]
 
 
-def test_a_node_kill_replaces_only_the_lost_rank_and_the_survivors_keep_their_processes(cluster: Any) -> None:
-    """3 ranks; rank 1's node is killed after step 4 committed. Ranks 0 and 2 keep their pids
-    and restore from local, rank 1's replacement restores from peers; the timeline records an
-    in-place recovery with its phases; the final weights are bit-identical."""
-    sim, example, _ = cluster
-    sim.add_workers(1)
+def test_a_node_kill_and_then_a_worker_crash_in_long_computes_replace_only_rank_1(cluster: Any) -> None:
+    """3 ranks; step 6 computes for 10 s first (times the machine's pace), each time it runs.
 
-    def faults(events: str) -> None:
-        example.wait_committed("single", 4)
-        example.remove_node(sim, example.rank_node("single", 1))
+    Half a second after step 5 committed (every rank is in that compute), rank 1's node is
+    killed: ranks 0 and 2 are interrupted (``PeerLost``) long before their compute could end,
+    keep their pids and restore from local, rank 1's replacement restores from peers, and the
+    timeline records an in-place recovery with its phases.
 
-    report = run_with(cluster, "single", 3, faults, {})
-    first, second = by_attempt(report["restores"])[:2]
-    assert {r: first[r]["restored_step"] for r in first} == dict.fromkeys(range(3))
-    assert second[0]["pid"] == first[0]["pid"] and second[2]["pid"] == first[2]["pid"], report
-    assert second[1]["pid"] != first[1]["pid"]
-    assert (second[0]["source"], second[1]["source"], second[2]["source"]) == ("local", "peers", "local")
-    assert report["bit_exact"]
-    (recovery,) = report["recoveries"]
-    assert recovery.mode == "in_place" and set(recovery.survivor_pids) == {"0", "2"}
-    assert all(recovery.phases_s[p] is not None for p in ("replace", "rendezvous", "fetch", "first_step"))
-    # the ranks' beats and joins went to their nodes' stores, which merged them on the way up
-    stores = [s for s in ray_ckpt.status()["nodes"].values() if "error" not in s]
-    assert sum(s["coordinator_calls"] for s in stores) >= sum(s["coordinator_sends"] for s in stores) > 0, stores
-
-
-def test_survivors_in_a_long_compute_leave_it_as_soon_as_a_peer_dies(cluster: Any) -> None:
-    """3 ranks; step 6 computes for 10 s first (times the machine's pace). Half a second after step 5 committed (every
-    rank is in that compute), rank 1's node is killed: ranks 0 and 2 are interrupted
-    (``PeerLost``) long before their compute could end, keep their processes, and the job ends
-    bit-identical."""
+    Half a second into the rerun of step 6, the replacement's worker process is killed
+    (SIGKILL; its node lives, so no raylet goes and Ray's node table says nothing). Each
+    survivor holds one end of a gloo pair with it, dialed or accepted, and sees it close: the
+    coordinator names rank 1 by that connection ("silent after its connection closed", not the
+    half-second "silent after a closed connection" nor the 3 s "silent"), and the survivors
+    keep their processes again. The job ends bit-identical."""
     sim, example, _ = cluster
     sim.add_workers(1)
     killed: list[float] = []
 
     def faults(events: str) -> None:
-        example.wait_committed("interrupt", 5)
+        example.wait_committed("single", 5)
+        time.sleep(0.5)
+        (lost_pid,) = [r["pid"] for r in example.read_restores(events) if r["rank"] == 1]
+        killed.append(time.time())
+        example.remove_node(sim, example.rank_node("single", 1))
+        deadline = time.monotonic() + pace.bound(120)
+        while not (reruns := [c for c in example.read_computes(events) if c["rank"] == 1 and c["pid"] != lost_pid]):
+            if example.ABANDONED.is_set() or time.monotonic() > deadline:
+                raise TimeoutError("rank 1's replacement did not begin step 6")
+            time.sleep(0.05)
         time.sleep(0.5)
         killed.append(time.time())
-        example.remove_node(sim, example.rank_node("interrupt", 1))
+        os.kill(reruns[0]["pid"], signal.SIGKILL)
 
-    report = run_with(cluster, "interrupt", 3, faults, {}, compute_step=6, compute_s=pace.bound(COMPUTE_S))
-    first, second = by_attempt(report["restores"])[:2]
-    assert second[0]["pid"] == first[0]["pid"] and second[2]["pid"] == first[2]["pid"], report
+    report = run_with(cluster, "single", 3, faults, {}, compute_step=6, compute_s=pace.bound(COMPUTE_S))
+    assert len(killed) == 2, killed
+    attempts = by_attempt(report["restores"])
+    assert len(attempts) == 3, attempts  # two failures, two recoveries
+    first, second, third = attempts
+    assert {r: first[r]["restored_step"] for r in first} == dict.fromkeys(range(3))
+    for survivor in (0, 2):
+        assert first[survivor]["pid"] == second[survivor]["pid"] == third[survivor]["pid"], attempts
+    assert len({first[1]["pid"], second[1]["pid"], third[1]["pid"]}) == 3, attempts
+    assert (second[0]["source"], second[1]["source"], second[2]["source"]) == ("local", "peers", "local")
     assert report["bit_exact"]
-    survivors = [r for r in report["rejoins"] if r["role"] == "survivor"]
-    assert sorted(r["rank"] for r in survivors) == [0, 2], survivors
-    for rejoin in survivors:  # the compute it was in when the node died: the newest begun before
+    recovery = report["recoveries"][0]
+    assert recovery.mode == "in_place" and set(recovery.survivor_pids) == {"0", "2"}
+    assert all(recovery.phases_s[p] is not None for p in ("replace", "rendezvous", "fetch", "first_step"))
+    # the ranks' beats and joins went to their nodes' stores, which merged them on the way up
+    stores = [s for s in ray_ckpt.status()["nodes"].values() if "error" not in s]
+    assert sum(s["coordinator_calls"] for s in stores) >= sum(s["coordinator_sends"] for s in stores) > 0, stores
+    survivors = {g: [e for e in report["rejoins"] if e["role"] == "survivor" and e["generation"] == g] for g in (2, 3)}
+    assert [sorted(e["rank"] for e in survivors[g]) for g in (2, 3)] == [[0, 2], [0, 2]], report["rejoins"]
+    for rejoin in survivors[2]:  # the compute it was in when the node died: the newest begun before
         (compute, *_) = [
             c
             for c in reversed(report["computes"])
             if (c["rank"], c["pid"]) == (rejoin["rank"], rejoin["pid"]) and c["started"] < killed[0]
         ]
         assert killed[0] < rejoin["detected"] < compute["started"] + compute["seconds"] / 2, (compute, killed, rejoin)
+    lost = [e["lost"] for e in survivors[3]]
+    assert all(found == [[1, "silent after its connection closed"]] for found in lost), lost
 
 
 def test_an_fsdp2_job_recovers_in_place_into_its_dtensors_bit_exact(cluster: Any) -> None:
@@ -523,58 +530,16 @@ def test_a_survivor_lost_while_it_waits_falls_back_to_new_workers_that_restore_f
     assert report["bit_exact"]
 
 
-def test_a_crashed_worker_is_named_by_the_connection_its_peers_saw_close(cluster: Any) -> None:
-    """3 ranks; step 6 computes for 10 s first (times the machine's pace). Half a second after
-    step 5 committed (every rank is in that compute, in no collective), rank 1's worker process
-    is killed (SIGKILL; its node lives, so no raylet goes and Ray's node table says nothing).
-    Each survivor holds one end of a gloo pair with it, dialed or accepted, and sees it close:
-    the coordinator names rank 1 by that connection ("silent after its connection closed", not
-    the half-second "silent after a closed connection" nor the 3 s "silent"), the survivors are
-    interrupted, keep their processes, and the job ends bit-identical."""
-    example = cluster[1]
-
-    def faults(events: str) -> None:
-        example.wait_committed("crash", 5)
-        time.sleep(0.5)
-        pid = next(r["pid"] for r in example.read_restores(events) if r["rank"] == 1)
-        os.kill(pid, signal.SIGKILL)
-
-    report = run_with(cluster, "crash", 3, faults, {}, compute_step=6, compute_s=pace.bound(COMPUTE_S))
-    first, second = by_attempt(report["restores"])[:2]
-    assert second[0]["pid"] == first[0]["pid"] and second[2]["pid"] == first[2]["pid"]
-    assert second[1]["pid"] != first[1]["pid"]
-    survivors = [e for e in report["rejoins"] if e["role"] == "survivor" and e["generation"] == 2]
-    assert sorted(e["rank"] for e in survivors) == [0, 2], report["rejoins"]
-    lost = [e["lost"] for e in survivors]
-    assert all(found == [[1, "silent after its connection closed"]] for found in lost), lost
-    assert report["bit_exact"]
-
-
-def test_a_rank_that_finishes_while_rank_0_still_evaluates_is_not_killed_as_hung(cluster: Any) -> None:
-    """Rank 0 works 12 s longer than rank 1 after training (a final evaluation), four hang
-    bounds: rank 1's function returned and its beats stopped on purpose, so it is not killed
-    as hung; the fit succeeds with each rank's training function started exactly once, and no
-    recovery happened."""
-    report = run_with(
-        cluster,
-        "finishes_first",
-        2,
-        lambda events: None,
-        {"timeout_s": pace.bound(60), "hang_timeout_s": HANG_TIMEOUT_S},
-        rank0_after_s=4 * HANG_TIMEOUT_S,
-    )
-    restores = report["restores"]
-    assert sorted(r["rank"] for r in restores) == [0, 1], restores  # each function started once
-    assert report["recoveries"] == [] and report["rejoins"] == []
-    assert report["bit_exact"]
-
-
-def test_a_hung_peer_is_killed_within_the_bound_and_recovered_in_place(cluster: Any, clusters: InPlaceClusters) -> None:
+def test_a_hung_peer_is_killed_within_the_bound_and_a_rank_that_finishes_first_is_not(
+    cluster: Any, clusters: InPlaceClusters
+) -> None:
     """Rank 1's worker is stopped with SIGSTOP after step 4: once silent for hang_timeout_s it
     is killed (within hang_timeout_s plus the watcher's tick and a kill task on its node, which
     may start a Ray worker process there: at most one worker start as measured on this machine,
     ``clusters.start_s``, and at least 3 s at its pace), Ray replaces it, and rank 0 recovers in
-    place; bit-identical."""
+    place. After training, rank 0 works four hang bounds longer than rank 1 (a final
+    evaluation): rank 1's function returned and its beats stopped on purpose, so it is not
+    killed as hung; the fit succeeds after that one recovery, bit-identical."""
     example = cluster[1]
     hung: dict[str, float] = {}
 
@@ -590,11 +555,21 @@ def test_a_hung_peer_is_killed_within_the_bound_and_recovered_in_place(cluster: 
             time.sleep(0.05)
         hung["killed_after_s"] = time.monotonic() - stopped
 
-    report = run_with(cluster, "hung", 2, faults, {"timeout_s": pace.bound(60), "hang_timeout_s": HANG_TIMEOUT_S})
+    report = run_with(
+        cluster,
+        "hung",
+        2,
+        faults,
+        {"timeout_s": pace.bound(60), "hang_timeout_s": HANG_TIMEOUT_S},
+        rank0_after_s=4 * HANG_TIMEOUT_S,
+    )
     kill_s = max(pace.bound(3.0), clusters.start_s)
     assert HANG_TIMEOUT_S * 0.75 <= hung["killed_after_s"] <= HANG_TIMEOUT_S + kill_s, (hung, kill_s)
     attempts = by_attempt(report["restores"])
-    first, second = attempts[:2]
+    # one recovery, the hang's: each function started once per attempt, none killed at the end
+    assert len(attempts) == 2 and len(report["restores"]) == 4, attempts
+    assert len(report["recoveries"]) == 1, report["recoveries"]
+    first, second = attempts
     assert second[0]["pid"] == first[0]["pid"] and second[0]["source"] == "local", attempts
     # the node lived: Ray starts the replacement in the same bundle there, next to its local copy
     assert second[1]["pid"] != first[1]["pid"] and second[1]["source"] in ("local", "peers"), attempts
