@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import ray
+from support.sim_cluster import SimCluster
 
 pytestmark = pytest.mark.cluster
 
@@ -33,10 +34,11 @@ def dcp_example() -> ModuleType:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.nodes(5)
 def test_fsdp2_saved_by_4_loads_into_2_and_3_after_m_node_losses_equal_to_dcp_from_disk(
-    ray_tmpdir: str, dcp_example: Any
+    train_cluster: SimCluster, dcp_example: Any
 ) -> None:
-    report = dcp_example.run_example(nodes=5, save_workers=4, load_workers=(2, 3), kill=2)
+    report = dcp_example.run_example(nodes=5, save_workers=4, load_workers=(2, 3), kill=2, cluster=train_cluster)
     assert len(report["killed"]) == 2, report
     saves = [r for r in report["records"] if "saved_step" in r]
     loads = {(r["world"], r["rank"]): r for r in report["records"] if "equal" in r}
