@@ -258,10 +258,11 @@ def uninterrupted_digest(*, steps: int, workers: int, fsdp2: bool = False, fsdp2
                 if rank.poll() is None:
                     rank.kill()
         outputs = [log.read_text() for log in logs]
-    failed = [rank for rank, code in enumerate(codes) if code != 0]
+    digests = [(out.strip().splitlines() or [""])[-1] for out in outputs]
+    failed = [r for r, (code, digest) in enumerate(zip(codes, digests, strict=True)) if code or len(digest) != 64]
     if failed:
         raise RuntimeError(f"the uninterrupted run's rank {failed[0]} failed:\n{outputs[failed[0]][-2000:]}")
-    return outputs[0].strip().splitlines()[-1]
+    return digests[0]
 
 
 def _uninterrupted_rank(rank: int, workers: int, steps: int, port: int, fsdp2: bool, per_layer: bool) -> str:
