@@ -35,11 +35,20 @@ def cluster_pool() -> Iterator[ClusterPool]:
         _POOL.close()
 
 
+def _pool_order(item: pytest.Item) -> tuple[bool, int]:
+    """Where a test that uses the pool runs among them: those whose nodes must start with
+    RAY_CKPT_* settings of their own (``@pytest.mark.node_env``: the pool restarts for them)
+    last, the others by the nodes they ask for, most first, so that the pool mostly stops
+    nodes between tests (a hard kill, about a second) rather than starts them (seconds each)."""
+    marker = item.get_closest_marker("nodes")
+    return item.get_closest_marker("node_env") is not None, -(marker.args[0] if marker else 7)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests that share the pool's cluster first, then the rest, each part in its order (a
-    stable sort): a module's test that builds a cluster of its own runs after the pool's last
-    test, so it never makes the pool stop and start again."""
-    items.sort(key=lambda item: not _uses_pool(item))
+    """The tests that share the pool's cluster first (in ``_pool_order``), then the rest in
+    their order (a stable sort): a module's test that builds a cluster of its own runs after the
+    pool's last test, so it never makes the pool stop and start again."""
+    items.sort(key=lambda item: (False, *_pool_order(item)) if _uses_pool(item) else (True, False, 0))
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

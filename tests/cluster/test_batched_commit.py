@@ -24,7 +24,7 @@ from support.sim_cluster import SimCluster
 from ray_ckpt.transport import naming
 from ray_ckpt.transport.registry_client import RegistryClient
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.node_env]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 CODE = {"data_shards": 2, "parity_shards": 1, "local_copy": False, "keep_committed": 2}
