@@ -144,19 +144,23 @@ def test_bench_goodput_quick(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
-    """Every mode runs the same job; ray_ckpt saves every step (its shards written directly, and
-    put through Ray), every N-th, and at the interval every="auto" chose (recorded, fewer saves
-    than steps once it adapts past its warm-up)."""
-    _, document = _run("bench_overhead.py", tmp_path, pace.bound(540), "overhead", plots=False)
+    """The modes run the same job; ray_ckpt saves every step, and at the interval every="auto"
+    chose (recorded, fewer saves than steps once it adapts past its warm-up); Ray Train every
+    N-th. The smoke run leaves out two modes that differ from these by one argument
+    (``ray_ckpt/N``: every, ``ray_ckpt/1 ray-put``: the shards put through Ray, whose path
+    tests/cluster/test_store_service.py covers); each mode is a job of its own, about 15 s here."""
+    modes = ["none", "ray_ckpt/1", "ray_ckpt/auto", "ray_train/N"]
+    result, document = run_quick("bench_overhead.py", tmp_path, "--modes", ",".join(modes), timeout=pace.bound(540))
+    assert document["benchmark"] == "overhead"
     rows = {row["mode"]: row for row in document["rows"]}
-    assert list(rows) == ["none", "ray_ckpt/1", "ray_ckpt/1 ray-put", "ray_ckpt/N", "ray_ckpt/auto", "ray_train/N"]
-    steps, every = document["steps"], document["every"]
+    assert list(rows) == modes
+    steps = document["steps"]
     assert all(row["steps"] == steps for row in rows.values()), {mode: row["steps"] for mode, row in rows.items()}
-    assert rows["ray_ckpt/1"]["saves"] == rows["ray_ckpt/1 ray-put"]["saves"] == steps
-    assert rows["ray_ckpt/N"]["saves"] == len(range(0, steps, every))
+    assert rows["ray_ckpt/1"]["saves"] == steps
     assert 1 <= rows["ray_ckpt/auto"]["saves"] < steps, rows["ray_ckpt/auto"]
     assert rows["ray_ckpt/auto"]["intervals"], "every='auto' recorded no interval"
     assert all(row["step_ratio"] > 0 and row["cpu_per_step_s"] > 0 for row in rows.values())
+    assert "ray_ckpt/auto" in result.stdout
 
 
 def test_bench_dcp_quick(tmp_path: pathlib.Path) -> None:
