@@ -26,7 +26,13 @@ one attempt, and none after the last restore's step is an older incarnation's). 
 restored after it (a node cut from the head only may train on with its peers until Ray
 declares it dead: that time counts).
 
+With ``--quick --one-job`` every kind strikes one job in turn (those that lose no node first,
+then one node lost per kind, each strike once ``GAP_STEPS`` more steps committed after the one
+before), on a lab with a free node for each loss; each strike is judged in its window, up to the
+next, and the final parameters and committed steps once for the job.
+
     sudo python scripts/lab_campaign.py --quick --json out.json     # one trial per kind
+    sudo python scripts/lab_campaign.py --quick --one-job --json out.json   # the same at one job
     sudo python scripts/lab_campaign.py --trials 40 --seed 1 --json out.json
 
 Prints a table per kind and writes ``{"trials", "violations", "violation_details", "kinds":
@@ -56,6 +62,9 @@ STEP_SLEEP_S = 0.25
 CHECKPOINT = {"data_shards": 1, "parity_shards": 1}
 SLOW_S = 8.0
 FLAP_S = 3.0
+LOSES_NODE = ("kill", "power", "partition", "flap")  # the node is lost (a flap's is fenced while silent)
+ONE_JOB_STEPS = 80  # --one-job: room for every kind's strike, GAP_STEPS apart, and the slow link's 8 s
+GAP_STEPS = 4
 
 
 def load_example() -> Any:
@@ -84,42 +93,20 @@ class LabCampaign:
         self.violations: list[str] = []
         self.reference = ""
 
-    def run_reference(self) -> None:
-        """The uninterrupted run's digest, computed outside Ray (the trials must end on it)."""
-        self.reference = self.example.uninterrupted_digest(steps=STEPS, workers=2)
+    def run_reference(self, steps: int) -> None:
+        """The uninterrupted run's digest over ``steps``, computed outside Ray (the trials must
+        end on it)."""
+        self.reference = self.example.uninterrupted_digest(steps=steps, workers=2)
 
     def trial(self, index: int, kind: str, at_step: int, last: bool = False) -> None:
         """One trial: the job run beside the fault, then checked; the struck node is brought
         back for the next trial (not after the ``last``: the lab goes down next)."""
-        from ray_ckpt.tools import link_faults, network_lab
-
         job, events = f"lab-{index}-{kind}", tempfile.mkdtemp()
         struck: dict[str, Any] = {}
 
         def fault() -> None:
             self.example.wait_committed(job, at_step)
-            node_id = self.example.rank_node(job, 1)
-            address = next(n.address for n in self.lab.nodes if self.lab.node_id(n) == node_id)
-            found = network_lab.find_node(address)
-            if found is None:
-                raise RuntimeError(f"rank 1's node {address} is not a lab node")
-            state, node = found
-            struck.update(time=time.time(), node=node)
-            if kind == "kill":
-                link_faults.kill(node)
-            elif kind == "power":
-                link_faults.link_down(node)
-                link_faults.freeze(node)
-            elif kind == "partition":
-                link_faults.cut(node, state, "head")
-            elif kind == "slow":
-                network_lab.set_rate(node, self.rate_gbit * 0.01)
-                time.sleep(SLOW_S)
-                network_lab.set_rate(node, self.rate_gbit)
-            elif kind == "flap":
-                link_faults.link_down(node)
-                time.sleep(FLAP_S)
-                link_faults.link_up(node)
+            struck.update(self._strike(job, kind))
 
         what = f"trial {index} ({kind} of rank 1's node after step {at_step})"
         try:
@@ -138,13 +125,96 @@ class LabCampaign:
             self.violations.append(f"{what}: the fault did not happen: {errors[0]!r}")
         else:
             self._check(what, kind, job, events, struck.get("time", 0.0), final)
-        if self.keep_logs and len(self.violations) > before:  # Ray's logs, the trial's records
-            import shutil
+        if len(self.violations) > before:
+            self._keep_logs(f"trial-{index}-{kind}", events)
 
-            target = os.path.join(self.keep_logs, f"trial-{index}-{kind}")
-            skip = shutil.ignore_patterns("sockets", "*.sock", "plasma*")
-            shutil.copytree(self.lab.state.temp_dir, os.path.join(target, "ray"), ignore=skip, dirs_exist_ok=True)
-            shutil.copytree(events, os.path.join(target, "events"), dirs_exist_ok=True)
+    def _keep_logs(self, name: str, events: str) -> None:
+        """With ``--keep-logs``: Ray's logs and the job's records, for a trial that broke a rule."""
+        if not self.keep_logs:
+            return
+        import shutil
+
+        target = os.path.join(self.keep_logs, name)
+        skip = shutil.ignore_patterns("sockets", "*.sock", "plasma*")
+        shutil.copytree(self.lab.state.temp_dir, os.path.join(target, "ray"), ignore=skip, dirs_exist_ok=True)
+        shutil.copytree(events, os.path.join(target, "events"), dirs_exist_ok=True)
+
+    def _strike(self, job: str, kind: str) -> dict[str, Any]:
+        """Strike the node of ``job``'s rank 1 with one fault ``kind`` (a slow link or a flap
+        lasts its time, then heals); when it was struck, and the lab node."""
+        from ray_ckpt.tools import link_faults, network_lab
+
+        node_id = self.example.rank_node(job, 1)
+        address = next(n.address for n in self.lab.nodes if self.lab.node_id(n) == node_id)
+        found = network_lab.find_node(address)
+        if found is None:
+            raise RuntimeError(f"rank 1's node {address} is not a lab node")
+        state, node = found
+        struck = {"time": time.time(), "node": node}
+        if kind == "kill":
+            link_faults.kill(node)
+        elif kind == "power":
+            link_faults.link_down(node)
+            link_faults.freeze(node)
+        elif kind == "partition":
+            link_faults.cut(node, state, "head")
+        elif kind == "slow":
+            network_lab.set_rate(node, self.rate_gbit * 0.01)
+            time.sleep(SLOW_S)
+            network_lab.set_rate(node, self.rate_gbit)
+        elif kind == "flap":
+            link_faults.link_down(node)
+            time.sleep(FLAP_S)
+            link_faults.link_up(node)
+        return struck
+
+    def one_job(self, kinds: list[str], at_step: int) -> None:
+        """Every kind of ``kinds`` struck in turn at one job (``--one-job``): those that lose no
+        node first, then one node lost per kind; each strike waits until ``GAP_STEPS`` more steps
+        committed after the one before (for a lost node: the recovery done, and the job trained
+        on). Each strike is judged as a trial of its kind, in its window (from it to the next):
+        the recoveries that began there, the survivor's detection and the resume; the final
+        parameters and the committed steps are the job's, judged once for all."""
+        order = sorted(kinds, key=lambda kind: kind in LOSES_NODE)  # stable: a slow link first
+        job, events = "lab-one-job", tempfile.mkdtemp()
+        strikes: list[tuple[str, float]] = []
+
+        def faults() -> None:
+            step = at_step
+            for kind in order:
+                self.example.wait_committed(job, step)
+                strikes.append((kind, self._strike(job, kind)["time"]))
+                step = self._latest_committed(job) + GAP_STEPS
+
+        what = f"one job ({', '.join(order)} of rank 1's node in turn)"
+        before = len(self.violations)
+        try:
+            final, errors = self.example.run_beside(
+                faults, name=job, storage_path=tempfile.mkdtemp(), events_dir=events, steps=ONE_JOB_STEPS,
+                workers=2, checkpoint=CHECKPOINT, step_sleep_s=STEP_SLEEP_S, max_failures=len(order) + 2,
+                in_place={}, log_steps=True,
+            )  # fmt: skip
+        except Exception as error:
+            self.violations.append(f"{what}: the job failed: {type(error).__name__}: {error}")
+            final, errors = None, []
+        if errors:
+            self.violations.append(f"{what}: a fault did not happen: {errors[0]!r}")
+        ends = [t for _, t in strikes[1:]] + [float("inf")]
+        for index, ((kind, struck), until) in enumerate(zip(strikes, ends, strict=True)):
+            last = index == len(strikes) - 1
+            self._check(f"{what}: {kind}", kind, job, events, struck, final, until=until, whole_job=last)
+        if len(self.violations) > before:
+            self._keep_logs("one-job", events)
+
+    @staticmethod
+    def _latest_committed(job: str) -> int:
+        import ray
+
+        import ray_ckpt
+        from ray_ckpt.transport import naming
+
+        registry = naming.registry_handle(ray_ckpt.settings.namespace())
+        return int(ray.get(registry.latest_committed.remote(job)) or 0)
 
     def _restore_node(self, node: Any) -> None:
         """Bring a struck node back for the next trial: rules and link healed, its processes
@@ -156,7 +226,13 @@ class LabCampaign:
         network_lab.set_rate(node, self.rate_gbit)
         self.lab.restart_node(node)  # kills what is left of it first
 
-    def _check(self, what: str, kind: str, job: str, events: str, fault_s: float, final: Any) -> None:
+    def _check(
+        self, what: str, kind: str, job: str, events: str, fault_s: float, final: Any,
+        until: float = float("inf"), whole_job: bool = True,
+    ) -> None:  # fmt: skip
+        """Judge the fault struck at ``fault_s`` by what happened until ``until`` (the next
+        strike at the same job); ``whole_job``: also the job's final parameters and committed
+        steps (once per job)."""
         import ray_ckpt
         from ray_ckpt.transport.registry_client import RegistryClient
 
@@ -165,16 +241,20 @@ class LabCampaign:
         for record in restores:
             attempts.setdefault(record["attempt"], {})[record["rank"]] = record
         groups = list(attempts.values())
-        recovered = len(groups) > 1
+        # the groups that restored after this fault (and before the next one)
+        after = [g for g in groups[1:] if fault_s <= min(r["time"] for r in g.values()) < until]
+        recovered = bool(after)
         # training again: rank 0's first step done by the group that restored after the fault
-        restored_at = min((r["time"] for g in groups[1:] for r in g.values() if r["time"] >= fault_s), default=None)
+        restored_at = min((r["time"] for g in after for r in g.values()), default=None)
         steps = [s for s in self.example.read_steps(events) if s["rank"] == 0 and s["time"] >= (restored_at or 0.0)]
-        resume_s = steps[0]["time"] - fault_s if steps and recovered and restored_at is not None else None
+        resume_s = steps[0]["time"] - fault_s if steps and restored_at is not None else None
         registry = RegistryClient(ray_ckpt.settings.namespace())
         rejoined = [e for e in registry.events()[1] if e.get("kind") == "rejoin" and e.get("job") == job]
-        rejoins = [e for e in rejoined if e.get("role") == "survivor"]
-        detect_s = min((e["detected"] - fault_s for e in rejoins if e.get("detected")), default=None)
-        replacements = [e for e in rejoined if e.get("role") == "replacement"]
+        rejoins = [e for e in rejoined if e.get("role") == "survivor" and fault_s <= (e.get("detected") or 0) < until]
+        detect_s = min((e["detected"] - fault_s for e in rejoins), default=None)
+        replacements = [
+            e for e in rejoined if e.get("role") == "replacement" and fault_s <= e["worker_started"] < until
+        ]
         first = min(replacements, key=lambda e: e["worker_started"], default=None)
         replacement = None if first is None else {  # where the time to resume went: the replacement's start
             "warm_spare": first.get("warmed") is not None and first["warmed"] < fault_s,
@@ -184,12 +264,12 @@ class LabCampaign:
             "ready_s": round(first["ready"] - fault_s, 3),
         }  # fmt: skip
         bit_exact = final is not None and final["params_digest"] == self.reference
-        kept = recovered and groups[1].get(0, {}).get("pid") == groups[0].get(0, {}).get("pid")
-        live_lost = (len(groups) - 1) if kind in ("slow",) else 0
+        kept = recovered and after[0].get(0, {}).get("pid") == groups[0].get(0, {}).get("pid")
+        live_lost = len(after) if kind not in LOSES_NODE else 0
         result = {"detect_s": detect_s, "resume_s": resume_s, "survivors_kept": kept, "bit_exact": bit_exact,
                   "recovered": recovered, "live_ranks_lost": live_lost, "replacement": replacement}  # fmt: skip
         self.results[kind].append(result)
-        if not bit_exact:
+        if whole_job and not bit_exact:
             self.violations.append(f"{what}: the final parameters differ from the uninterrupted run's")
         if kind in ("kill", "power", "partition") and not recovered:
             self.violations.append(f"{what}: no recovery was recorded")
@@ -197,8 +277,9 @@ class LabCampaign:
             self.violations.append(f"{what}: the survivor did not keep its process")
         if live_lost:
             self.violations.append(f"{what}: a rank that kept beating was taken for lost {live_lost} time(s)")
-        problems, result["commits_checked"] = _commit_problems(registry, job, groups)
-        self.violations.extend(f"{what}: {problem}" for problem in problems)
+        if whole_job:
+            problems, result["commits_checked"] = _commit_problems(registry, job, groups)
+            self.violations.extend(f"{what}: {problem}" for problem in problems)
         print(f"{what}: {json.dumps(result)}", flush=True)
 
     def summary(self) -> dict[str, Any]:
@@ -268,6 +349,12 @@ def format_table(summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="one trial of each kind (of --kinds)")
+    parser.add_argument(
+        "--one-job",
+        action="store_true",
+        help="with --quick: strike every kind in turn at one job (one start of the job for all; a lab "
+        "node more for each kind that loses one), not one job per kind",
+    )
     parser.add_argument("--trials", type=int, default=10, help="trials, kinds drawn at random (default 10)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (kinds, steps struck)")
     parser.add_argument(
@@ -290,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--kinds takes some of {','.join(KINDS)}, got {args.kinds!r}")
     if args.trials < 1:
         parser.error(f"--trials must be at least 1, got {args.trials}")
+    if args.one_job and not args.quick:
+        parser.error("--one-job goes with --quick (one strike of each kind)")
     restore_mib = args.restore_mib if args.restore_mib is not None else 256
     if not 0 <= restore_mib <= 4096:
         parser.error(f"--restore-mib must be in 0..4096, got {restore_mib}")
@@ -304,15 +393,20 @@ def main(argv: list[str] | None = None) -> int:
     plan = kinds if args.quick else [rng.choice(kinds) for _ in range(args.trials)]
     import ray_ckpt
 
-    with network_lab.NetworkLab(4, rate_gbit=args.rate_gbit) as lab:
+    # 2 nodes for the ranks, 2 free for the replacement and warm spares; at one job, one more
+    # node for each node lost before the last loss
+    nodes = 4 if not args.one_job else 2 + max(2, sum(kind in LOSES_NODE for kind in kinds))
+    with network_lab.NetworkLab(nodes, rate_gbit=args.rate_gbit) as lab:
         lab.start()
         ray_ckpt.start(store_budget_bytes=max(256, 2 * restore_mib + 64) * MIB)
         restore = lab_restore.measure(lab, args.rate_gbit, restore_mib * MIB) if restore_mib else None
         if restore is not None:
             print(f"restore: {json.dumps(restore)}", flush=True)
         campaign = LabCampaign(lab, load_example(), args.rate_gbit, args.keep_logs)
-        campaign.run_reference()
-        for index, kind in enumerate(plan):
+        campaign.run_reference(ONE_JOB_STEPS if args.one_job else STEPS)
+        if args.one_job:
+            campaign.one_job(plan, args.at_step)
+        for index, kind in enumerate(plan if not args.one_job else []):
             step = args.at_step if args.quick else rng.randint(5, 15)
             campaign.trial(index, kind, step, last=index == len(plan) - 1)
         summary = {**campaign.summary(), "restore": restore, "rate_gbit": args.rate_gbit, "seed": args.seed}

@@ -1,8 +1,8 @@
-"""A short lab campaign (``scripts/lab_campaign.py --quick``): every fault kind once (kill, power,
-partition, slow, flap) against in-place recovery, with the campaign's oracle: the job ends
-bit-exact, a survivor keeps its process, no rank that kept beating is taken for lost. Skipped,
-with the reason, where namespaces are not allowed. The long campaign is the script's
-``--trials``."""
+"""A short lab campaign (``scripts/lab_campaign.py --quick --one-job``): every fault kind (kill,
+power, partition, slow, flap) strikes once, in turn, at one in-place job, with the campaign's
+oracle: the job ends bit-exact, a survivor keeps its process, no rank that kept beating is
+taken for lost, no step is committed by two incarnations. Skipped, with the reason, where
+namespaces are not allowed. The long campaign, a job per trial, is the script's ``--trials``."""
 
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ KINDS = ("kill", "power", "partition", "slow", "flap")
 
 
 @pytest.mark.timeout(900)
-def test_a_short_lab_campaign_strikes_every_fault_kind_once_without_a_violation(tmp_path: pathlib.Path) -> None:
+def test_a_short_lab_campaign_strikes_every_fault_kind_once_at_one_job_without_a_violation(
+    tmp_path: pathlib.Path,
+) -> None:
     reason = network_lab.lab_unsupported()
     if reason is not None:
         pytest.skip(reason)
-    _, summary = run_quick("lab_campaign.py", tmp_path, "--restore-mib", "0", timeout=pace.bound(840))
+    _, summary = run_quick("lab_campaign.py", tmp_path, "--restore-mib", "0", "--one-job", timeout=pace.bound(840))
     assert summary["violations"] == 0, summary["violation_details"]
     assert summary["trials"] == len(KINDS)
     kinds = summary["kinds"]
