@@ -34,16 +34,16 @@ CHECKPOINT = {"data_shards": 2, "parity_shards": 2}  # survives the two nodes lo
 HANG_TIMEOUT_S = 3.0
 COMPUTE_S = 10.0  # the long step of the interrupt test (times the pace): far longer than any detection
 # Warm spares a run keeps (InPlaceRecovery's default is 8, one per free node): as many as a test
-# loses nodes at once. Spares on every free node of this 9-node cluster would import torch on
+# loses nodes at once. Spares on every free node of this cluster would import torch on
 # this machine's two cores before each run trains; the spares' own test asks for every node.
 SPARES = 2
 
 
 class InPlaceClusters:
-    """The module's cluster of 9 one-CPU nodes and the uninterrupted runs' digests (keyed as in
-    ``reference_digest``, computed outside Ray), handed to the tests in turn. A test that
-    failed, or a cluster that lost a node nobody removed, is replaced by a fresh cluster before
-    the next test, so one failure reports one failure. ``start_s``: how long a new Ray worker
+    """The module's cluster of 6 one-CPU nodes (each test adds as many as it kills) and the
+    uninterrupted runs' digests (keyed as in ``reference_digest``, computed outside Ray), handed
+    to the tests in turn. A test that failed, or a cluster that lost a node nobody removed, is
+    replaced by a fresh cluster before the next test, so one failure reports one failure. ``start_s``: how long a new Ray worker
     process that imports torch took to start on this machine (``measure_start``), the unit of
     the bounds that depend on its speed."""
 
@@ -59,7 +59,7 @@ class InPlaceClusters:
             self.close()
         if self.sim is None:
             os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rckinplace")
-            self.sim = SimulatedCluster(9, store_budget_bytes=256 << 20)
+            self.sim = SimulatedCluster(6, store_budget_bytes=256 << 20)
             self.broken = False
             self.start_s = measure_start()
         return self.sim, self.example, self.references
@@ -190,7 +190,7 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
     starts in one of them, a process that had warmed up before the kill; the survivor keeps its
     process; the final weights are bit-identical. First in this module: each test is a job of
     its own, and idle workers of earlier jobs on a one-CPU node keep Ray from starting a spare
-    there until it reaps them. The spares of 8 nodes warm up one after another on this
+    there until it reaps them. The spares of 5 nodes warm up one after another on this
     machine's few cores: the ranks wait between steps (the example's pause file) until they are
     up and the kill is done. Each spare costs about one worker start (``clusters.start_s``,
     measured on this machine), so the wait for them is bounded by a multiple of it."""
