@@ -43,9 +43,9 @@ class InPlaceClusters:
     """The module's cluster of 6 one-CPU nodes (each test adds as many as it kills) and the
     uninterrupted runs' digests (keyed as in ``reference_digest``, computed outside Ray), handed
     to the tests in turn. A test that failed, or a cluster that lost a node nobody removed, is
-    replaced by a fresh cluster before the next test, so one failure reports one failure. ``start_s``: how long a new Ray worker
-    process that imports torch took to start on this machine (``measure_start``), the unit of
-    the bounds that depend on its speed."""
+    replaced by a fresh cluster before the next test, so one failure reports one failure.
+    ``start_s``: how long a new Ray worker process that imports torch took to start on this
+    machine (``measure_start``), the unit of the bounds that depend on its speed."""
 
     def __init__(self, example: Any) -> None:
         self.example = example
