@@ -346,6 +346,14 @@ def test_four_fsdp2_ranks_sharded_per_layer_recover_in_place_with_every_survivor
     assert len({e["generation"] for e in rejoins}) == 1, rejoins
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not; one gone between two looks neither)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def reference_digest(cluster: tuple[SimulatedCluster, Any, dict[Any, str]], workers: int, fsdp2: str = "") -> str:
     """The uninterrupted run's digest at ``workers`` ranks (``fsdp2``: "" for DDP, "per_layer"
     for FSDP2 per layer), computed once, outside Ray, on first use."""
@@ -531,7 +539,7 @@ def test_a_hung_peer_is_killed_within_the_bound_and_a_rank_that_finishes_first_i
         pid = next(r["pid"] for r in example.read_restores(events) if r["rank"] == 1)
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        while _running(pid):
             if time.monotonic() - stopped > 60:
                 os.kill(pid, signal.SIGCONT)
                 raise TimeoutError("the stopped worker was not killed within 60 s")
