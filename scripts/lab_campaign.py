@@ -18,13 +18,13 @@ against the saved bytes.
 
 The oracle, per trial: the job ends; its final parameters are bit-identical to an uninterrupted
 run's; after a lost rank the survivor kept its process (``survivors_kept``); no rank that kept
-beating was taken for lost (``slow``, ``flap``: ``live_ranks_lost`` counts the recoveries those
-caused); no step was committed by two incarnations (the registry's committed steps each name
-one attempt, and none after the last restore's step is an older incarnation's). Measured:
-``detect_s``, from the fault to the survivor leaving its collective (its rejoin's
-``detected``); ``resume_s``, from the fault to rank 0's first step done by the group that
-restored after it (a node cut from the head only may train on with its peers until Ray
-declares it dead: that time counts).
+beating was taken for lost (``slow``: ``live_ranks_lost`` counts the recoveries it caused; a
+``flap`` silences the node long enough to have it fenced, as ``power`` does); no step was
+committed by two incarnations (the registry's committed steps each name one attempt, and none
+after the last restore's step is an older incarnation's). Measured: ``detect_s``, from the fault
+to the survivor leaving its collective (its rejoin's ``detected``); ``resume_s``, from the fault
+to rank 0's first step done by the group that restored after it (a node cut from the head only
+may train on with its peers until Ray declares it dead: that time counts).
 
 With ``--quick --one-job`` every kind strikes one job in turn (those that lose no node first,
 then one node lost per kind, each strike once ``GAP_STEPS`` more steps committed after the one
@@ -393,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = kinds if args.quick else [rng.choice(kinds) for _ in range(args.trials)]
     import ray_ckpt
 
-    # 2 nodes for the ranks, 2 free for the replacement and warm spares; at one job, one more
-    # node for each node lost before the last loss
+    # 2 nodes for the ranks and 2 free for the replacement and warm spares; at one job, a free
+    # node for each kind that loses one (each loss's replacement takes one)
     nodes = 4 if not args.one_job else 2 + max(2, sum(kind in LOSES_NODE for kind in kinds))
     with network_lab.NetworkLab(nodes, rate_gbit=args.rate_gbit) as lab:
         lab.start()
