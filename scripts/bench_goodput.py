@@ -391,12 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--state-mib", type=int, default=0, help="extra MiB of state per rank, saved by both sides (default 0)"
     )
-    parser.add_argument("--quick", action="store_true", help="12 steps, 1 failure, 0.05 s steps, no plot (tests)")
+    parser.add_argument(
+        "--quick", action="store_true", help="20 steps, 1 failure (after step 5), 0.05 s steps, no plot (tests)"
+    )
     add_json_flag(parser, "the report")
     add_plots_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 12, 12.0, 1, 0.05, 0.0
+        # the kill lands after step 5: 14 steps after it leave the killer room to strike before the end
+        args.steps, args.mtbf_steps, args.max_failures, args.step_sleep_s, args.warm_up_s = 20, 12.0, 1, 0.05, 0.0
     if not 1 <= args.max_failures <= 6:
         parser.error("--max-failures must be in 1..6 (the demo's FailureConfig allows 6 restarts)")
     if args.step_sleep_s < 0 or args.step_compute_s < 0:
