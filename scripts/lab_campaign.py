@@ -175,7 +175,11 @@ class LabCampaign:
         on). Each strike is judged as a trial of its kind, in its window (from it to the next):
         the recoveries that began there, the survivor's detection and the resume; the final
         parameters and the committed steps are the job's, judged once for all."""
+        import ray_ckpt
+        from ray_ckpt.transport.registry_client import RegistryClient
+
         order = sorted(kinds, key=lambda kind: kind in LOSES_NODE)  # stable: a slow link first
+        registry = RegistryClient(ray_ckpt.settings.namespace())
         job, events = "lab-one-job", tempfile.mkdtemp()
         strikes: list[tuple[str, float]] = []
 
@@ -184,7 +188,7 @@ class LabCampaign:
             for kind in order:
                 self.example.wait_committed(job, step)
                 strikes.append((kind, self._strike(job, kind)["time"]))
-                step = self._latest_committed(job) + GAP_STEPS
+                step = (registry.latest_committed(job) or 0) + GAP_STEPS
 
         what = f"one job ({', '.join(order)} of rank 1's node in turn)"
         before = len(self.violations)
@@ -205,16 +209,6 @@ class LabCampaign:
             self._check(f"{what}: {kind}", kind, job, events, struck, final, until=until, whole_job=last)
         if len(self.violations) > before:
             self._keep_logs("one-job", events)
-
-    @staticmethod
-    def _latest_committed(job: str) -> int:
-        import ray
-
-        import ray_ckpt
-        from ray_ckpt.transport import naming
-
-        registry = naming.registry_handle(ray_ckpt.settings.namespace())
-        return int(ray.get(registry.latest_committed.remote(job)) or 0)
 
     def _restore_node(self, node: Any) -> None:
         """Bring a struck node back for the next trial: rules and link healed, its processes

@@ -14,11 +14,16 @@ from support.scripts_under_test import run_quick
 
 
 def _run(
-    script: str, folder: pathlib.Path, timeout: float, benchmark: str | None = None, plots: bool = True
+    script: str,
+    folder: pathlib.Path,
+    timeout: float,
+    benchmark: str | None = None,
+    plots: bool = True,
+    options: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess[str], Any]:
-    """A quick run (``run_quick``), with --plots where it has them, which it must not draw; its
-    JSON says it is ``benchmark``."""
-    options = ["--plots", str(folder)] if plots else []
+    """A quick run (``run_quick``) with ``options``, and --plots where it has them, which it
+    must not draw; its JSON says it is ``benchmark``."""
+    options = (*options, "--plots", str(folder)) if plots else options
     result, document = run_quick(script, folder, *options, timeout=timeout)
     assert not list(folder.glob("*.png")), "--quick must not write plots"
     if benchmark is not None:
@@ -150,8 +155,9 @@ def test_bench_overhead_quick(tmp_path: pathlib.Path) -> None:
     (``ray_ckpt/N``: every, ``ray_ckpt/1 ray-put``: the shards put through Ray, whose path
     tests/cluster/test_store_service.py covers); each mode is a job of its own, about 15 s here."""
     modes = ["none", "ray_ckpt/1", "ray_ckpt/auto", "ray_train/N"]
-    result, document = run_quick("bench_overhead.py", tmp_path, "--modes", ",".join(modes), timeout=pace.bound(540))
-    assert document["benchmark"] == "overhead"
+    result, document = _run(
+        "bench_overhead.py", tmp_path, pace.bound(540), "overhead", plots=False, options=("--modes", ",".join(modes))
+    )
     rows = {row["mode"]: row for row in document["rows"]}
     assert list(rows) == modes
     steps = document["steps"]
