@@ -55,7 +55,8 @@ def test_warm_up_imports_what_a_worker_needs_at_a_lower_priority_the_worker_take
         inplace.warm_up()
         assert all(module in sys.modules for module in inplace_worker.WARM_MODULES)
         assert inplace_worker.PROCESS.warmed_at is not None
-        assert os.nice(0) == before + (inplace_worker.WARM_NICENESS if renices else 0)
+        # a process already at a low priority (the unit tests run at nice 10) stops at 19
+        assert os.nice(0) == min(19, before + (inplace_worker.WARM_NICENESS if renices else 0))
     finally:
         inplace_worker._take_priority_back()
     assert os.nice(0) == before
