@@ -32,7 +32,7 @@ pytestmark = pytest.mark.cluster
 STEPS = 24
 CHECKPOINT = {"data_shards": 2, "parity_shards": 2}  # survives the two nodes lost at once below
 HANG_TIMEOUT_S = 3.0
-COMPUTE_S = 10.0  # the long step of the interrupt test (times the pace): far longer than any detection
+COMPUTE_S = 7.0  # the long step of the interrupt test (times the pace): far longer than any detection
 # Warm spares a run keeps (InPlaceRecovery's default is 8, one per free node): as many as a test
 # loses nodes at once. Spares on every free node of this cluster would import torch on
 # this machine's two cores before each run trains; the spares' own test asks for every node.
@@ -229,7 +229,7 @@ def test_a_replacement_starts_in_a_warm_spare_once_the_spares_are_up(cluster: An
 
 
 def test_a_node_kill_and_then_a_worker_crash_in_long_computes_replace_only_rank_1(cluster: Any) -> None:
-    """3 ranks; step 6 computes for 10 s first (times the machine's pace), each time it runs.
+    """3 ranks; step 6 computes for 7 s first (times the machine's pace), each time it runs.
 
     Half a second after step 5 committed (every rank is in that compute), rank 1's node is
     killed: ranks 0 and 2 are interrupted (``PeerLost``) long before their compute could end,
