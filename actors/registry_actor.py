@@ -411,6 +411,16 @@ class RegistryActor:
     def latest_committed(self, job: str) -> int | None:
         return self._registry.latest_committed(job)
 
+    def note_reached(self, job: str, attempt: str | None, step: int) -> None:
+        """Rank 0 of ``attempt`` trained ``step`` (``Registry.note_reached``); a malformed call
+        is dropped (it only feeds the steps-redone count)."""
+        ok_step = isinstance(step, int) and not isinstance(step, bool) and step >= 0
+        if isinstance(job, str) and (attempt is None or isinstance(attempt, str)) and ok_step:
+            self._registry.note_reached(job, attempt, step)
+
+    def steps_reached(self, job: str, attempt: str | None) -> tuple[int | None, int | None]:
+        return self._registry.steps_reached(job, attempt)
+
     def jobs_of_run(self, run: str) -> list[str]:
         return self._registry.jobs_of_run(run)
 

@@ -139,6 +139,7 @@ class Checkpointer(WithIdentity):
         )
         self._previous_call: tuple[int, float, bool] | None = None  # (step, when save returned, a save ran then)
         self._last_step: int | None = None
+        self._reached: int | None = None  # the newest step ``note_step`` sent (rank 0)
         self._created = time.time()  # for the timeline: this rank's worker is running
         self._closed = False
         self.last_save_phases_s: dict[str, float] = {}
@@ -174,6 +175,7 @@ class Checkpointer(WithIdentity):
         self._join_or_refuse()
         if self._last_step is not None and step <= self._last_step:
             raise ConfigError(f"step {step} is not newer than the last saved step {self._last_step}")
+        self.note_step(step)
         started = time.perf_counter()
         reason = self._skip_reason(step, started)
         if reason is not None and not force:
@@ -227,6 +229,20 @@ class Checkpointer(WithIdentity):
             return self._saves.complete(*args)
         finally:
             self._background_ended = time.perf_counter()
+
+    def note_step(self, step: int) -> None:
+        """Say that this rank trained ``step``, saved or not. Rank 0's newest such step is what
+        the next attempt's restore counts the steps it must train again from (the ``restore``
+        event's ``steps_lost``): with saves every N steps, the steps trained after the last
+        save count too. ``save`` says it of every step it is given, skipped ones included;
+        call it where steps are trained without a ``save`` call (a loop that calls ``dcp.save``
+        every N steps). Rank 0 sends one fire-and-forget message per new step; other ranks and
+        older steps send nothing. ConfigError for a ``step`` that is not an int in [0, 2**63)."""
+        check_step(step)
+        if self.rank != 0 or (self._reached is not None and step <= self._reached):
+            return
+        self._reached = step
+        self._registry.note_reached(self.job, self.attempt, step)
 
     def _skip_reason(self, step: int, now: float) -> str | None:
         """Why ``step`` is not saved ("not due" by ``CheckpointConfig.every``), None when it is.
@@ -358,9 +374,8 @@ class Checkpointer(WithIdentity):
 
     def _record(self, kind: events.EventKind, **fields: Any) -> None:
         """Send an event to the registry's log (fire and forget: never blocks or fails a save)."""
-        self._registry.record(
-            events.event(kind, job=self.job, rank=self.rank, attempt=self.attempt, node_id=self.node_id, **fields)
-        )
+        fields.setdefault("rank", self.rank)
+        self._registry.record(events.event(kind, job=self.job, attempt=self.attempt, node_id=self.node_id, **fields))
 
     # ---- restore ------------------------------------------------------------------------
 
@@ -436,18 +451,51 @@ class Checkpointer(WithIdentity):
         self._saves.restart_counting()  # the next save is this incarnation's first step: always recorded
         if restored is not None and restored.from_world_size is None:
             self._saves.reserve(self._restorer.restored_bytes)  # mapped during the next step, not in its save
-        newest = None if plan is None else plan.newest_staged
         self._record(
             "restore",
             step=None if restored is None else restored.step,
             source=None if restored is None else restored.source,
-            steps_lost=None if restored is None or newest is None else max(0, int(newest) - restored.step),
+            steps_lost=(
+                None
+                if restored is None
+                else self._steps_redone(restored.step)  # an explicit step: no plan to read them from
+                if plan is None
+                else _steps_redone(restored.step, plan.newest_staged, plan.newest_reached)
+            ),
             bytes=self._restorer.restored_bytes,
             pid=os.getpid(),
             started=self._created,
             phases_s={} if restored is None else restored.phases_s,
         )
         return restored
+
+    def record_load(self, step: int, source: str, read_bytes: int, phases_s: dict[str, float]) -> None:
+        """Record a load of the committed ``step`` that read this rank's state through
+        ``range_readers`` (the DCP backend's ``dcp.load``) as this rank's restore, as
+        ``restore`` records its own: on the timeline and the dashboard with its phases
+        (``locate``, ``fetch``, ``decode``, ``load``) and the steps it makes the job train
+        again. Never raises (observability must not fail a load)."""
+        self._saves.restart_counting()  # the next save is this incarnation's first step: always recorded
+        self._record(
+            "restore",
+            step=step,
+            source=source,
+            steps_lost=self._steps_redone(step),
+            bytes=int(read_bytes),
+            pid=os.getpid(),
+            started=self._created,
+            phases_s=dict(phases_s),
+        )
+
+    def _steps_redone(self, restored: int) -> int | None:
+        """The steps a restore of ``restored`` without a plan makes the job train again, from
+        the registry (``steps_reached``); None where it cannot say."""
+        try:
+            staged, reached = self._registry.steps_reached(self.job, self.attempt)
+        except Exception as error:  # observability must not fail a restore
+            logger.debug("job %r rank %d: reading the steps trained before a restore: %s", self.job, self.rank, error)
+            return None
+        return _steps_redone(restored, staged, reached)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -512,3 +560,10 @@ class Checkpointer(WithIdentity):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _steps_redone(restored: int, newest_staged: int | None, newest_reached: int | None) -> int | None:
+    """The steps a job restored at ``restored`` trains again: up to the newest step it staged
+    or said it trained (``Checkpointer.note_step``) before; None when neither is known."""
+    known = [step for step in (newest_staged, newest_reached) if step is not None]
+    return max(0, max(known) - restored) if known else None

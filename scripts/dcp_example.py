@@ -30,7 +30,9 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import ray_ckpt
+from ray_ckpt.core import timeline
 from ray_ckpt.integrations.dcp import PeerMemoryReader, PeerMemoryWriter
+from ray_ckpt.transport.registry_client import RegistryClient
 
 JOB = "dcp-example"
 STEP = 2
@@ -168,7 +170,8 @@ def run_example(
     of ``load_workers``; returns every rank's records and the killed nodes. On a fresh
     simulated cluster of ``nodes`` workers, or on ``cluster``, a ``SimulatedCluster`` of
     ``nodes`` workers (this process connected, the service started in the default namespace),
-    left up at the end."""
+    left up at the end. ``recoveries``: each load as the timeline and the dashboard show it
+    (``ray_ckpt.core.timeline.Recovery`` as dicts)."""
     from ray_ckpt.testing import SimulatedCluster
     from ray_ckpt.tools import quiet
 
@@ -191,8 +194,10 @@ def run_example(
             sim.kill(victims)
         for world in load_workers:
             run(load_loop, name=f"dcp-load-{world}", workers=world, storage=storage, config=config)
+        _, events = RegistryClient(ray_ckpt.settings.namespace()).events()
     records = [json.loads(p.read_text()) for p in sorted(pathlib.Path(out).glob("*.json"))]
-    return {"killed": victims, "records": records}
+    recoveries = [r.as_dict() for r in timeline.recoveries(events) if r.job == JOB]
+    return {"killed": victims, "records": records, "recoveries": recoveries}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Hugging Face Trainer under Ray Train with its whole state in peer memory, a node hard-killed.
 
 Two Ray Train workers train a tiny random-init ``LlamaForCausalLM`` with HF's ``Trainer``
-(``prepare_trainer``, DDP over gloo) and ``PeerMemoryCallback`` (every 5 steps, RS(2, 1)).
+(``prepare_trainer``, DDP over gloo) and ``PeerMemoryCallback`` (every 5 steps, RS(2, 2)).
 The run is done twice on a simulated cluster: uninterrupted, and with the node of rank 1 killed
 once step ``--kill-at`` is reached; Ray Train restarts the workers, ``resume_from_peers``
 brings the newest committed step back and HF resumes from it. Rank 0 of each run writes its
@@ -22,7 +22,7 @@ import torch
 
 import ray_ckpt
 
-CHECKPOINT = {"every": 5, "data_shards": 2, "parity_shards": 1}
+CHECKPOINT = {"every": 5, "data_shards": 2, "parity_shards": 2}  # m = 2: the tests kill two runs at once, a node each
 
 
 def train_func(config: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 Two Ray Train workers train a tiny ``LightningModule`` (Adam, a per-step StepLR) with
 ``RayDDPStrategy`` and a ``StatefulDataLoader`` (Lightning puts an epoch-seeded
 DistributedSampler in it), checkpointed by ``PeerMemoryCheckpointIO`` and ``SaveToPeers``
-(kept every 5 steps, RS(2, 1)). The run is done twice on a simulated cluster: uninterrupted,
+(kept every 5 steps, RS(2, 2)). The run is done twice on a simulated cluster: uninterrupted,
 and with the node of rank 1 killed once step ``--kill-at`` is reached; Ray Train restarts the
 workers and ``trainer.fit(ckpt_path=io.resume_path())`` resumes from the newest kept step. Rank 0 of each run writes its
 final model, optimizer and scheduler state; they are compared bit for bit.
@@ -22,7 +22,7 @@ import torch
 
 import ray_ckpt
 
-CHECKPOINT = {"every": 5, "data_shards": 2, "parity_shards": 1}
+CHECKPOINT = {"every": 5, "data_shards": 2, "parity_shards": 2}  # m = 2: the tests kill two runs at once, a node each
 
 
 def regressor_class() -> Any:

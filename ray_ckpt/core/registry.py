@@ -26,6 +26,8 @@ from ray_ckpt.core.wire import (
 )
 from ray_ckpt.errors import ConfigError, InsufficientShardsError, NoCheckpointError, RayCkptError, StaleAttemptError
 
+REACHED_ATTEMPTS = 8  # per job, how many attempts' trained steps (``Registry.note_reached``) are kept
+
 
 class StepRecord:
     """One step of a job: which ranks staged it and their records, whether it committed, and
@@ -100,6 +102,9 @@ class _Incarnations:
     backup_steps: dict[str, int | None] = dataclasses.field(default_factory=dict)
     unrestorable: set[int] = dataclasses.field(default_factory=set)
     newest_staged: int | None = None  # the newest step any rank ever staged
+    # attempt ("" for none) -> the newest step its rank 0 said it trained (``note_reached``),
+    # in the order the attempts first said so; the newest REACHED_ATTEMPTS kept
+    reached: dict[str, int] = dataclasses.field(default_factory=dict)
     auto: str | None = None  # the attempt the registry opened for ranks restoring without one
     auto_ranks: set[int] = dataclasses.field(default_factory=set)  # the ranks that restored under it
     plan_seq: int = 0  # orders the job's plan marks (see PlanMark)
@@ -411,6 +416,7 @@ class Registry:
                 ever_committed=ever_committed,
                 newest_committed=committed[0] if committed else None,
                 newest_staged=state.newest_staged,
+                newest_reached=self._reached_before_locked(state, attempt),
                 world_size=None if chosen is None else steps[chosen].world_size,
                 attempt=attempt,
             )
@@ -509,6 +515,36 @@ class Registry:
         for step in steps:
             del records[step]
         return Discarded(job, steps, tuple(sorted(state.seen - {keep})), tuple(sorted(writers)))
+
+    # ---- progress -----------------------------------------------------------------------
+
+    def note_reached(self, job: str, attempt: str | None, step: int) -> None:
+        """Rank 0 of ``attempt`` of ``job`` trained ``step`` (saved or not): what a later
+        attempt's restore counts its steps redone from (``RestorePlan.newest_reached``). Kept
+        in memory only, for the newest ``REACHED_ATTEMPTS`` attempts of the job."""
+        key = attempt or ""
+        with self._lock:
+            reached = self._incarnations.setdefault(job, _Incarnations()).reached
+            if step > reached.get(key, -1):
+                reached[key] = step
+            while len(reached) > REACHED_ATTEMPTS:
+                del reached[next(iter(reached))]
+
+    def steps_reached(self, job: str, attempt: str | None) -> tuple[int | None, int | None]:
+        """(newest step any rank staged, newest step the attempt before ``attempt`` said it
+        trained), as a restore plan of ``attempt`` gives them, without planning anything."""
+        with self._lock:
+            state = self._incarnations.get(job)
+            if state is None:
+                return None, None
+            return state.newest_staged, self._reached_before_locked(state, attempt)
+
+    @staticmethod
+    def _reached_before_locked(state: _Incarnations, attempt: str | None) -> int | None:
+        """The newest step trained by the attempt that last began saying so, other than
+        ``attempt`` (the one restoring, whose rank 0 says nothing before its restore)."""
+        key = attempt or ""
+        return next((step for other, step in reversed(state.reached.items()) if other != key), None)
 
     # ---- queries ------------------------------------------------------------------------
 

@@ -194,7 +194,9 @@ class RestorePlan:
     and every rank can rebuild it from memory; ``world_size`` ranks saved it), "backup" (use
     the newest complete persistent backup) or None (nothing was ever committed).
     ``newest_committed`` and ``newest_staged`` (the newest step any rank staged) let a
-    restore forget unrebuildable newer steps and count the steps a failure lost. ``attempt``:
+    restore forget unrebuildable newer steps; with ``newest_reached`` (the newest step the
+    attempt before said it trained, saved or not: ``Registry.note_reached``) they count the
+    steps a failure makes the job train again. ``attempt``:
     the attempt the plan belongs to (for ranks that asked without one, the registry's)."""
 
     step: int | None = None
@@ -204,6 +206,7 @@ class RestorePlan:
     newest_staged: int | None = None
     world_size: int | None = None
     attempt: str | None = None
+    newest_reached: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,6 +221,7 @@ class RestorePlan:
             newest_staged=values.get("newest_staged"),
             world_size=values.get("world_size"),
             attempt=values.get("attempt"),
+            newest_reached=values.get("newest_reached"),
         )
 
 

@@ -27,9 +27,7 @@ is the guide::
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -177,22 +175,24 @@ class PeerMemoryCheckpointIO(_CheckpointIO):
 
 
 def _rank_zero_checkpointer(config: CheckpointConfig) -> Any:
-    """Under Ray Train: a ``ray_ckpt.Checkpointer`` of rank 0 in a world of 1, job ``<the
-    run's job>.lightning``, one attempt broadcast from rank 0 (a collective)."""
+    """Under Ray Train: a Checkpointer of rank 0 in a world of 1 that every worker makes, job
+    ``<the run's job>.lightning`` (``ray_ckpt.train.checkpointer.SharedRankZero``: its attempt
+    is broadcast from rank 0, or the in-place generation's)."""
     import ray.train
-    from ray.train.collective import broadcast_from_rank_zero
 
-    from ray_ckpt.checkpointer import Checkpointer
-    from ray_ckpt.train.checkpointer import default_backup_uri, job_name
+    from ray_ckpt.train.checkpointer import SharedRankZero, job_name
 
-    context = ray.train.get_context()
-    if config.backup_every and not config.backup_uri:
-        uri = default_backup_uri()
-        if uri is not None:
-            config = dataclasses.replace(config, backup_uri=uri)
-    attempt = broadcast_from_rank_zero(uuid.uuid4().hex)
-    job = f"{job_name(context.get_experiment_name())}.lightning"
-    return Checkpointer(job=job, rank=0, world_size=1, config=config, attempt=attempt)
+    job = f"{job_name(ray.train.get_context().get_experiment_name())}.lightning"
+    return SharedRankZero(config, job=job)
+
+
+def _note_step(trainer: Any, step: int) -> None:
+    """On global rank 0, tell the checkpointer that ``step`` was trained without a save
+    (``Checkpointer.note_step``), where the trainer's checkpoint plugin is a
+    ``PeerMemoryCheckpointIO``."""
+    io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+    if isinstance(io, PeerMemoryCheckpointIO) and getattr(trainer, "is_global_zero", False):
+        io.checkpointer.note_step(step)
 
 
 class SaveToPeers(_Callback):
@@ -209,8 +209,11 @@ class SaveToPeers(_Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
-        if step == self._last or step % self.every:
-            return  # no optimizer step since the last save (gradient accumulation), or not due
+        if step == self._last:
+            return  # no optimizer step since the last save (gradient accumulation)
+        if step % self.every:  # not due: still a step a failure would make the job train again
+            _note_step(trainer, step)
+            return
         self._last = step
         trainer.save_checkpoint(f"{SCHEME}{step}")
 

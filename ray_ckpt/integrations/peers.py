@@ -69,6 +69,11 @@ class PeerSteps(Protocol):
         """The committed ``step`` for reading; NoCheckpointError when it is not committed."""
         ...
 
+    def loaded(self, step: int, read_bytes: int, phases_s: dict[str, float]) -> None:
+        """This rank loaded its state of ``step``, reading ``read_bytes`` in ``phases_s``
+        (locate, fetch, decode, load): record it as the rank's restore. Never raises."""
+        ...
+
 
 class CheckpointerPeers:
     """``PeerSteps`` over one rank's ray_ckpt ``Checkpointer`` (``of`` gives one per
@@ -119,6 +124,10 @@ class CheckpointerPeers:
     def open(self, step: int) -> SavedStep:
         with self._lock:
             return ReaderStep(self.checkpointer.range_readers(step))
+
+    def loaded(self, step: int, read_bytes: int, phases_s: dict[str, float]) -> None:
+        with self._lock:
+            self.checkpointer.record_load(step, "peers", read_bytes, phases_s)
 
 
 class ReaderStep:

@@ -24,6 +24,11 @@ class StepStates(Protocol):
         says whether the step was left out (``CheckpointConfig.every``)."""
         ...
 
+    def note_step(self, step: int) -> None:
+        """Say that ``step`` was trained, saved or not (what a failure's steps redone count
+        from: ``ray_ckpt.Checkpointer.note_step``)."""
+        ...
+
     def restore(self, step: int | None = None) -> Any:
         """The newest committed step (or ``step``) as an object with ``step`` and ``state``,
         or None when the job has none."""

@@ -117,6 +117,8 @@ class PeerMemoryCallback(_TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._ended = state.global_step
+        # trained, whether or not it is saved: before the evaluation or logging that may follow
+        self.checkpointer.note_step(state.global_step)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._offer(args, state, control, kwargs)

@@ -21,7 +21,7 @@ from ray_ckpt.errors import CommitTimeoutError, ConfigError, HandedOver, TornSte
 from ray_ckpt.save import SaveHandle
 from ray_ckpt.train import inplace
 
-__all__ = ["Checkpointer", "default_backup_uri", "job_name"]
+__all__ = ["Checkpointer", "SharedRankZero", "default_backup_uri", "job_name"]
 
 _SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}
 DRAIN_MARGIN_S = 2.0  # a draining rank hands over at least this long before its node's deadline
@@ -108,30 +108,18 @@ class Checkpointer(checkpointer.Checkpointer):
         context = ray.train.get_context()
         if job is None:
             job = job_name(context.get_experiment_name())
-        config = config or CheckpointConfig()
-        if config.backup_every and not config.backup_uri:
-            uri = default_backup_uri()
-            if uri is not None:
-                config = dataclasses.replace(config, backup_uri=uri)
-        attempt = inplace.current_attempt()
-        if attempt is None:
-            attempt = broadcast_from_rank_zero(uuid.uuid4().hex)
         super().__init__(
             job=job,
             rank=context.get_world_rank(),
             world_size=context.get_world_size(),
-            config=config,
+            config=_with_run_backup(config or CheckpointConfig()),
             namespace=namespace,
-            attempt=attempt,
+            attempt=_run_attempt(),
         )
         generation = generation_of(inplace.current_attempt())
         if generation is not None:
             self.failures_seen(max(0, generation - 1))
-        if inplace.current_attempt() is not None:
-            inplace.track(self)
-            rejoin = inplace.take_rejoin()
-            if rejoin is not None:
-                self._record("rejoin", **rejoin.to_wire())
+        _follow_generation(self, context.get_world_rank())
 
     def save(self, step: int, state: Any, *, force: bool = False) -> SaveHandle:
         """``ray_ckpt.Checkpointer.save``, and what a drain needs: while Ray drains the node of
@@ -249,3 +237,53 @@ class Checkpointer(checkpointer.Checkpointer):
     wait = _shielded(checkpointer.Checkpointer.wait)
     restore = _shielded(checkpointer.Checkpointer.restore)
     close = _shielded(checkpointer.Checkpointer.close)
+
+
+class SharedRankZero(checkpointer.Checkpointer):
+    """A ``ray_ckpt.Checkpointer`` of rank 0 in a world of 1, of ``job``, that every worker of
+    the run makes: for a trainer whose checkpoint is one dict that global rank 0 saves and
+    every rank loads (Lightning's). Must be made by every rank (the attempt is broadcast from
+    rank 0, a collective), except under ``InPlaceRecovery``, where the attempt is the
+    generation's, a failure of the generation abandons it, and its process's entry into the
+    generation is recorded (the ``rejoin`` event, under the process's world rank) so that the
+    recovery shows as in place. ``backup_uri`` defaults to the run's storage path. No
+    ``PeerLost`` lands inside its methods, as in ``Checkpointer``."""
+
+    @_shielded
+    def __init__(self, config: CheckpointConfig, *, job: str) -> None:
+        super().__init__(job=job, rank=0, world_size=1, config=_with_run_backup(config), attempt=_run_attempt())
+        _follow_generation(self, ray.train.get_context().get_world_rank())
+
+    save = _shielded(checkpointer.Checkpointer.save)
+    wait = _shielded(checkpointer.Checkpointer.wait)
+    restore = _shielded(checkpointer.Checkpointer.restore)
+    close = _shielded(checkpointer.Checkpointer.close)
+
+
+def _with_run_backup(config: CheckpointConfig) -> CheckpointConfig:
+    """``config`` with ``backup_uri`` set to the run's storage path where it has backups but no
+    URI (``default_backup_uri``)."""
+    if config.backup_every and not config.backup_uri:
+        uri = default_backup_uri()
+        if uri is not None:
+            return dataclasses.replace(config, backup_uri=uri)
+    return config
+
+
+def _run_attempt() -> str:
+    """The attempt of this worker group: the in-place generation's, else a fresh id rank 0
+    broadcasts (a collective: every rank must ask)."""
+    attempt = inplace.current_attempt()
+    return attempt if attempt is not None else broadcast_from_rank_zero(uuid.uuid4().hex)
+
+
+def _follow_generation(ckpt: checkpointer.Checkpointer, world_rank: int) -> None:
+    """Under ``InPlaceRecovery``: a failure of the generation abandons ``ckpt``, and the
+    process's entry into the generation is recorded (``rejoin``, under its world rank) by the
+    first Checkpointer it makes there."""
+    if inplace.current_attempt() is None:
+        return
+    inplace.track(ckpt)
+    rejoin = inplace.take_rejoin()
+    if rejoin is not None:
+        ckpt._record("rejoin", **{**rejoin.to_wire(), "rank": world_rank})

@@ -338,6 +338,7 @@ class _Worker:
         )
         self.backend = self.settings.backend
         self._store: Any = None
+        self._full_start_port = int(os.environ.get("MASTER_PORT") or 0)  # Ray Train's rendezvous, if any
         try:  # this rank's beats and joins go up the stores' relay tree where its node has a store
             role.coordinator.use_node_store(settings.namespace(), self.member.node_id)
         except Exception as error:  # no store to find: every call goes to the coordinator itself
@@ -514,7 +515,7 @@ class _Worker:
             process_groups.abort_all()
 
     def _store_ports(self) -> list[int]:
-        ports = [int(os.environ.get("MASTER_PORT") or 0)]  # Ray Train's store of a full start
+        ports = [self._full_start_port]  # Ray Train's store of a full start
         if self._store is not None:
             ports.append(int(self._store.port))
         return ports
@@ -646,7 +647,8 @@ class _Worker:
         timeout = datetime.timedelta(seconds=max(1.0, timeout_s))
         if self.rank == 0:
             store = dist.TCPStore(self.member.host, 0, self.world_size, True, timeout, wait_for_workers=False)
-            coordinator.publish(generation, f"{self.member.host}:{store.port}")
+            host, port = self.member.host, str(store.port)
+            coordinator.publish(generation, f"{host}:{port}")
         else:
             address = coordinator.address(generation, max(1.0, timeout_s))
             if address is None:
@@ -654,6 +656,9 @@ class _Worker:
             host, port = address.rsplit(":", 1)
             store = dist.TCPStore(host, int(port), self.world_size, False, timeout)
         self._store = store  # rank 0 serves the rendezvous while it lives
+        # torch's env:// variables, which trainers read even where the group exists (accelerate's
+        # PartialState refuses a multi-process run without MASTER_ADDR): this generation's
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         backend = self.backend = self.backend or ("nccl" if _cuda_workers() else "gloo")
         dist.init_process_group(
             backend,

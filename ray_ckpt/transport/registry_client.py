@@ -80,7 +80,21 @@ class RegistryClient:
         except Exception as error:  # observability must not break checkpointing
             logger.debug("could not record a %s event: %s", event.get("kind"), error)
 
+    def note_reached(self, job: str, attempt: str | None, step: int) -> None:
+        """Tell the registry rank 0 of ``attempt`` trained ``step`` (``Registry.note_reached``):
+        fire and forget, never raises."""
+        try:
+            self.handle.note_reached.remote(job, attempt, step)
+        except Exception as error:  # observability must not break training
+            logger.debug("could not note step %s of job %r: %s", step, job, error)
+
     # ---- typed calls --------------------------------------------------------------------
+
+    def steps_reached(self, job: str, attempt: str | None) -> tuple[int | None, int | None]:
+        """(newest step staged, newest step the attempt before ``attempt`` trained): see
+        ``Registry.steps_reached``."""
+        staged, reached = self.call("steps_reached", job, attempt)
+        return (None if staged is None else int(staged)), (None if reached is None else int(reached))
 
     def plan_restore(self, job: str, attempt: str | None) -> RestorePlan:
         return RestorePlan.from_wire(self.call("plan_restore", job, attempt))

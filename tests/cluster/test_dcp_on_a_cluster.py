@@ -48,3 +48,10 @@ def test_fsdp2_saved_by_4_loads_into_3_after_m_node_losses_equal_to_dcp_from_dis
     assert sorted(loads) == [(3, 0), (3, 1), (3, 2)]
     assert all(r["equal"] for r in loads.values()), [r["mismatched"] for r in loads.values()]
     assert all(r["read_bytes"] > 0 for r in loads.values())
+    # the load after the kills is a recovery on the timeline (and so on the dashboard), each
+    # rank's restore with its phases; nothing was trained after the saved step
+    (recovery,) = report["recoveries"]
+    assert not recovery["failed"] and recovery["mode"] == "restart", recovery
+    assert recovery["step"] == saves[0]["saved_step"] and recovery["steps_lost"] == 0, recovery
+    assert recovery["sources"] == {"0": "peers", "1": "peers", "2": "peers"}, recovery
+    assert recovery["phases_s"]["fetch"] > 0 and recovery["bytes_moved"] >= sum(r["read_bytes"] for r in loads.values())

@@ -32,7 +32,8 @@ K, M = 2, 1
 class FolderPeers:
     """Rank ``rank`` of ``world_size`` over ``folder``. ``fail_last``: the save that would
     commit a step fails before writing (a coordinator that dies in ``finish``); ``dead``:
-    nodes whose shards are gone when a step is opened; ``reads``: every (rank, span) read."""
+    nodes whose shards are gone when a step is opened; ``reads``: every (rank, span) read;
+    ``loads``: every load's (step, bytes read, phases)."""
 
     def __init__(
         self, folder: pathlib.Path, rank: int, world_size: int, *, fail_last: bool = False, dead: Iterable[str] = ()
@@ -40,6 +41,7 @@ class FolderPeers:
         self.folder, self._rank, self._world_size = folder, rank, world_size
         self.fail_last, self.dead = fail_last, set(dead)
         self.reads: list[tuple[int, int, int]] = []
+        self.loads: list[tuple[int, int, dict[str, float]]] = []
 
     @property
     def rank(self) -> int:
@@ -78,6 +80,9 @@ class FolderPeers:
         steps = [int(p.name.split("-")[1]) for p in self.folder.glob("step-*")]
         done = [s for s in steps if self.committed(s)]
         return max(done) if done else None
+
+    def loaded(self, step: int, read_bytes: int, phases_s: dict[str, float]) -> None:
+        self.loads.append((step, read_bytes, phases_s))
 
     def open(self, step: int) -> ReaderStep:
         if not self.committed(step):

@@ -111,6 +111,14 @@ class RegistryCalls:
         self.calls.append("latest_committed")
         return self.registry.latest_committed(job)
 
+    def note_reached(self, job: str, attempt: str | None, step: int) -> None:
+        self.calls.append("note_reached")
+        self.registry.note_reached(job, attempt, step)
+
+    def steps_reached(self, job: str, attempt: str | None) -> tuple[int | None, int | None]:
+        self.calls.append("steps_reached")
+        return self.registry.steps_reached(job, attempt)
+
     def staged_ranks(self, job: str, step: int) -> list[int]:
         self.calls.append("staged_ranks")
         return self.registry.staged_ranks(job, step)

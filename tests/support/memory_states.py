@@ -38,6 +38,7 @@ class MemoryStates:
         self.steps = {} if steps is None else steps
         self.every, self._rank = every, rank
         self.saved: list[int] = []
+        self.noted: list[int] = []  # steps said trained without a save call (``note_step``)
         self.waits = 0
 
     @property
@@ -62,6 +63,9 @@ class MemoryStates:
             raise NoCheckpointError(f"step {step} is not committed (committed: {sorted(self.steps)})", step=step)
         header, payload = self.steps[step]
         return Restored(step, snapshot.restore(header, payload))
+
+    def note_step(self, step: int) -> None:
+        self.noted.append(step)
 
     def latest_step(self) -> int | None:
         return max(self.steps, default=None)

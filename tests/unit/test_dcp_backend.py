@@ -137,6 +137,10 @@ def test_a_load_reads_only_the_bytes_of_the_items_it_asks_for(tmp_path: pathlib.
     dcp.load(target, storage_reader=reader)
     assert torch.equal(target["small"], small)
     assert reader.fetched_bytes == small.nbytes
+    # the load is recorded as this rank's restore: its step, the bytes it read, every phase
+    ((step, read, phases),) = peers.loads
+    assert (step, read) == (4, small.nbytes)
+    assert set(phases) == {"locate", "fetch", "decode", "load"} and all(t >= 0 for t in phases.values())
 
 
 def save_by_hand(states: list[dict[str, Any]], writers: list[PeerMemoryWriter], step: int) -> Any:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from support.shard_metas import shard_metas
 
-from ray_ckpt.core.registry import CommitDecision, Registry
+from ray_ckpt.core.registry import REACHED_ATTEMPTS, CommitDecision, Registry
 from ray_ckpt.core.shard import ShardMeta
 from ray_ckpt.core.wire import RestorePlan
 from ray_ckpt.errors import ConfigError, StaleAttemptError
@@ -310,3 +310,29 @@ def test_rollback_without_attempts_drops_every_newer_step() -> None:
     assert registry.rollback(JOB, 1) == (2, 3)
     assert registry.committed_steps(JOB) == [1]
     assert registry.rollback("other-job", 0) == ()
+
+
+def test_newest_reached_is_the_step_the_attempt_before_trained_saved_or_not() -> None:
+    """With saves every few steps, the plan of the next attempt gives the newest step the one
+    before said it trained (``note_reached``), so that steps trained after the last save count
+    as redone; the restoring attempt's own reports, and older attempts', are not it."""
+    registry = Registry()
+    commit(registry, 10, "A")
+    for step in (10, 11, 12):
+        registry.note_reached(JOB, "A", step)
+    registry.note_reached(JOB, "A", 11)  # a late, older report moves nothing
+    plan = registry.plan_restore(JOB, "B", all_nodes(10))
+    assert (plan.step, plan.newest_staged, plan.newest_reached) == (10, 10, 12)
+    registry.note_reached(JOB, "B", 11)  # B trains again, then fails at 11
+    assert registry.steps_reached(JOB, "C") == (10, 11)
+    assert registry.plan_restore(JOB, "C", all_nodes(10)).newest_reached == 11
+    assert registry.steps_reached(JOB, "B") == (10, 12)
+    assert registry.steps_reached("other-job", "A") == (None, None)
+
+
+def test_newest_reached_keeps_only_the_newest_attempts() -> None:
+    registry = Registry()
+    for n in range(REACHED_ATTEMPTS + 3):
+        registry.note_reached(JOB, f"attempt-{n}", n)
+    assert registry.steps_reached(JOB, None) == (None, REACHED_ATTEMPTS + 2)
+    assert len(registry._incarnations[JOB].reached) == REACHED_ATTEMPTS

@@ -43,12 +43,12 @@ def loader() -> Any:
     return stateful.StatefulDataLoader(data, batch_size=4, sampler=sampler)  # the order depends on the epoch only
 
 
-def fit(seed: int, checkpointer: Any) -> tuple[Any, Any]:
+def fit(seed: int, checkpointer: Any, every: int = 1) -> tuple[Any, Any]:
     torch.manual_seed(seed)
     module = Regressor()
     io = lit.PeerMemoryCheckpointIO(checkpointer=checkpointer)
     trainer = pl.Trainer(
-        max_steps=STEPS, accelerator="cpu", devices=1, plugins=[io], callbacks=[lit.SaveToPeers()], logger=False,
+        max_steps=STEPS, accelerator="cpu", devices=1, plugins=[io], callbacks=[lit.SaveToPeers(every)], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module, loader(), ckpt_path=io.resume_path())
@@ -145,3 +145,13 @@ def test_without_lightning_the_import_names_the_extra(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
     with pytest.raises(ImportError, match=r'pip install "ray_ckpt\[lightning\]"'):
         importlib.import_module("ray_ckpt.integrations.lightning")
+
+
+def test_save_to_peers_every_n_says_which_steps_it_trained_without_a_save() -> None:
+    """SaveToPeers(every=3) offers steps 3, 6, ...; the others it notes as trained, so that a
+    failure after step 7 counts step 7 as one to train again."""
+    torch.set_num_threads(1)
+    states = MemoryStates()
+    fit(1, states, every=3)
+    assert states.saved == list(range(3, STEPS + 1, 3))
+    assert states.noted == [s for s in range(1, STEPS + 1) if s % 3]

@@ -62,6 +62,7 @@ class FakeRegistry:
         self.passed: list[int] = []
         self.settled = "committed"  # what wait_settled answers
         self.latest: int | None = None
+        self.reached: list[int] = []  # steps rank 0 said it trained (note_reached)
 
     def wait_settled(self, job: str, step: int, *, passed: int, **_: Any) -> str:
         self.waited.append(step)
@@ -74,6 +75,9 @@ class FakeRegistry:
     def latest_committed(self, job: str) -> int | None:
         return self.latest
 
+    def note_reached(self, job: str, attempt: str | None, step: int) -> None:
+        self.reached.append(step)
+
 
 def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegistry]:
     """A Checkpointer past its constructor with fakes for the pipeline and the registry."""
@@ -82,6 +86,7 @@ def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegist
     ckpt.identity = RankIdentity(job="job", rank=0, world_size=1, attempt="a", node_id="node")
     ckpt.config = config
     ckpt._closed, ckpt._last_step, ckpt._in_flight, ckpt._previous_call = False, None, None, None
+    ckpt._reached = None
     ckpt._in_flight_blocking = ckpt._in_flight_since = ckpt._background_ended = 0.0
     ckpt._policy = IntervalPolicy(max_interval_s=600, mtbf_prior_s=3600) if config.every == "auto" else None
     ckpt._saves = saves  # type: ignore[assignment]
@@ -93,7 +98,7 @@ def wired(config: CheckpointConfig) -> tuple[Checkpointer, FakeSaves, FakeRegist
 
 
 def test_an_int_saves_only_the_steps_divisible_by_it() -> None:
-    ckpt, saves, _ = wired(CheckpointConfig(every=4))
+    ckpt, saves, registry = wired(CheckpointConfig(every=4))
     assert ckpt.interval == 4
     for step in range(1, 9):
         handle = ckpt.save(step, STATE if step % 4 == 0 else NOT_A_STATE)
@@ -102,6 +107,7 @@ def test_an_int_saves_only_the_steps_divisible_by_it() -> None:
         assert ("skipped" in ckpt.last_save_phases_s) == handle.skipped
         handle.wait()  # a skipped handle returns at once
     assert len(saves.snapshots) == 2 and saves.completed == [4, 8]
+    assert registry.reached == list(range(1, 9))  # every step said trained, saved or skipped
     ckpt._background.shutdown()
 
 
