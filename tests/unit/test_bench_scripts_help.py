@@ -21,6 +21,7 @@ from support.scripts_under_test import run_script
         ),
         ("bench_dcp.py", ("--state-mib", "--repeats", "--quick", "--json")),
         ("bench_fsdp2_recovery.py", ("--steps", "--kill-after", "--step-sleep-s", "--seed", "--json")),
+        ("bench_full_cluster.py", ("--kill", "--add-after-s", "--runs", "--json")),
         ("lab.py", ("--nodes", "--cpus", "--rate-gbit", "--no-service", "--clean")),
         ("lab_campaign.py", ("--quick", "--trials", "--seed", "--rate-gbit", "--at-step", "--json")),
     ],
