@@ -84,7 +84,8 @@ def run_example(
     recovered by Ray Train's restart of the worker group, or in place), all at once, on
     ``nodes`` one-CPU nodes (runs and folders named after ``name``): ``{"reference"`` (its
     final state), ``"reference_attempts"`` (the worker groups it had: 1), ``"runs": {mode:
-    {"killed", "error", "resumed"`` (the final state), ``"equal"`` (bit for bit with the
+    {"killed", "error"`` (the run's, or the exception ``fit`` raised), ``"resumed"`` (the final
+    state; None where it wrote none), ``"equal"`` (bit for bit with the
     reference), ``"recoveries"`` (as the timeline shows them: ``recoveries_of``)``}}}``.
     ``cluster``: a ``SimulatedCluster`` of ``nodes`` workers to run on instead of a fresh one
     (this process connected, the service started in the default namespace), left up at the
@@ -130,6 +131,8 @@ def run_example(
             try:
                 config = {**base, "mark": str(mark), "out": str(out / f"{mode}.pt")}
                 run["error"] = fit(train_func, f"{name}-{mode}", storage, config, in_place=in_place).error
+            except Exception as error:  # a run that raised: the report says so, the others go on
+                run["error"] = error
             finally:
                 killer.join(timeout=5)
 
@@ -144,9 +147,10 @@ def run_example(
         for mode, run in runs.items():
             run["recoveries"] = recoveries_of(f"{name}-{mode}")
     reference = torch.load(out / "reference.pt")
-    for mode, run in runs.items():
-        run["resumed"] = torch.load(out / f"{mode}.pt")
-        run["equal"] = same(reference, run["resumed"])
+    for mode, run in runs.items():  # a run that failed wrote no final state
+        final = out / f"{mode}.pt"
+        run["resumed"] = torch.load(final) if final.exists() else None
+        run["equal"] = run["resumed"] is not None and same(reference, run["resumed"])
     return {"reference": reference, "reference_attempts": attempts, "runs": runs}
 
 
@@ -223,5 +227,6 @@ def main(doc: str | None, run: Callable[..., dict[str, Any]]) -> None:
             f"recovery ({recovery['mode']}): restored step {recovery['step']}, {recovery['steps_lost']} step(s) "
             f"redone, resumed {resumed} after the kill, sources {recovery['sources']}"
         )
-    final, equal = run_report["resumed"]["step"], run_report["equal"]
-    print(f"final step {final}; bit-exact against the uninterrupted run: {equal}")
+    resumed = run_report["resumed"]
+    final = "none (the run wrote no final state)" if resumed is None else resumed["step"]
+    print(f"final step {final}; bit-exact against the uninterrupted run: {run_report['equal']}")
