@@ -458,7 +458,7 @@ class Checkpointer(WithIdentity):
             steps_lost=(
                 None
                 if restored is None
-                else self._steps_redone(restored.step)  # an explicit step: no plan to read them from
+                else self._steps_redone_asked(restored.step)  # an explicit step: no plan to read them from
                 if plan is None
                 else _steps_redone(restored.step, plan.newest_staged, plan.newest_reached)
             ),
@@ -480,14 +480,14 @@ class Checkpointer(WithIdentity):
             "restore",
             step=step,
             source=source,
-            steps_lost=self._steps_redone(step),
+            steps_lost=self._steps_redone_asked(step),
             bytes=int(read_bytes),
             pid=os.getpid(),
             started=self._created,
             phases_s=dict(phases_s),
         )
 
-    def _steps_redone(self, restored: int) -> int | None:
+    def _steps_redone_asked(self, restored: int) -> int | None:
         """The steps a restore of ``restored`` without a plan makes the job train again, from
         the registry (``steps_reached``); None where it cannot say."""
         try:
