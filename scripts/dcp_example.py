@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 import time
@@ -172,14 +173,27 @@ def run_example(
     ``nodes`` workers (this process connected, the service started in the default namespace),
     left up at the end. ``recoveries``: each load as the timeline and the dashboard show it
     (``ray_ckpt.core.timeline.Recovery`` as dicts)."""
-    from ray_ckpt.testing import SimulatedCluster
-    from ray_ckpt.tools import quiet
 
     if kill > CHECKPOINT["parity_shards"]:
         raise ValueError(f"kill must be at most parity_shards={CHECKPOINT['parity_shards']}, got {kill}")
     if cluster is not None and len(cluster.workers) != nodes:
         raise ValueError(f"the cluster has {len(cluster.workers)} workers, the example needs {nodes}")
     storage, out = tempfile.mkdtemp(prefix="dcp-train"), tempfile.mkdtemp(prefix="dcp-out")
+    try:
+        return _run(nodes, save_workers, load_workers, kill, cluster, storage, out)
+    finally:  # the saved checkpoints and records: what the report needs is read by now
+        shutil.rmtree(storage, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _run(
+    nodes: int, save_workers: int, load_workers: tuple[int, ...], kill: int, cluster: Any, storage: str, out: str
+) -> dict[str, Any]:
+    """``run_example``'s save, kill and loads; Ray Train's checkpoints under ``storage``, the ranks'
+    records and the disk copy under ``out``."""
+    from ray_ckpt.testing import SimulatedCluster
+    from ray_ckpt.tools import quiet
+
     config = {"job": JOB, "step": STEP, "checkpoint": CHECKPOINT, "disk": str(pathlib.Path(out, "disk")), "out": out}
     with (
         SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR")

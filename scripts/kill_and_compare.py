@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import functools
 import pathlib
+import shutil
 import tempfile
 import threading
 import time
@@ -94,7 +95,6 @@ def run_example(
     restarted or replacement worker) and, with ``overlap``, 2 more. An in-place run's kill is
     recorded in the registry's events as ``ray-ckpt kill-node`` records one (its recovery on
     the timeline then has its kill)."""
-    from ray_ckpt.testing import SimulatedCluster
 
     unknown = sorted(set(modes) - set(MODES))
     if unknown or not modes:
@@ -102,11 +102,34 @@ def run_example(
     needed = 3 * len(modes) + (2 if overlap else 0)
     if nodes < needed:
         raise ValueError(f"{nodes} nodes cannot hold the runs: {needed} are needed")
-    out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}-example-out"))
-    storage = tempfile.mkdtemp(prefix=f"{name}-example-storage")
-    base = {"steps": steps, "kill_at": kill_at, "step_s": step_s}
     if cluster is not None and len(cluster.workers) != nodes:
         raise ValueError(f"the cluster has {len(cluster.workers)} workers, the example needs {nodes}")
+    out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}-example-out"))
+    storage = tempfile.mkdtemp(prefix=f"{name}-example-storage")
+    try:
+        return _runs(train_func, name, out, storage, nodes, steps, kill_at, step_s, cluster, overlap, modes)
+    finally:  # the runs' folders: what the report needs is read by now
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+def _runs(
+    train_func: TrainFunc,
+    name: str,
+    out: pathlib.Path,
+    storage: str,
+    nodes: int,
+    steps: int,
+    kill_at: int,
+    step_s: float,
+    cluster: Any,
+    overlap: bool,
+    modes: tuple[str, ...],
+) -> dict[str, Any]:
+    """``run_example``'s runs, their final states written under ``out``, Ray Train's under ``storage``."""
+    from ray_ckpt.testing import SimulatedCluster
+
+    base = {"steps": steps, "kill_at": kill_at, "step_s": step_s}
     with (
         SimulatedCluster(nodes, store_budget_bytes=256 << 20, logging_level="ERROR")
         if cluster is None
