@@ -8,8 +8,9 @@ into its parts from the replacements' ``rejoin`` events and the recovery's timel
 
 - ``wait_node``: the kill -> the node added back is alive in Ray's view;
 - ``to_process``: the node alive -> the replacement's worker process started;
-- ``to_function``: that process started -> the training function began (Ray Train's worker
-  set-up and the imports);
+- ``to_warm``: that process started -> its setup hook had imported what a worker needs
+  (``inplace_worker.warm_up``: Ray Train's worker module, torch.distributed, FSDP2, dynamo);
+- ``to_function``: -> the training function began (Ray Train's worker set-up);
 - ``to_join``: the function began -> it asked to join the generation;
 - ``to_ready``: it asked -> the generation formed and its process group was up;
 
@@ -43,7 +44,7 @@ from ray_ckpt.transport.registry_client import RegistryClient
 WORKERS = 4
 STEPS = 16
 KILL_AFTER_STEP = 4
-PARTS = ("wait_node", "to_process", "to_function", "to_join", "to_ready")
+PARTS = ("wait_node", "to_process", "to_warm", "to_function", "to_join", "to_ready")
 
 
 def strike(sim: SimulatedCluster, ranks: list[int], add_after_s: float, out: dict[str, Any]) -> None:
@@ -63,10 +64,13 @@ def replace_parts(rejoins: list[dict[str, Any]], killed_at: float, alive_at: flo
     """The replace phase's parts (``PARTS``) of the slowest replacement, in seconds."""
     replacements = [r for r in rejoins if r.get("role") == "replacement"]
     slowest = max(replacements, key=lambda r: float(r["ready"]))
+    started = float(slowest["process_started"])
+    warmed = started if slowest.get("warmed") is None else float(slowest["warmed"])
     return {
         "wait_node": alive_at - killed_at,
-        "to_process": float(slowest["process_started"]) - alive_at,
-        "to_function": float(slowest["worker_started"]) - float(slowest["process_started"]),
+        "to_process": started - alive_at,
+        "to_warm": warmed - started,
+        "to_function": float(slowest["worker_started"]) - warmed,
         "to_join": float(slowest["joined"]) - float(slowest["worker_started"]),
         "to_ready": float(slowest["ready"]) - float(slowest["joined"]),
     }
