@@ -28,11 +28,12 @@ test: lint
 	# Two pytest processes at once: the tests that start Ray (tests/cluster, tests/actors) one
 	# after the other in one, never two clusters at once; the unit tests beside them in the other,
 	# its report printed when both are done. A native crash prints every thread's stack; the
-	# slowest tests are listed. The unit tests run at a lower CPU priority (nice 10): they wait on
-	# nothing, so they fill the idle moments of the Ray tests instead of slowing their clusters
-	# (a unit test's deadline must therefore hold when its threads are starved for seconds).
-	# Fails if either fails.
-	PYTHONFAULTHANDLER=1 nice -n 10 $(PY) -m pytest tests/unit --durations=10 > $(VENV)/unit-tests.log 2>&1 & unit=$$!; \
+	# slowest tests are listed. The unit tests run at the lowest CPU priority (nice 19): they wait
+	# on nothing, so they fill the idle moments of the Ray tests instead of slowing their clusters.
+	# It must be below Ray's own workers, which Ray starts at niceness 15 (at 10 the unit tests
+	# still took three quarters of a core from a busy worker). A unit test's deadline must
+	# therefore hold when its threads are starved for seconds. Fails if either fails.
+	PYTHONFAULTHANDLER=1 nice -n 19 $(PY) -m pytest tests/unit --durations=10 > $(VENV)/unit-tests.log 2>&1 & unit=$$!; \
 	PYTHONFAULTHANDLER=1 $(PY) -m pytest tests/cluster tests/actors --durations=40; ray=$$?; \
 	wait $$unit; units=$$?; cat $(VENV)/unit-tests.log; \
 	echo "tests that start Ray: exit $$ray; unit tests: exit $$units"; test $$ray -eq 0 -a $$units -eq 0

