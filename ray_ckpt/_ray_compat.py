@@ -176,8 +176,10 @@ def _patch_controller(cls: Any) -> None:
                 logger.info("replacing the workers of failing replica groups %s in place", sorted(failing))
             for index in sorted(failing | late):
                 groups[index].shutdown()
-            for index in sorted(failing | late):  # as Ray's own _replace_bad_workers does
-                self._worker_group.replace_replica_group(index)
+            if len(failing | late) == 1:  # as Ray's own _replace_bad_workers does
+                self._worker_group.replace_replica_group(min(failing | late))
+            else:
+                replace_replica_groups(self._worker_group, sorted(failing | late))
         except Exception as error:
             decision = self._ray_ckpt_decision
             logger.warning("replacing the failed workers failed (%s); restarting the worker group", error)
@@ -192,6 +194,80 @@ def _patch_controller(cls: Any) -> None:
     if "_poll_workers" in vars(cls):  # a subclass that does not define it inherits the patched one
         cls._poll_workers = _promptly_polling(cls._poll_workers)
     cls._ray_ckpt_restarts_on_failed_replacement = True
+
+
+def replace_replica_groups(worker_group: Any, indices: list[int]) -> None:
+    """Replace the failing replica groups ``indices`` of ``worker_group`` (all shut down) as
+    Ray 2.60's ``WorkerGroup.replace_replica_group`` replaces one, but their new workers are
+    created at once: Ray's one at a time waits for each new worker's process to start (several
+    seconds where no warm spare waits) before it asks for the next, so two nodes lost together
+    took twice as long to replace. Then, one group after the other, each is recorded, its train
+    context initialised and its training started, as Ray does. If a creation fails, the workers
+    the others created are killed and the error is raised (the patched controller then restarts
+    the whole worker group)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
+
+    replica_group = replica_groups().replica_group
+    worker_group._assert_active()
+    old_workers = {index: worker_group._replica_groups[index].get_workers() for index in indices}
+    for index in indices:
+        worker_group._replica_groups[index].shutdown()
+        for worker in old_workers[index]:
+            if worker.distributed_context is not None:
+                worker_group._world_rank_to_ongoing_poll.pop(worker.distributed_context.world_rank, None)
+    clear = [
+        worker.actor.clear_result_queue.remote()
+        for index, group in enumerate(worker_group._replica_groups)
+        if index not in old_workers and group.is_active()
+        for worker in group.get_workers()
+    ]
+    if clear:
+        ray.get(clear)
+    ray.get(worker_group._worker_group_state.sync_actor.reset.remote())
+    placement_group = worker_group._worker_group_state.placement_group_handle.placement_group
+    context = worker_group._worker_group_context
+
+    def create(index: int) -> list[Any]:
+        workers = old_workers[index]
+        return list(
+            worker_group._create_workers(
+                num_workers=len(workers),
+                placement_group=placement_group,
+                resources_per_worker=context.resources_per_worker,
+                placement_group_bundle_indices=[w.placement_group_bundle_index for w in workers],
+                starting_world_rank=index,
+                world_size=len(worker_group._replica_groups),
+                replica_group_size=len(workers),
+            )
+        )
+
+    with ThreadPoolExecutor(len(indices), thread_name_prefix="ray_ckpt-replace") as pool:
+        pending = {index: pool.submit(create, index) for index in indices}
+    created = {index: future.result() for index, future in pending.items() if future.exception() is None}
+    failed = [future.exception() for future in pending.values() if future.exception() is not None]
+    if failed:
+        for workers in created.values():
+            for worker in workers:
+                ray.kill(worker.actor)
+        raise failed[0]  # type: ignore[misc]
+    for index in indices:
+        new_workers = created[index]
+        worker_group._worker_group_state = worker_group._worker_group_state.replace_workers(
+            old_workers[index], new_workers
+        )
+        group = replica_group(new_workers, context.resources_per_worker, worker_group._replica_group_callbacks)  # type: ignore[misc]
+        worker_group._replica_groups[index] = group
+        try:
+            worker_group._init_train_context(new_workers, worker_group._worker_group_state.sync_actor)
+        except RayActorError as error:
+            group.shutdown()
+            raise WorkerGroupStartupFailedError(
+                f"At least one replacement worker failed to initialize in replica group {index}."
+            ) from error
+        group.start_training(context)
 
 
 # ---- fencing a silent node: Ray's verdict now, not after its health checks ---------------------

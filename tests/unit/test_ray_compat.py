@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import socket
+import time
+import types
 from typing import Any, ClassVar
 
 import pytest
@@ -42,6 +44,14 @@ def test_the_controller_replaces_only_failing_groups_when_the_size_is_unchanged(
         "rg.is_active()",  # failing groups shut down first are left out of the clear
         "old_replica_group.get_workers()",  # a shut-down group keeps its workers' slots
         "starting_world_rank",
+        # what replace_replica_groups does for several groups, in the same steps
+        "self._world_rank_to_ongoing_poll.pop",
+        "self._replica_group_callbacks",
+        ".replace_workers(",
+        "self._create_workers(",
+        "self._init_train_context(",
+        ".start_training(self._worker_group_context)",
+        "self._worker_group_context.resources_per_worker",
     ):
         assert needed in replace, needed
     assert "self._replica_groups" in inspect.getsource(WorkerGroup)
@@ -134,6 +144,12 @@ def test_every_failing_group_is_shut_down_before_the_first_replacement(
     monkeypatch.setattr(_ray_compat, "_await_failing_nodes", lambda groups, failing: None)
     calls: list[str] = []
 
+    def replace_at_once(group: Any, indices: list[int]) -> None:
+        active = [g.index for g in group._replica_groups if g.active]
+        calls.append(f"replace {indices} at once, clearing {active}")
+
+    monkeypatch.setattr(_ray_compat, "replace_replica_groups", replace_at_once)
+
     class ReplicaGroup:
         def __init__(self, index: int) -> None:
             self.index, self.active = index, True
@@ -157,7 +173,102 @@ def test_every_failing_group_is_shut_down_before_the_first_replacement(
 
     TrainController._replace_bad_workers(Controller(), PollStatus())  # type: ignore[arg-type]
     assert swept == [set(polled)]
-    assert calls == ["shut 0", "shut 1", "replace 0, clearing [2, 3]", "replace 1, clearing [2, 3]"]
+    assert calls == ["shut 0", "shut 1", "replace [0, 1] at once, clearing [2, 3]"]
+
+
+class _Actor:
+    """A worker's actor handle whose calls answer at once (``ray.get`` is the identity here)."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+        self.clear_result_queue = self.reset = self  # .remote() on either
+
+    def remote(self) -> str:
+        self.log.append(f"{self.name} called")
+        return self.name
+
+
+def _worker_group(monkeypatch: pytest.MonkeyPatch, log: list[str], fail_index: int | None = None) -> Any:
+    """A WorkerGroup with 4 one-worker replica groups, whose ``_create_workers`` takes 0.5 s
+    (a process starting) and records when each creation began and ended."""
+    replica_group = _ray_compat.replica_groups().replica_group
+    assert replica_group is not None
+    # a replica group's shutdown kills its workers' actors (Ray's own; inactive is what counts here)
+    monkeypatch.setattr(replica_group, "shutdown", lambda self: setattr(self, "_active", False))
+
+    @dataclasses.dataclass
+    class Worker:
+        actor: Any
+        placement_group_bundle_index: int
+        distributed_context: Any = None
+
+    class State:
+        def __init__(self, workers: list[Any]) -> None:
+            self.workers = workers
+            self.sync_actor = _Actor("sync", log)
+            self.placement_group_handle = types.SimpleNamespace(placement_group="pg")
+
+        def replace_workers(self, old: list[Any], new: list[Any]) -> Any:
+            return State([new[0] if w in old else w for w in self.workers])
+
+    class Group:
+        def __init__(self) -> None:
+            workers = [Worker(_Actor(f"w{i}", log), i) for i in range(4)]
+            self._replica_groups = [replica_group([w], {"CPU": 1}) for w in workers]
+            self._worker_group_state = State(workers)
+            self._worker_group_context = types.SimpleNamespace(resources_per_worker={"CPU": 1})
+            self._world_rank_to_ongoing_poll: dict[int, Any] = {}
+            self._replica_group_callbacks: list[Any] = []
+            self.created: list[tuple[int, float, float]] = []
+
+        def _assert_active(self) -> None:
+            pass
+
+        def _create_workers(self, **args: Any) -> list[Any]:
+            began = time.monotonic()
+            time.sleep(0.5)
+            if args["starting_world_rank"] == fail_index:
+                raise RuntimeError("the new worker's node died")
+            self.created.append((args["starting_world_rank"], began, time.monotonic()))
+            (index,) = args["placement_group_bundle_indices"]
+            return [Worker(_Actor(f"new{index}", log), index)]
+
+        def _init_train_context(self, workers: list[Any], sync_actor: Any) -> None:
+            log.append(f"init {workers[0].actor.name}")
+
+    return Group()
+
+
+def test_several_failing_groups_get_their_new_workers_created_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two replica groups replaced together: both new workers are created at the same time (not
+    the second after the first's process started), each slot keeps its bundle, the surviving
+    groups' result queues are cleared once, and each new group's context is initialised and
+    its training started in rank order."""
+    log: list[str] = []
+    monkeypatch.setattr(_ray_compat.ray, "get", lambda refs: refs)
+    started: list[int] = []
+    replica_group = _ray_compat.replica_groups().replica_group
+    monkeypatch.setattr(replica_group, "start_training", lambda self, context: started.append(len(started)))
+    group = _worker_group(monkeypatch, log)
+    _ray_compat.replace_replica_groups(group, [1, 2])
+    (first, _, ended_1), (_, began_2, _) = sorted(group.created)
+    assert first == 1 and began_2 < ended_1, group.created  # the second began before the first ended
+    assert [w.actor.name for w in group._worker_group_state.workers] == ["w0", "new1", "new2", "w3"]
+    assert [g.get_workers()[0].actor.name for g in group._replica_groups] == ["w0", "new1", "new2", "w3"]
+    assert log == ["w0 called", "w3 called", "sync called", "init new1", "init new2"]
+    assert started == [0, 1]
+
+
+def test_a_failed_creation_kills_the_other_new_workers_and_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[str] = []
+    killed: list[str] = []
+    monkeypatch.setattr(_ray_compat.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(_ray_compat.ray, "kill", lambda actor: killed.append(actor.name))
+    group = _worker_group(monkeypatch, log, fail_index=2)
+    with pytest.raises(RuntimeError, match="node died"):
+        _ray_compat.replace_replica_groups(group, [1, 2])
+    assert killed == ["new1"]
+    assert not any(entry.startswith("init") for entry in log)
 
 
 def test_warm_spares_find_the_raylet_call_and_the_setup_hook_ray_runs() -> None:
