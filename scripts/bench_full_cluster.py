@@ -76,6 +76,16 @@ def replace_parts(rejoins: list[dict[str, Any]], killed_at: float, alive_at: flo
     }
 
 
+def replacement_moments(rejoins: list[dict[str, Any]], killed_at: float) -> list[dict[str, Any]]:
+    """Each replacement's moments, in seconds after the kill: its process started, warmed up,
+    its training function began, it asked to join, it was ready; by rank."""
+    moments = []
+    for r in sorted((r for r in rejoins if r.get("role") == "replacement"), key=lambda r: int(r["rank"])):
+        keys = ("process_started", "warmed", "worker_started", "joined", "ready")
+        moments.append({"rank": int(r["rank"]), **{k: round(float(r[k]) - killed_at, 2) for k in keys if r.get(k)}})
+    return moments
+
+
 def measure(kill: list[int], add_after_s: float) -> dict[str, Any]:
     """One run; the recovery's phases, the replace phase's parts and the bit-exact check."""
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
@@ -84,20 +94,25 @@ def measure(kill: list[int], add_after_s: float) -> dict[str, Any]:
         reference = train_example.uninterrupted_digest(steps=STEPS, workers=WORKERS)
         times: dict[str, Any] = {}
         finals: list[dict[str, Any]] = []
-        job = threading.Thread(  # the fit on a thread: adding nodes needs this process's main thread
-            target=lambda: finals.append(
-                train_example.run(
-                    name="full",
-                    storage_path=tempfile.mkdtemp(prefix="rckfull-storage"),
-                    events_dir=tempfile.mkdtemp(prefix="rckfull-events"),
-                    steps=STEPS,
-                    workers=WORKERS,
-                    checkpoint={"data_shards": 2, "parity_shards": 2},
-                    in_place={"timeout_s": 120.0},
+        errors: list[BaseException] = []
+
+        def fit() -> None:
+            try:
+                finals.append(
+                    train_example.run(
+                        name="full",
+                        storage_path=tempfile.mkdtemp(prefix="rckfull-storage"),
+                        events_dir=tempfile.mkdtemp(prefix="rckfull-events"),
+                        steps=STEPS,
+                        workers=WORKERS,
+                        checkpoint={"data_shards": 2, "parity_shards": 2},
+                        in_place={"timeout_s": 120.0},
+                    )
                 )
-            ),
-            daemon=True,
-        )
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        job = threading.Thread(target=fit, daemon=True)  # adding nodes needs this process's main thread
         train_example.ABANDONED.clear()
         job.start()
         try:
@@ -106,7 +121,7 @@ def measure(kill: list[int], add_after_s: float) -> dict[str, Any]:
         finally:
             train_example.ABANDONED.set()
         if not finals:
-            raise RuntimeError("the run did not end with rank 0's final record")
+            raise RuntimeError(f"the run did not end with rank 0's final record: {errors[0] if errors else 'no error'}")
         final = finals[0]
         _, records = RegistryClient(ray_ckpt.settings.namespace()).events()
     ours = [r for r in records if r.get("job") == "full"]
@@ -121,6 +136,7 @@ def measure(kill: list[int], add_after_s: float) -> dict[str, Any]:
         "time_to_resume_s": recovery.time_to_resume_s,
         "phases_s": dict(recovery.phases_s),
         "replace_parts_s": replace_parts(rejoins, times["killed_at"], times["alive_at"]),
+        "replacements": replacement_moments(rejoins, times["killed_at"]),
         "warm": dict(recovery.warm_replacements),
         "bit_exact": final["params_digest"] == reference,
     }
