@@ -197,14 +197,13 @@ def _patch_controller(cls: Any) -> None:
 
 
 def replace_replica_groups(worker_group: Any, indices: list[int]) -> None:
-    """Replace the failing replica groups ``indices`` of ``worker_group`` (all shut down) as
-    Ray 2.60's ``WorkerGroup.replace_replica_group`` replaces one, but their new workers are
-    created at once: Ray's one at a time waits for each new worker's process to start (several
-    seconds where no warm spare waits) before it asks for the next, so two nodes lost together
-    took twice as long to replace. Then, one group after the other, each is recorded, its train
-    context initialised and its training started, as Ray does. If a creation fails, the workers
-    the others created are killed and the error is raised (the patched controller then restarts
-    the whole worker group)."""
+    """Replace the failing replica groups ``indices`` of ``worker_group`` (the caller shut them
+    all down first) as Ray 2.60's ``WorkerGroup.replace_replica_group`` replaces one, but with
+    their new workers created at once: Ray's one at a time waits for each new worker's process
+    to start (seconds where no warm spare waits) before it asks for the next. Then, one group
+    after the other, each is recorded, its train context initialised and its training started,
+    as Ray does. If a creation fails, the workers the others created are killed and the error
+    is raised (the patched controller then restarts the whole worker group)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ray.exceptions import RayActorError
@@ -213,8 +212,7 @@ def replace_replica_groups(worker_group: Any, indices: list[int]) -> None:
     replica_group = replica_groups().replica_group
     worker_group._assert_active()
     old_workers = {index: worker_group._replica_groups[index].get_workers() for index in indices}
-    for index in indices:
-        worker_group._replica_groups[index].shutdown()
+    for index in indices:  # shut down by the caller already: their workers' polls are dropped
         for worker in old_workers[index]:
             if worker.distributed_context is not None:
                 worker_group._world_rank_to_ongoing_poll.pop(worker.distributed_context.world_rank, None)
@@ -246,13 +244,19 @@ def replace_replica_groups(worker_group: Any, indices: list[int]) -> None:
 
     with ThreadPoolExecutor(len(indices), thread_name_prefix="ray_ckpt-replace") as pool:
         pending = {index: pool.submit(create, index) for index in indices}
-    created = {index: future.result() for index, future in pending.items() if future.exception() is None}
-    failed = [future.exception() for future in pending.values() if future.exception() is not None]
+    created: dict[int, list[Any]] = {}
+    failed: list[BaseException] = []
+    for index, future in pending.items():
+        error = future.exception()
+        if error is None:
+            created[index] = future.result()
+        else:
+            failed.append(error)
     if failed:
         for workers in created.values():
             for worker in workers:
                 ray.kill(worker.actor)
-        raise failed[0]  # type: ignore[misc]
+        raise failed[0]
     for index in indices:
         new_workers = created[index]
         worker_group._worker_group_state = worker_group._worker_group_state.replace_workers(

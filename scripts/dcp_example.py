@@ -173,7 +173,6 @@ def run_example(
     ``nodes`` workers (this process connected, the service started in the default namespace),
     left up at the end. ``recoveries``: each load as the timeline and the dashboard show it
     (``ray_ckpt.core.timeline.Recovery`` as dicts)."""
-
     if kill > CHECKPOINT["parity_shards"]:
         raise ValueError(f"kill must be at most parity_shards={CHECKPOINT['parity_shards']}, got {kill}")
     if cluster is not None and len(cluster.workers) != nodes:

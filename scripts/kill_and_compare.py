@@ -95,7 +95,6 @@ def run_example(
     restarted or replacement worker) and, with ``overlap``, 2 more. An in-place run's kill is
     recorded in the registry's events as ``ray-ckpt kill-node`` records one (its recovery on
     the timeline then has its kill)."""
-
     unknown = sorted(set(modes) - set(MODES))
     if unknown or not modes:
         raise ValueError(f"modes must be some of {MODES}, got {modes!r}")
