@@ -429,6 +429,7 @@ def run_job(
     kill_delay_s: float = 0.0,
     in_place: bool = False,
     max_failures: int = 6,
+    warm_spares: int | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -440,7 +441,8 @@ def run_job(
     killer = Killer(cluster, name, kills, delay_s=kill_delay_s)
     killer.start()
     began = time.time()
-    recovery = ray_ckpt.train.InPlaceRecovery() if in_place else None
+    spares = {} if warm_spares is None else {"warm_spares": warm_spares}
+    recovery = ray_ckpt.train.InPlaceRecovery(**spares) if in_place else None
     TorchTrainer(
         train_loop if recovery is None else recovery.wrap(train_loop),
         torch_config=recovery,
