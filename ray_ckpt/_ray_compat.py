@@ -174,12 +174,13 @@ def _patch_controller(cls: Any) -> None:
                 )
             else:
                 logger.info("replacing the workers of failing replica groups %s in place", sorted(failing))
-            for index in sorted(failing | late):
+            replaced = sorted(failing | late)
+            for index in replaced:
                 groups[index].shutdown()
-            if len(failing | late) == 1:  # as Ray's own _replace_bad_workers does
-                self._worker_group.replace_replica_group(min(failing | late))
+            if len(replaced) == 1:  # as Ray's own _replace_bad_workers does
+                self._worker_group.replace_replica_group(replaced[0])
             else:
-                replace_replica_groups(self._worker_group, sorted(failing | late))
+                replace_replica_groups(self._worker_group, replaced)
         except Exception as error:
             decision = self._ray_ckpt_decision
             logger.warning("replacing the failed workers failed (%s); restarting the worker group", error)

@@ -79,9 +79,9 @@ def replace_parts(rejoins: list[dict[str, Any]], killed_at: float, alive_at: flo
 def replacement_moments(rejoins: list[dict[str, Any]], killed_at: float) -> list[dict[str, Any]]:
     """Each replacement's moments, in seconds after the kill: its process started, warmed up,
     its training function began, it asked to join, it was ready; by rank."""
+    keys = ("process_started", "warmed", "worker_started", "joined", "ready")
     moments = []
     for r in sorted((r for r in rejoins if r.get("role") == "replacement"), key=lambda r: int(r["rank"])):
-        keys = ("process_started", "warmed", "worker_started", "joined", "ready")
         moments.append({"rank": int(r["rank"]), **{k: round(float(r[k]) - killed_at, 2) for k in keys if r.get(k)}})
     return moments
 
