@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import select
 import signal
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -52,20 +55,46 @@ DECLARE_TRIES = 5  # how many times a drained node's declaration is tried while 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether something at ``address`` ("ip:port", a raylet) accepts a TCP connection within
     ``timeout_s``. A refusal is an answer (the host is up): True. Only silence is False, as a
-    node that lost power, its link, or its route to this process gives."""
+    node that lost power, its link, or its route to this process gives.
+
+    The verdict is read from the socket, not from when this loop got round to it: once
+    ``timeout_s`` has passed, a handshake the kernel completed counts as an answer, however
+    late a loaded host let this loop see it. A busy coordinator never takes a live node for a
+    silent one; it only takes longer to find a silent one."""
     host, _, port = address.rpartition(":")
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
-    except (asyncio.TimeoutError, TimeoutError):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
         return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:  # no route, network unreachable: the host cannot be reached either
+    loop = asyncio.get_running_loop()
+    try:
+        sock.setblocking(False)
+        code = sock.connect_ex((host.strip("[]"), int(port)))
+        if code in (0, errno.ECONNREFUSED):
+            return True
+        if code not in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
+            return False  # no route, network unreachable: the host cannot be reached
+        settled: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not settled.done():
+                settled.set_result(None)
+
+        loop.add_writer(sock, settle)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(settled, timeout_s)
+        finally:
+            loop.remove_writer(sock)
+        _, writable, _ = select.select([], [sock], [], 0)  # now, from the kernel: did it settle?
+        if not writable:
+            return False
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in (0, errno.ECONNREFUSED)
+    except (OSError, ValueError):
         return False
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
-    return True
+    finally:
+        sock.close()
 
 
 def _kill_pid(pid: int) -> None:
@@ -104,6 +133,25 @@ class GenerationCoordinator:
         self._fence_held = False  # most nodes fail their probes: fencing is held (logged once)
         self._drains_read = 0.0  # when the watcher last asked the GCS which nodes drain
         self._handed_over: list[dict[str, Any]] = []  # rank, pid, node_id, time of each handover
+        self._losses_logged: set[tuple[int, int, int]] = set()  # (generation, rank, pid) of each loss logged
+
+    def _log_losses(self) -> None:
+        """Log each member found lost, once, with the reason: the record of why a rank's process
+        was left behind or replaced (``report`` keeps it per generation formed)."""
+        current = self._gens.current
+        if current is None:
+            return
+        for rank, lost in sorted(self._gens.lost.items()):
+            key = (current.number, rank, int(lost["pid"]))
+            if key not in self._losses_logged:
+                self._losses_logged.add(key)
+                logger.warning(
+                    "ray_ckpt: rank %d (pid %d) of generation %d is lost: %s",
+                    rank,
+                    lost["pid"],
+                    current.number,
+                    lost["reason"],
+                )
 
     def _try_form(self, now: float) -> None:
         """Form the next generation if every rank joined from a live process (caller holds
@@ -405,8 +453,7 @@ class GenerationCoordinator:
             self._reprobing.discard(node_id)
 
     async def _probe_node(self, node_id: str, address: str, silent: bool) -> None:
-        """One probe. A probe that timed out long after its bound (this actor's loop was held
-        up, not the node) says nothing."""
+        """One probe (``reachable``: its verdict holds however late this loop ran it)."""
         started = time.monotonic()
         try:
             answered = await reachable(address)
@@ -416,7 +463,7 @@ class GenerationCoordinator:
                 self._unreachable.discard(node_id)
                 self._unreachable_since.pop(node_id, None)
                 self._failed_probes.pop(node_id, None)
-            elif ended - started <= 2 * PROBE_TIMEOUT_S:
+            else:
                 self._unreachable_since.setdefault(node_id, started)
                 self._failed_probes[node_id] = self._failed_probes.get(node_id, 0) + 1
                 if silent or node_id in self._silent_nodes:
@@ -425,6 +472,7 @@ class GenerationCoordinator:
                     now = time.time()
                     self._gens.find_lost(now, self._alive, self._unreachable)
                     self._fence_silent_nodes(now)
+                    self._log_losses()
                     self._try_form(now)
         finally:
             left = self._probing.get(node_id, 1) - 1
@@ -479,6 +527,7 @@ class GenerationCoordinator:
                 if drains is not None:
                     self._gens.set_drains(drains, heads)
                 self._fence_silent_nodes(now)
+                self._log_losses()
                 self._try_form(now)
                 hung = [m for m in self._gens.hung(now, self._hang_s) if m.node_id in alive]
             for member in hung:

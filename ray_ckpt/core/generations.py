@@ -507,8 +507,10 @@ class Generations:
         """Mark, and return, the members of the current generation newly found lost (see the
         module docstring); ``alive_nodes`` None: node liveness unknown; ``unreachable``: the
         nodes whose raylet did not answer the coordinator's last probe (a silent member there is
-        lost after ``SILENT_MIN_S``, as after a closure, and its node is going). Members in the
-        open round or finished are never lost."""
+        lost after ``SILENT_MIN_S``, as after a closure; it is not doomed by that: a probe may
+        fail on a live node, and a member whose node answers again rejoins with its process.
+        Its node is going only once the coordinator fences it or Ray finds it dead, as for any
+        member). Members in the open round or finished are never lost."""
         if self.current is None:
             return []
         self._tick(now)
@@ -544,8 +546,7 @@ class Generations:
                 elif (
                     member.node_id in unreachable and self.clock - clock > silent_s and missed >= SILENT_BEATS * others
                 ):
-                    reason = "node unreachable"
-                    self.doomed.add(member.incarnation)
+                    reason = "node unreachable"  # not doomed: a node that answers again keeps its process
                 elif self.clock - clock > quiet_s and missed >= beats * others:
                     reason = "silent after a closed connection" if self.suspected else "silent"
             if reason is not None:

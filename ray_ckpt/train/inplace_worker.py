@@ -570,7 +570,7 @@ class _Worker:
                 if PROCESS.handing_over or (drain is not None and self.member.node_id in drain[1].nodes):
                     # its node drains, and goes once its ranks handed over (this one, or another there)
                     self._await_own_end("its node drains and its ranks handed their places over")
-                # its raylet lives: the run took it for lost while its node did not answer (a
+                # its raylet lives: the run declared its node dead while it did not answer (a
                 # link that flapped, a partition that healed) and replaces it; it ends now
                 raise InPlaceRecoveryError(
                     f"rank {self.rank}: the run took this worker for lost while its node did not answer "

@@ -542,3 +542,29 @@ def test_a_node_that_only_runs_a_store_is_named_with_no_rank_to_hand_over() -> N
     gens = started(2)
     gens.set_drains({"stores-only": None})
     assert gens.notice == generations.DrainNotice((), ("stores-only",), None)
+
+
+def test_a_live_member_lost_while_its_probe_failed_rejoins_with_its_process_until_its_node_is_dead() -> None:
+    """Rank 2 pauses (a busy host) while a probe of its node fails: it is lost ("node
+    unreachable") but not doomed, so it rejoins with its process once it answers; only the
+    node's death (a fence, Ray's verdict) refuses it a place."""
+    gens = started()
+    lost: list[Member] = []
+    for tick in range(1, 20):
+        now = tick * 0.1
+        beat_all(gens, [0, 1], now)
+        lost = gens.find_lost(now=now, alive_nodes={"n0", "n1", "n2"}, unreachable={"n2"})
+        if lost:
+            break
+    assert [m.rank for m in lost] == [2] and gens.lost[2]["reason"] == "node unreachable"
+    assert now == pytest.approx(0.6)  # past SILENT_MIN_S
+    assert gens.join(member(2), now=now + 0.1) is None, "its process lives: it rejoins"
+    assert gens.join(member(0), now=now + 0.1) is None and gens.join(member(1), now=now + 0.1) is None
+    assert gens.complete()
+
+    gens = started()
+    for tick in range(1, 8):
+        beat_all(gens, [0, 1], tick * 0.1)
+        gens.find_lost(now=tick * 0.1, alive_nodes={"n0", "n1", "n2"}, unreachable={"n2"})
+    gens.find_lost(now=0.8, alive_nodes={"n0", "n1"})  # its node is fenced: dead from now on
+    assert gens.join(member(2), now=0.9) == generations.JoinReply(generations.JoinStatus.DOOMED)

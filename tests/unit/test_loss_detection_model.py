@@ -26,7 +26,8 @@ checks after every event:
   reported, its node dead, its node silent to the coordinator's probes: power lost, a link
   down, a partition, which close nothing), counted in the time the coordinator was taking beats;
 - probes that time out for a live node (a loaded host) never make its member lost before a
-  pause of its beats longer than ``SILENT_MIN_S``;
+  pause of its beats longer than ``SILENT_MIN_S``, and a live member lost that way is never
+  refused a place in a later round: it rejoins with its process;
 - ``must_leave``: exactly the current members not in the round, once one is lost or a round is
   open;
 - the hang watcher: a member whose function finished is never hung, however long the others go
@@ -109,14 +110,15 @@ class LossDetection(RuleBasedStateMachine):
         self.powered_off: dict[int, float] = {}  # rank -> when its node went silent (no probe answers)
         self.spurious: set[str] = set()  # live nodes whose probe times out (a loaded host, a slow link)
         self.unreachable: set[str] = set()  # the coordinator's view: probed silent members' nodes
-        self.lost_unreachable: set[int] = set()  # found lost while their node was unreachable
         self.fenced: dict[int, float] = {}  # live rank -> when its node was declared dead (cut off)
         self.draining: set[str] = set()  # nodes Ray drains
         self.handed_over: set[int] = set()  # ranks whose handover the coordinator took
 
     def doomed(self) -> set[int]:
-        """The members whose node the coordinator knows is going (or found unreachable)."""
-        return self.orphaned | self.seen_on_dead_nodes | self.lost_unreachable | self.handed_over
+        """The members whose node the coordinator knows is going. Not those lost while their node
+        did not answer a probe: a live one (its probe timed out on a loaded host) rejoins with
+        its process."""
+        return self.orphaned | self.seen_on_dead_nodes | self.handed_over
 
     def _beating(self) -> list[int]:
         return [r for r in range(len(self.members)) if r not in self.dead and r not in self.finished]
@@ -156,7 +158,6 @@ class LossDetection(RuleBasedStateMachine):
             self.checked.add(rank)
             if self.gens.lost[rank]["reason"] == "node unreachable":
                 assert self.members[rank].node_id in self.unreachable, (rank, self.unreachable)
-                self.lost_unreachable.add(rank)
             assert rank not in self.finished_unlost, (rank, self.gens.lost)
             if rank in self.handed_over:
                 assert self.gens.lost[rank]["reason"] == "drained", (rank, self.gens.lost)

@@ -1,0 +1,76 @@
+"""The coordinator's probe of a raylet (``generation_coordinator.reachable``): a listener and a
+refusal are answers; a host that never completes the handshake is silence; and a loop held up
+past the probe's bound (a loaded host) does not turn a live node's answer into silence."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from ray_ckpt.actors.generation_coordinator import reachable
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock
+    sock.close()
+
+
+def address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()
+    return f"{host}:{port}"
+
+
+def test_a_listener_answers(listener: socket.socket) -> None:
+    assert asyncio.run(reachable(address(listener))) is True
+
+
+def test_a_refusal_is_an_answer() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    free = address(sock)
+    sock.close()  # nothing listens there now: the host refuses
+    assert asyncio.run(reachable(free)) is True
+
+
+def test_a_host_that_never_completes_the_handshake_is_silent() -> None:
+    """A listener whose accept queue is full drops further handshakes, as a host that lost its
+    link never answers them."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(0)
+    held = []
+    try:
+        for _ in range(4):  # fill the accept queue (never accepted)
+            client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            client.setblocking(False)
+            client.connect_ex(sock.getsockname())
+            held.append(client)
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert asyncio.run(reachable(address(sock), timeout_s=0.3)) is False
+        assert time.monotonic() - started >= 0.3
+    finally:
+        for client in held:
+            client.close()
+        sock.close()
+
+
+def test_a_loop_held_up_past_the_bound_still_hears_a_live_node(listener: socket.socket) -> None:
+    """The probe's verdict is the socket's, not the loop's timing: a coordinator whose loop is
+    held up for twice the bound right after the probe began (a loaded host) still finds the
+    node reachable."""
+
+    async def probe_while_the_loop_is_held() -> bool:
+        probe = asyncio.ensure_future(reachable(address(listener), timeout_s=0.2))
+        await asyncio.sleep(0)  # the probe starts its connect
+        time.sleep(0.4)  # the loop is held up past the probe's bound
+        return await probe
+
+    assert asyncio.run(probe_while_the_loop_is_held()) is True
