@@ -9,6 +9,7 @@ import re
 
 _RECOVERY_LINE = re.compile(
     r"^rank \d+: |InPlaceRecoveryError|Replacing failing|replica groups|restarting the worker group|Error:"
+    r"|^ray_ckpt: rank \d+ .*is lost: "  # the run's coordinator: each loss and why
 )
 
 
