@@ -39,7 +39,7 @@ import os
 import select
 import socket
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import psutil
 
@@ -57,25 +57,26 @@ class GlooConnections:
     exists; thread-safe (it only reads the process's sockets, and shuts gloo's)."""
 
     def __init__(self) -> None:
-        connections = psutil.Process().net_connections("tcp")
-        self._before = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
-        self._older = {(c.laddr, c.raddr) for c in connections if c.status == psutil.CONN_ESTABLISHED}
+        connections = tcp_sockets()
+        self._before = {c.laddr.port for c in connections if c.status == LISTEN}
+        self._older = {(c.laddr, c.raddr) for c in connections if c.status == ESTABLISHED}
 
-    def _listed(self, store_ports: Iterable[int]) -> tuple[list[Any], list[Any]]:
+    def _listed(self, store_ports: Iterable[int]) -> tuple[list[Connected], list[Connected]]:
         """The connections accepted on listeners opened since this object was made and the other
         connections made since, none of them a rendezvous store's: gloo's pairs among them, and
         maybe others (``_is_listed_pair`` tells)."""
         stores = set(store_ports)
-        connections = psutil.Process().net_connections("tcp")
-        ports = {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN} - self._before - stores
+        connections = tcp_sockets()
+        ports = {c.laddr.port for c in connections if c.status == LISTEN} - self._before - stores
         accepted, made = [], []
         for c in connections:
-            if c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
+            if c.status != ESTABLISHED or not c.raddr or c.fd < 0:
                 continue
+            pair = Connected(c.fd, c.laddr, c.raddr)
             if c.laddr.port in ports:
-                accepted.append(c)
+                accepted.append(pair)
             elif (c.laddr, c.raddr) not in self._older and not {c.laddr.port, c.raddr.port} & stores:
-                made.append(c)
+                made.append(pair)
         return accepted, made
 
     def accepted(self, store_ports: Iterable[int] = ()) -> list[tuple[int, int, tuple[str, int]]]:
@@ -147,9 +148,78 @@ def _socket_at(fd: int) -> Iterator[socket.socket | None]:
         sock.detach()
 
 
-def _is_listed_pair(sock: socket.socket, listed: Any) -> bool:
-    """Whether ``sock`` is still the connection psutil listed (its descriptor not taken by
-    another socket since) and a gloo pair."""
+LISTEN, ESTABLISHED = "LISTEN", "ESTABLISHED"  # a listed socket's status, as psutil names it
+_TCP_STATES = {1: ESTABLISHED, 10: LISTEN}  # the kernel's tcpi_state numbers (include/net/tcp_states.h)
+_TCP_CLOSE = 7
+
+
+class Endpoint(NamedTuple):
+    ip: str
+    port: int
+
+
+class Listed(NamedTuple):
+    """One of this process's TCP sockets as ``tcp_sockets`` listed it: its descriptor, its two
+    ends (``raddr`` None: not connected), and its status (``LISTEN``, ``ESTABLISHED`` or another)."""
+
+    fd: int
+    laddr: Endpoint
+    raddr: Endpoint | None
+    status: str
+
+
+class Connected(NamedTuple):
+    """A connected socket of ``Listed``'s: its descriptor and both its ends."""
+
+    fd: int
+    laddr: Endpoint
+    raddr: Endpoint
+
+
+def tcp_sockets() -> list[Listed]:
+    """This process's TCP sockets, read from its own descriptors (``/proc/self/fd``, and each
+    socket's own name, peer and state): never the host's whole connection table, which psutil
+    parses (on a node with many processes' connections, a tenth of a second or more of a
+    recovery's critical path). Where ``/proc/self/fd`` or ``TCP_INFO`` is missing, psutil's
+    listing."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = None
+    if names is None or not hasattr(socket, "TCP_INFO"):
+        return [
+            Listed(c.fd, Endpoint(*c.laddr), Endpoint(*c.raddr) if c.raddr else None, c.status)
+            for c in psutil.Process().net_connections("tcp")
+        ]
+    found = []
+    for name in names:
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+        except OSError:  # closed since it was listed (the listing's own descriptor, for one)
+            continue
+        with _socket_at(fd) as sock:
+            if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+                local = Endpoint(*sock.getsockname()[:2])
+            except OSError:
+                continue
+            if state == _TCP_CLOSE:  # never connected nor listening (or closed): not in the host's table either
+                continue
+            try:
+                remote: Endpoint | None = Endpoint(*sock.getpeername()[:2])
+            except OSError:  # not connected
+                remote = None
+            found.append(Listed(fd, local, remote, _TCP_STATES.get(state, "OTHER")))
+    return found
+
+
+def _is_listed_pair(sock: socket.socket, listed: Connected) -> bool:
+    """Whether ``sock`` is still the connection ``tcp_sockets`` listed (its descriptor not
+    taken by another socket since) and a gloo pair."""
     try:
         same = sock.getsockname()[:2] == tuple(listed.laddr) and sock.getpeername()[:2] == tuple(listed.raddr)
     except OSError:

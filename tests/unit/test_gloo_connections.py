@@ -382,3 +382,33 @@ def test_every_survivor_of_a_killed_gloo_rank_sees_a_connection_close_whose_othe
         other_end = {(remote, local) for local, remote in seen.connections}
         assert other_end & reported[1], (rank, seen, reported)
         assert not other_end & reported[2 - rank], (rank, seen, reported)  # the live peer is not named
+
+
+def test_this_process_tcp_sockets_are_listed_from_its_own_descriptors_as_psutil_lists_them() -> None:
+    """``tcp_sockets`` reads this process's descriptors, never the host's connection table,
+    and lists what psutil lists: a listener, both ends of a connection, no UDP socket, an
+    unconnected one not at all."""
+    import psutil
+
+    from ray_ckpt.train.gloo_connections import ESTABLISHED, LISTEN, tcp_sockets
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    unconnected = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+
+        def as_rows(listed: Any) -> set[tuple[int, tuple[Any, ...], tuple[Any, ...] | None, str]]:
+            return {(c.fd, tuple(c.laddr), tuple(c.raddr) if c.raddr else None, c.status) for c in listed}
+
+        ours = as_rows(tcp_sockets())
+        assert ours == as_rows(psutil.Process().net_connections("tcp"))
+        port = server.getsockname()[1]
+        assert (server.fileno(), ("127.0.0.1", port), None, LISTEN) in ours
+        assert (client.fileno(), client.getsockname(), ("127.0.0.1", port), ESTABLISHED) in ours
+        assert (accepted.fileno(), ("127.0.0.1", port), client.getsockname(), ESTABLISHED) in ours
+        assert not {row for row in ours if row[0] == udp.fileno()}
+    finally:
+        for sock in (server, client, accepted, udp, unconnected):
+            sock.close()
