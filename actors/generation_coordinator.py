@@ -87,8 +87,9 @@ async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
                 await asyncio.wait_for(settled, timeout_s)
         finally:
             loop.remove_writer(sock)
-        _, writable, _ = select.select([], [sock], [], 0)  # now, from the kernel: did it settle?
-        if not writable:
+        settled_now = select.poll()  # now, from the kernel: did it settle? (poll: any descriptor number)
+        settled_now.register(sock, select.POLLOUT)
+        if not settled_now.poll(0):
             return False
         return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in (0, errno.ECONNREFUSED)
     except (OSError, ValueError):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import select
@@ -183,14 +184,22 @@ def tcp_sockets() -> list[Listed]:
     recovery's critical path). Where ``/proc/self/fd`` or ``TCP_INFO`` is missing, psutil's
     listing."""
     try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        names = None
-    if names is None or not hasattr(socket, "TCP_INFO"):
+        return _own_tcp_sockets()
+    except (_CannotReadOwn, OSError):
         return [
             Listed(c.fd, Endpoint(*c.laddr), Endpoint(*c.raddr) if c.raddr else None, c.status)
             for c in psutil.Process().net_connections("tcp")
         ]
+
+
+class _CannotReadOwn(Exception):
+    """This platform does not tell a socket's TCP state (``TCP_INFO``)."""
+
+
+def _own_tcp_sockets() -> list[Listed]:
+    if not hasattr(socket, "TCP_INFO"):
+        raise _CannotReadOwn()
+    names = os.listdir("/proc/self/fd")
     found = []
     for name in names:
         fd = int(name)
@@ -205,8 +214,10 @@ def tcp_sockets() -> list[Listed]:
             try:
                 state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
                 local = Endpoint(*sock.getsockname()[:2])
-            except OSError:
-                continue
+            except OSError as error:
+                if error.errno == errno.ENOPROTOOPT:  # no TCP_INFO here: every socket would be missed
+                    raise _CannotReadOwn() from error
+                continue  # closed, or no socket, since it was listed
             if state == _TCP_CLOSE:  # never connected nor listening (or closed): not in the host's table either
                 continue
             try:

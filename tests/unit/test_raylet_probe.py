@@ -74,3 +74,24 @@ def test_a_loop_held_up_past_the_bound_still_hears_a_live_node(listener: socket.
         return await probe
 
     assert asyncio.run(probe_while_the_loop_is_held()) is True
+
+
+def test_a_probe_whose_socket_gets_a_descriptor_number_past_1024_still_hears_the_node(listener: socket.socket) -> None:
+    """A coordinator of a large run holds many connections: its probe's socket may get a
+    descriptor number past what ``select`` takes, and must still give a verdict."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} descriptors at most")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.dup(listener.fileno()))
+        assert asyncio.run(reachable(address(listener))) is True
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
