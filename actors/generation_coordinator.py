@@ -48,14 +48,26 @@ SWEEP_EVERY_S = 0.1  # how often the node of every member is probed while fencin
 SWEEP_PER_TICK = 64  # the most nodes a sweep probes at once
 PROBES_IN_FLIGHT = 3  # the most probes of one node at once (``_reprobe``) ...
 REPROBE_S = 0.1  # ... one more every this long while one is unanswered or the node's streak of failures lasts
+REFUSED_FENCE_AFTER_S = _ray_compat.REFUSED_FENCE_AFTER_S  # a lost member's node whose raylet's host refused ...
+REFUSED_PROBES = 2  # ... this many probes in a row over this long: its raylet is gone (not one still starting)
 DRAIN_POLL_S = 0.5  # how often the watcher asks the GCS which nodes drain
 DECLARE_TRIES = 5  # how many times a drained node's declaration is tried while Ray lists it alive
 
 
+ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"  # what ``probe`` finds of a raylet
+
+
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether something at ``address`` ("ip:port", a raylet) accepts a TCP connection within
-    ``timeout_s``. A refusal is an answer (the host is up): True. Only silence is False, as a
-    node that lost power, its link, or its route to this process gives.
+    """Whether the host at ``address`` ("ip:port", a raylet) answers a TCP connection within
+    ``timeout_s`` (``probe``): a listener or a refusal (the host is up), True. Only silence is
+    False, as a node that lost power, its link, or its route to this process gives."""
+    return await probe(address, timeout_s) != SILENT
+
+
+async def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """What the host at ``address`` ("ip:port", a raylet) answers a TCP connection within
+    ``timeout_s``: ``ANSWERS`` (something listens), ``REFUSED`` (the host is up and nothing
+    listens there: the raylet is gone) or ``SILENT`` (no answer, no route).
 
     The verdict is read from the socket, not from when this loop got round to it: once
     ``timeout_s`` has passed, a handshake the kernel completed counts as an answer, however
@@ -66,15 +78,15 @@ async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
     except OSError:
-        return False
+        return SILENT
     loop = asyncio.get_running_loop()
     try:
         sock.setblocking(False)
         code = sock.connect_ex((host.strip("[]"), int(port)))
         if code in (0, errno.ECONNREFUSED):
-            return True
+            return ANSWERS if code == 0 else REFUSED
         if code not in (errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK):
-            return False  # no route, network unreachable: the host cannot be reached
+            return SILENT  # no route, network unreachable: the host cannot be reached
         settled: asyncio.Future[None] = loop.create_future()
 
         def settle() -> None:
@@ -90,12 +102,36 @@ async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         settled_now = select.poll()  # now, from the kernel: did it settle? (poll: any descriptor number)
         settled_now.register(sock, select.POLLOUT)
         if not settled_now.poll(0):
-            return False
-        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in (0, errno.ECONNREFUSED)
+            return SILENT
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        return ANSWERS if error == 0 else REFUSED if error == errno.ECONNREFUSED else SILENT
     except (OSError, ValueError):
-        return False
+        return SILENT
     finally:
         sock.close()
+
+
+def refused_fences(
+    members: dict[int, Member],
+    refused_since: dict[str, float],
+    refusals: dict[str, int],
+    now: float,
+) -> list[tuple[int, str, float]]:
+    """The members whose node's raylet is gone: its host has refused ``REFUSED_PROBES`` probes
+    in a row over at least ``REFUSED_FENCE_AFTER_S`` (``now`` and ``refused_since`` on one
+    monotonic clock; one refusal alone may be a raylet still starting). As (rank, node id,
+    seconds refused), a node once (its first such rank). A raylet does not come back on its
+    port, and the workers of a node without one end, so such a node is dead whatever Ray says
+    yet: declaring it dead costs nothing and starts the replacement of its ranks before Ray's
+    health checks would, and before its ranks' silence has lasted long enough to lose them."""
+    fences: list[tuple[int, str, float]] = []
+    for rank, member in sorted(members.items()):
+        since = refused_since.get(member.node_id)
+        if since is None or any(node == member.node_id for _, node, _ in fences):
+            continue
+        if now - since >= REFUSED_FENCE_AFTER_S and refusals.get(member.node_id, 0) >= REFUSED_PROBES:
+            fences.append((rank, member.node_id, now - since))
+    return fences
 
 
 def _kill_pid(pid: int) -> None:
@@ -129,6 +165,8 @@ class GenerationCoordinator:
         self._unreachable_since: dict[str, float] = {}  # node id -> the first failed probe of its streak
         self._failed_probes: dict[str, int] = {}  # node id -> failed probes in the streak
         self._probed_at: dict[str, float] = {}  # node id -> when its last probe ended
+        self._refused_since: dict[str, float] = {}  # node id -> the first refusal of its streak (its raylet gone)
+        self._refusals: dict[str, int] = {}  # node id -> refused probes in the streak
         self._fence = fence_silent_nodes
         self._fenced: list[dict[str, Any]] = []
         self._fence_held = False  # most nodes fail their probes: fencing is held (logged once)
@@ -350,7 +388,16 @@ class GenerationCoordinator:
             return
         self._fence_held = False
         lost = self._gens.lost
-        for rank, member in sorted(self._gens.current.members.items()):
+        members = self._gens.current.members
+        for rank, node_id, refused_s in refused_fences(members, self._refused_since, self._refusals, time.monotonic()):
+            if node_id not in fenced and members[rank].incarnation not in self._gens.finished:
+                how = "lost" if rank in lost else "not yet found lost"
+                reason = (
+                    f"ray_ckpt: rank {rank} {how}, and this node's raylet refused connections for {refused_s:.1f} s"
+                )
+                self._fence_node(node_id, rank, now, reason)
+                fenced.add(node_id)
+        for rank, member in sorted(members.items()):
             node_id = member.node_id
             since = self._unreachable_since.get(node_id)
             if node_id in fenced or since is None or member.incarnation in self._gens.finished:
@@ -361,14 +408,20 @@ class GenerationCoordinator:
             if silent_s < FENCE_AFTER_S or self._failed_probes.get(node_id, 0) < FENCE_PROBES:
                 continue
             how = "lost" if rank in lost else "still beating through its peers (cut off from the head)"
-            entry = {"node_id": node_id, "rank": rank, "time": now, "declared": None}
-            self._fenced.append(entry)
+            self._fence_node(
+                node_id, rank, now, f"ray_ckpt: rank {rank} {how}, and this node's raylet silent for {silent_s:.1f} s"
+            )
             fenced.add(node_id)
-            reason = f"ray_ckpt: rank {rank} {how}, and this node's raylet silent for {silent_s:.1f} s"
-            self._in_background(self._declare_dead(entry, reason))
-            if self._alive is not None:  # dead from now on: its members are lost at once, not once Ray answers
-                self._alive = self._alive - {node_id}
-                self._gens.find_lost(now, self._alive, self._unreachable)
+
+    def _fence_node(self, node_id: str, rank: int, now: float, reason: str) -> None:
+        """Declare ``node_id`` dead in the background (``_declare_dead``) and count it dead from
+        now on: its members are lost at once, not once Ray answers."""
+        entry = {"node_id": node_id, "rank": rank, "time": now, "declared": None}
+        self._fenced.append(entry)
+        self._in_background(self._declare_dead(entry, reason))
+        if self._alive is not None:
+            self._alive = self._alive - {node_id}
+            self._gens.find_lost(now, self._alive, self._unreachable)
 
     def _to_probe(self, silent: list[Member]) -> set[str]:
         """The nodes to probe this tick: those of silent members, those whose last probe
@@ -417,6 +470,8 @@ class GenerationCoordinator:
         )
         self._unreachable_since = {n: t for n, t in self._unreachable_since.items() if n in kept}
         self._failed_probes = {n: c for n, c in self._failed_probes.items() if n in kept}
+        self._refused_since = {n: t for n, t in self._refused_since.items() if n in kept}
+        self._refusals = {n: c for n, c in self._refusals.items() if n in kept}
         for node_id in self._to_probe(silent):
             address = self._raylets.get(node_id)
             if address is not None and not self._probing.get(node_id):
@@ -454,16 +509,29 @@ class GenerationCoordinator:
             self._reprobing.discard(node_id)
 
     async def _probe_node(self, node_id: str, address: str, silent: bool) -> None:
-        """One probe (``reachable``: its verdict holds however late this loop ran it)."""
+        """One probe (``probe``: its verdict holds however late this loop ran it). A refusal
+        counts as an answer here, and towards ``refused_fences``."""
         started = time.monotonic()
         try:
-            answered = await reachable(address)
+            verdict = await probe(address)
             ended = time.monotonic()
             self._probed_at[node_id] = ended
-            if answered:
+            if verdict == REFUSED:
+                self._refused_since.setdefault(node_id, started)
+                self._refusals[node_id] = self._refusals.get(node_id, 0) + 1
+            else:
+                self._refused_since.pop(node_id, None)
+                self._refusals.pop(node_id, None)
+            if verdict != SILENT:
                 self._unreachable.discard(node_id)
                 self._unreachable_since.pop(node_id, None)
                 self._failed_probes.pop(node_id, None)
+                if verdict == REFUSED and self._fence:
+                    async with self._changed:  # a node whose raylet is gone fenced now rather than a tick later
+                        now = time.time()
+                        self._fence_silent_nodes(now)
+                        self._log_losses()
+                        self._try_form(now)
             else:
                 self._unreachable_since.setdefault(node_id, started)
                 self._failed_probes[node_id] = self._failed_probes.get(node_id, 0) + 1
