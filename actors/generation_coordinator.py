@@ -54,7 +54,8 @@ DRAIN_POLL_S = 0.5  # how often the watcher asks the GCS which nodes drain
 DECLARE_TRIES = 5  # how many times a drained node's declaration is tried while Ray lists it alive
 
 
-ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"  # what ``probe`` finds of a raylet
+# what ``probe`` finds of a raylet; a refusal is named as the controller's blocking probe names it
+ANSWERS, REFUSED, SILENT = "answers", _ray_compat.REFUSED, "silent"
 
 
 async def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
