@@ -107,8 +107,9 @@ _recovering = threading.Event()  # this process's (the controller's) run is reco
 def poll_promptly(recovering: bool) -> None:
     """Say whether the run of this process's controller is recovering in place. While it is,
     the patched controller (``restart_when_a_replacement_fails``) polls its workers every
-    ``PROMPT_POLL_S`` instead of every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``: it replaces a lost
-    worker once Ray knows the worker is dead, not up to one interval later."""
+    ``PROMPT_POLL_S`` instead of every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, and waits at most
+    ``PROMPT_POLL_S`` for their answers: it replaces a lost worker once Ray knows the worker is
+    dead, not up to one interval later."""
     if recovering:
         _recovering.set()
     else:
@@ -427,8 +428,14 @@ def _alive_ray_nodes() -> list[RayNode]:
 def _promptly_polling(poll: Any) -> Any:
     """The controller's ``_poll_workers``, which first sleeps out the rest of the health-check
     interval since its last poll, cut short while ``poll_promptly`` says the run recovers:
-    then the poll comes ``PROMPT_POLL_S`` after the last one. Ray's own method still runs
-    (a sleep of at least a millisecond, so its check for a terminal state runs too)."""
+    then the poll comes ``PROMPT_POLL_S`` after the last one, and waits at most
+    ``PROMPT_POLL_S`` for the workers' answers. Ray's poll waits for every worker's answer up
+    to the interval (2 s by default): a survivor busy in its teardown would hold back the
+    lost worker's error that long. A worker that has not answered counts as running and its
+    answer is awaited at the next poll (Ray's rule for a poll that hangs), so no worker is
+    taken for failed by the shorter wait. Ray's own method still runs (a sleep of at least a
+    millisecond, so its check for a terminal state runs too), with the controller's interval
+    set to ``PROMPT_POLL_S`` for the call and put back after it."""
     clock = importlib.import_module("ray.train.v2._internal.execution.controller.controller").time_monotonic
 
     @functools.wraps(poll)
@@ -439,11 +446,16 @@ def _promptly_polling(poll: Any) -> Any:
             if left <= 0:
                 break
             await asyncio.sleep(min(left, PROMPT_POLL_S))
-        if _recovering.is_set():
-            since = clock() - self._latest_poll_time
-            wait = max(1e-3, PROMPT_POLL_S - since)
-            self._latest_poll_time = min(self._latest_poll_time, clock() - interval + wait)
-        return await poll(self)
+        if not _recovering.is_set() or interval <= PROMPT_POLL_S:
+            return await poll(self)
+        since = clock() - self._latest_poll_time
+        wait = max(1e-3, PROMPT_POLL_S - since)
+        self._latest_poll_time = clock() - PROMPT_POLL_S + wait  # Ray's method sleeps ``wait``
+        self._health_check_interval_s = PROMPT_POLL_S  # the sleep's bound and the poll's timeout
+        try:
+            return await poll(self)
+        finally:
+            self._health_check_interval_s = interval
 
     return poll_workers
 

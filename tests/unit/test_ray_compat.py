@@ -371,14 +371,22 @@ def test_the_controller_polls_its_workers_at_once_while_the_run_recovers_and_at_
 ) -> None:
     """Ray's own ``_poll_workers``, patched, on a controller that polled just now with a 60 s
     health-check interval: while ``poll_promptly`` says the run recovers it polls within
-    ``PROMPT_POLL_S``; otherwise it still waits out the interval."""
+    ``PROMPT_POLL_S`` and waits at most ``PROMPT_POLL_S`` for the workers' answers (Ray's poll
+    waits up to the interval: one busy survivor would hold back a lost worker's error that
+    long), and the interval is the controller's again after; otherwise it still waits out the
+    interval."""
     import asyncio
 
     from ray.train.v2._internal.execution.controller import controller
 
     _ray_compat.restart_when_a_replacement_fails()
     source = inspect.getsource(controller.TrainController._poll_workers)
-    for needed in ("self._latest_poll_time", "self._health_check_interval_s", "time_monotonic()"):
+    for needed in (
+        "self._latest_poll_time",
+        "self._health_check_interval_s",
+        "time_monotonic()",
+        "poll_status(timeout=self._health_check_interval_s)",  # the interval bounds the wait for answers
+    ):
         assert needed in source, needed
     polled: list[float | None] = []
 
@@ -399,14 +407,16 @@ def test_the_controller_polls_its_workers_at_once_while_the_run_recovers_and_at_
         def get_state(self) -> State:
             return State()
 
-    async def poll() -> Any:
-        return await controller.TrainController._poll_workers(Controller())  # type: ignore[arg-type]
+    async def poll(polling: Controller | None = None) -> Any:
+        return await controller.TrainController._poll_workers(polling or Controller())  # type: ignore[arg-type]
 
     _ray_compat.poll_promptly(recovering)
     try:
         if recovering:
-            assert asyncio.run(asyncio.wait_for(poll(), timeout=10.0)) == "status"
-            assert polled == [60.0], "Ray's own poll ran, with its timeout"
+            polling = Controller()
+            assert asyncio.run(asyncio.wait_for(poll(polling), timeout=10.0)) == "status"
+            assert polled == [_ray_compat.PROMPT_POLL_S], "Ray's own poll ran, waiting PROMPT_POLL_S for answers"
+            assert polling._health_check_interval_s == 60.0
         else:
             with pytest.raises(asyncio.TimeoutError):
                 asyncio.run(asyncio.wait_for(poll(), timeout=0.5))
