@@ -26,10 +26,14 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
+# A killed raylet refuses the checks at once: it is declared dead after about threshold x period.
+# Each check may wait 2 s for an answer, so a raylet of a live node starved of CPU for seconds
+# (every simulated node shares this machine's cores) is not declared dead, which ends the node
+# (a 600 ms timeout did that to the head node once, under load).
 FAST_FAILURE_DETECTION = {
     "health_check_initial_delay_ms": 0,
     "health_check_period_ms": 300,
-    "health_check_timeout_ms": 600,
+    "health_check_timeout_ms": 2000,
     "health_check_failure_threshold": 3,
 }
 DEAD_TIMEOUT_S = 60.0  # how long kill() waits for Ray to declare the nodes dead

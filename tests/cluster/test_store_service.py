@@ -394,9 +394,13 @@ def test_a_store_never_sends_one_coordinators_calls_to_another(sim_cluster: SimC
     caller named, each caller gets that coordinator's answers, and the calls of one
     coordinator still merge (copies of its handle name one actor)."""
     store = next(iter(naming.store_handles(sim_cluster.namespace).values()))
-    run_s, probe = _NamedCoordinator.remote("run", 1.0), _NamedCoordinator.remote("probe", 0.0)
+    run_s, probe = _NamedCoordinator.remote("run", pace.bound(2.0)), _NamedCoordinator.remote("probe", 0.0)
     first = store.coordinate.remote("r", run_s, "beat", [], ["e0"])
-    time.sleep(0.3)  # the first call is at the run's coordinator
+    deadline = time.monotonic() + pace.bound(30)
+    while not ray.get(run_s.recorded.remote()):  # until the first call is at the run's coordinator
+        if time.monotonic() > deadline:
+            raise AssertionError("the first call never reached the run's coordinator")
+        time.sleep(0.02)
     queued = {
         entry: store.coordinate.remote("r", coordinator, "beat", [], [entry])
         for entry, coordinator in [("e1", run_s), ("p1", probe), ("e2", run_s), ("p2", probe)]
