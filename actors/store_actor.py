@@ -35,6 +35,7 @@ from ray_ckpt.transport.registry_client import RegistryClient
 
 logger = logging.getLogger(__name__)
 
+LEARN_COMMITS_S = 5.0  # how long a put that found no room waits for the registry's committed steps
 _STAGE_THREADS = 32  # ranks of this node that can wait on a stage at once
 _RELAY_THREADS = 32  # child stores that can wait on a relayed stage at once (RAY_CKPT_RELAY_FANIN or more)
 _RENDEZVOUS_THREADS = 64  # coordinator calls waiting at once: each op of this node's ranks and of each child
@@ -63,6 +64,7 @@ class ShardStoreActor:
             memory_ceiling=settings.node_memory_ceiling(),
             node_memory=_node_memory,
             job_fraction=settings.store_job_fraction(),
+            learn_commits=self._learn_commits,
         )
         metrics.observe_store(self._store.stats())
         self._relay = Relay(self._send_up, StageGroup.merged)
@@ -82,6 +84,27 @@ class ShardStoreActor:
 
     def ready(self) -> str:
         return self._store.node_id
+
+    def _learn_commits(self, job: str) -> None:
+        """A put of ``job`` found no room: mark the job's committed steps the registry keeps,
+        which a commit announced a moment ago may not have brought here yet, so the steps they
+        supersede are evicted before the put tries once more (``ShardStore``). A registry that
+        does not answer within ``LEARN_COMMITS_S`` leaves the put to fail as it would have."""
+        try:
+            if self._registry is None:
+                self._registry = RegistryClient(self._namespace)
+            kept = list(self._registry.call("committed_steps", job, timeout_s=LEARN_COMMITS_S))
+        except Exception as error:  # the put's own StoreFullError says what matters
+            logger.info("ray_ckpt store: asking the registry for %r's commits: %s", job, error)
+            return
+        if kept:
+            freed = self._store.mark_committed(job, kept[-1], kept)
+            logger.info(
+                "ray_ckpt store: a put of %r found no room; learned its commits up to step %d (%d bytes freed)",
+                job,
+                kept[-1],
+                freed,
+            )
 
     def put(self, meta: dict[str, Any], data: np.ndarray, local: bool = False) -> None:
         """Copy one shard (or a rank's local copy) into this store; ``data`` arrives as a

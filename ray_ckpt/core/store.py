@@ -67,10 +67,15 @@ class ShardStore:
         memory_ceiling: float = 1.0,
         node_memory: Callable[[], tuple[int, int]] | None = None,
         job_fraction: float | None = None,
+        learn_commits: Callable[[str], object] | None = None,
     ) -> None:
         """``node_memory()`` returns the node's (bytes in use, total bytes); None: no guard.
         ``memory_ceiling`` is in (0, 1]; ``job_fraction`` too, or None for the fair share
-        (the default); ConfigError otherwise."""
+        (the default); ConfigError otherwise. ``learn_commits(job)`` is called when a put of
+        ``job`` finds no room: it may tell this store of the job's commits it has not heard of
+        yet (``mark_committed``: a commit is announced to the stores after it is made, so the
+        next step's shards can arrive first), which evicts the steps they supersede; then the
+        put tries once more. None: the put fails at once."""
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
         self.node_id = node_id
@@ -78,6 +83,7 @@ class ShardStore:
         self._memory_ceiling = _fraction("memory_ceiling", memory_ceiling, "RAY_CKPT_NODE_MEMORY_CEILING")
         self._job_fraction = _share_fraction(job_fraction)
         self._node_memory = node_memory
+        self._learn_commits = learn_commits
         self._lock = threading.Lock()
         self._allocating = threading.Lock()
         self._entries: dict[ShardAddress, _Entry] = {}
@@ -131,6 +137,41 @@ class ShardStore:
         size = meta.shard_size
         metadata_bytes = len(msgpack.packb(meta.to_dict()))
         need = size + metadata_bytes
+        try:
+            self._reserve_room(meta, key, need)
+        except StoreFullError:
+            if self._learn_commits is None:
+                raise
+            self._learn_commits(meta.job)
+            self._reserve_room(meta, key, need)
+        owned: np.ndarray | None = None
+        try:
+            owned = self._take_spare(size)
+            if owned is None:
+                with self._allocating:  # one at a time, so concurrent puts see each other's memory
+                    self._check_node_memory(meta, need)
+                    owned = hostmem.allocate(size)
+            fill(owned)
+        except BaseException:
+            with self._lock:
+                self._reserve_locked(meta.job, -need)
+                if owned is not None:  # a fill that failed midway: the memory is reused later
+                    self._spare.setdefault(size, []).append(owned)
+                    self._trim_spare_locked()
+            raise
+        with self._lock:
+            self._reserve_locked(meta.job, -need)
+            replaced = self._entries.get(key)
+            self._entries[key] = _Entry(meta, owned, metadata_bytes)
+            self._count_locked(key, need)
+            if replaced is not None:
+                self._count_locked(key, -(replaced.data.size + replaced.metadata_bytes))
+                self._spare.setdefault(replaced.data.size, []).append(replaced.data)
+            self._trim_spare_locked()
+
+    def _reserve_room(self, meta: ShardMeta, key: ShardAddress, need: int) -> None:
+        """Evict what a put of ``need`` bytes at ``key`` may evict and reserve its bytes;
+        StoreFullError, with nothing changed, where it does not fit."""
         with self._lock:
             replaced = self._entries.get(key)
             freed = replaced.data.size + replaced.metadata_bytes if replaced else 0
@@ -161,30 +202,6 @@ class ShardStore:
             self._evict_steps_locked(room.evict)
             self._reserve_locked(meta.job, need)
             self._trim_spare_locked()  # the evicted steps' arrays, now that the put holds its bytes
-        owned: np.ndarray | None = None
-        try:
-            owned = self._take_spare(size)
-            if owned is None:
-                with self._allocating:  # one at a time, so concurrent puts see each other's memory
-                    self._check_node_memory(meta, need)
-                    owned = hostmem.allocate(size)
-            fill(owned)
-        except BaseException:
-            with self._lock:
-                self._reserve_locked(meta.job, -need)
-                if owned is not None:  # a fill that failed midway: the memory is reused later
-                    self._spare.setdefault(size, []).append(owned)
-                    self._trim_spare_locked()
-            raise
-        with self._lock:
-            self._reserve_locked(meta.job, -need)
-            replaced = self._entries.get(key)
-            self._entries[key] = _Entry(meta, owned, metadata_bytes)
-            self._count_locked(key, need)
-            if replaced is not None:
-                self._count_locked(key, -(replaced.data.size + replaced.metadata_bytes))
-                self._spare.setdefault(replaced.data.size, []).append(replaced.data)
-            self._trim_spare_locked()
 
     def mark_committed(self, job: str, step: int, keep_steps: list[int], attempt: str | None = None) -> int:
         """Record that ``step`` of ``job`` committed (by ``attempt``, when told) and evict the

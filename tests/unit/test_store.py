@@ -166,6 +166,45 @@ def test_mark_committed_evicts_only_older_unkept_steps_of_that_job() -> None:
     assert held_steps(store, "a") == {3, 5, 6, 7}
 
 
+def test_a_put_with_no_room_learns_commits_not_yet_announced_here_and_tries_once_more() -> None:
+    """Room for two steps; step 1 committed at the registry but its announcement has not reached
+    this store, so step 0 is not known to be superseded and step 2 finds no room. With
+    ``learn_commits`` the store asks (once per put), marks what it learns (evicting step 0) and
+    the put goes on; without it, or when nothing new is learned, the put fails as before."""
+    per_step = cost(meta(step=0))
+    asked: list[str] = []
+
+    def build(learned: tuple[int, list[int]] | None) -> ShardStore:
+        def learn(job: str) -> None:
+            asked.append(job)
+            if learned is not None:
+                store.mark_committed(job, *learned)
+
+        store = ShardStore(node_id="n1", budget_bytes=2 * per_step, learn_commits=learn)
+        store.mark_committed("job", 0, [0])
+        for step in (0, 1):
+            store.put(meta(step=step), data(64))
+        return store
+
+    store = build((1, [1]))
+    store.put(meta(step=2), data(64))
+    assert asked == ["job"]
+    assert held_steps(store, "job") == {1, 2}
+    assert store.committed_marks() == {"job": 1}
+    asked.clear()
+    nothing_new = build(None)
+    with pytest.raises(StoreFullError):
+        nothing_new.put(meta(step=2), data(64))
+    assert asked == ["job"]  # asked once, then the put failed
+    assert held_steps(nothing_new, "job") == {0, 1}
+    plain = ShardStore(node_id="n1", budget_bytes=2 * per_step)
+    plain.mark_committed("job", 0, [0])
+    for step in (0, 1):
+        plain.put(meta(step=step), data(64))
+    with pytest.raises(StoreFullError):
+        plain.put(meta(step=2), data(64))
+
+
 def test_mark_committed_keeps_the_committed_step_even_if_not_listed() -> None:
     """The committed step itself is never evicted by its own commit notice."""
     store = ShardStore(node_id="n1", budget_bytes=UNLIMITED)
