@@ -93,7 +93,7 @@ class ShardStoreActor:
         try:
             if self._registry is None:
                 self._registry = RegistryClient(self._namespace)
-            kept = list(self._registry.call("committed_steps", job, timeout_s=LEARN_COMMITS_S))
+            kept = self._registry.committed_steps(job, timeout_s=LEARN_COMMITS_S)
         except Exception as error:  # the put's own StoreFullError says what matters
             logger.info("ray_ckpt store: asking the registry for %r's commits: %s", job, error)
             return

@@ -117,6 +117,10 @@ class RegistryClient:
         latest = self.call("latest_committed", job)
         return None if latest is None else int(latest)
 
+    def committed_steps(self, job: str, timeout_s: float | None = None) -> list[int]:
+        """The job's committed steps the registry keeps (its newest ``keep_committed``), oldest first."""
+        return [int(step) for step in self.call("committed_steps", job, timeout_s=timeout_s)]
+
     def jobs_of_run(self, run: str) -> list[str]:
         """The jobs with an attempt of the in-place run ``run`` (``Registry.jobs_of_run``)."""
         return [str(job) for job in self.call("jobs_of_run", run)]
